@@ -1,0 +1,1 @@
+"""Kernel Factory's engine: config, genomes, render, build, run, search, CLI."""

@@ -1,0 +1,90 @@
+"""The `kfactory` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+DEFAULT_STORE = Path(".kfactory") / "store.duckdb"
+
+
+def _store_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", type=Path, default=DEFAULT_STORE,
+                   help=f"DuckDB lesson store (default: {DEFAULT_STORE} in the working directory)")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="kfactory",
+        description="Kernel Factory: search for fast, correct GPU kernels; every result goes to a DuckDB store.",
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run an experiment: render, build, verify and time candidates",
+                       description="Run an experiment TOML. Builds are recorded in the store; evaluation uses "
+                                   "the GPU (run.runner = 'gpu') or recorded measurements ('replay').")
+    p.add_argument("config", type=Path, help="experiment TOML, e.g. experiments/rmsnorm_h200.toml")
+    p.add_argument("--run-id", default="", help="run id (default: a new id; an existing id resumes that run)")
+    _store_arg(p)
+
+    p = sub.add_parser("sql", help="run a SQL query against the store and print the result as a table",
+                       description="Run any SQL (DuckDB dialect) against the store; see memory/README.md.")
+    p.add_argument("query", help='e.g. "SELECT status, count(*) FROM builds GROUP BY 1"')
+    _store_arg(p)
+
+    p = sub.add_parser("bench", help="time templates at given points against the baselines over the op's matrix",
+                       description="Verify and time each template's default point (repaired per cell) or the "
+                                   "given genome keys against torch, over the op's shape matrix; writes CSV + markdown.")
+    p.add_argument("--op", default="rmsnorm")
+    p.add_argument("--arch", default="sm_90a")
+    p.add_argument("--template", action="append", default=[], help="template name (repeatable; default: all)")
+    p.add_argument("--genome", action="append", default=[], help="genome key from the store (repeatable)")
+    p.add_argument("--out", type=Path, default=Path("bench"), help="output prefix: writes PREFIX.csv and PREFIX.md")
+    p.add_argument("--quick", action="store_true", help="first cell of each dtype only (smoke test)")
+    _store_arg(p)
+    return ap
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that are the user's to fix: printed as one clear line, not a traceback."""
+    from evo.config import ConfigError
+    from evo.pipeline import NoGpuError
+    from evo.template import TemplateError
+    from memory.store import StoreError
+
+    return (ConfigError, TemplateError, StoreError, NoGpuError, UnknownNameError)
+
+
+class UnknownNameError(KeyError):
+    """An op, template or run the user named does not exist."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    UserError = _user_errors()
+    try:
+        if args.cmd == "run":
+            from evo.commands import cmd_run
+
+            return cmd_run(args.config, args.store, args.run_id)
+        if args.cmd == "sql":
+            from evo.commands import cmd_sql
+
+            return cmd_sql(args.query, args.store)
+        if args.cmd == "bench":
+            from evo.bench import cmd_bench
+
+            return cmd_bench(args)
+    except UserError as e:
+        print(f"kfactory {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""What `kfactory run` and `kfactory sql` do (the CLI module only parses arguments)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from evo.config import Runner, load_config
+from evo.pipeline import NoGpuError, Session, new_run_id, run_build_stage
+from memory.store import Store, StoreError
+
+
+def cmd_run(config_path: Path, store_path: Path, run_id: str = "") -> int:
+    config = load_config(config_path)
+    with Store.open(store_path) as store:
+        session = Session(config, store, run_id or new_run_id(config))
+        session.record_run()
+        print(f"run {session.run_id}: op {config.run.op}, arch {config.run.arch}, {len(session.cells)} cells, "
+              f"templates {', '.join(session.templates)}; store {store_path}")
+        if config.run.runner is Runner.GPU:
+            from evo.run import gpu_available
+
+            if not gpu_available():
+                run_build_stage(session)
+                store.finish_run(session.run_id, "stopped", "no NVIDIA GPU: built only")
+                raise NoGpuError(
+                    "evaluation needs an NVIDIA GPU and none is visible (no driver or no device); the builds "
+                    f"are recorded in {store_path}. Run on a GPU machine, or use a replay config "
+                    "(run.runner = 'replay') to search against recorded measurements.")
+            from evo.search import run_search
+
+            return run_search(session)
+        if config.run.runner is Runner.REPLAY:
+            from evo.search import run_search
+
+            return run_search(session)
+        run_build_stage(session)
+        store.finish_run(session.run_id, "done", "built only (run.runner = 'none')")
+        return 0
+
+
+def cmd_sql(query: str, store_path: Path) -> int:
+    if not store_path.exists():
+        raise StoreError(f"no store at {store_path} (run an experiment first, or pass --store PATH)")
+    with Store.open(store_path, read_only=True) as store:
+        df = store.sql(query)
+    with pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200,
+                           "display.max_colwidth", 60):
+        print(df.to_string(index=False) if not df.empty else "(no rows)")
+    return 0

@@ -1,0 +1,229 @@
+"""Experiment TOML -> frozen, typed, validated dataclasses.
+
+Every section is a dataclass; an unknown key, a wrong type or a missing file is a ConfigError naming
+the key (as `section.key`) or the path. No live objects live in config.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import enum
+import hashlib
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+
+class ConfigError(ValueError):
+    """A config file is missing, malformed, or has a bad key or value."""
+
+
+class Runner(str, enum.Enum):
+    GPU = "gpu"
+    REPLAY = "replay"
+    NONE = "none"  # build only
+
+
+class StrategyKind(str, enum.Enum):
+    GA = "ga"
+    RANDOM = "random"
+
+
+@dataclass(frozen=True)
+class RunSection:
+    op: str
+    name: str = ""
+    arch: str = "sm_90a"
+    seed: int = 0
+    runner: Runner = Runner.GPU
+    replay_data: str = ""
+    templates: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.arch.startswith("sm_") or not self.arch[3:].rstrip("a").isdigit():
+            raise ConfigError(f"run.arch: {self.arch!r} is not an arch like 'sm_90a'")
+        if self.runner is Runner.REPLAY and not self.replay_data:
+            raise ConfigError("run.replay_data: required when run.runner = 'replay'")
+
+
+@dataclass(frozen=True)
+class CellsSection:
+    """The cells to optimize: the op's full matrix, or a product of dtypes and dims."""
+
+    matrix: bool = True
+    dtypes: tuple[str, ...] = ()
+    dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.matrix and not (self.dtypes and self.dims):
+            raise ConfigError("cells: set matrix = true, or give both cells.dtypes and cells.dims")
+
+
+@dataclass(frozen=True)
+class SearchSection:
+    strategy: StrategyKind = StrategyKind.GA
+    population: int = 16
+    elite: int = 4
+    tournament: int = 3
+    p_crossover: float = 0.5
+    p_switch: float = 0.1
+    max_template_share: float = 0.6
+
+    def __post_init__(self) -> None:
+        if self.population < 1:
+            raise ConfigError("search.population: must be >= 1")
+        for k in ("p_crossover", "p_switch", "max_template_share"):
+            if not 0.0 <= getattr(self, k) <= 1.0:
+                raise ConfigError(f"search.{k}: must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class BudgetSection:
+    max_evals: int = 200
+    max_seconds: float = 3600.0
+    generations: int = 20
+    patience: int = 5
+
+    def __post_init__(self) -> None:
+        for k in ("max_evals", "generations", "patience"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"budget.{k}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class BuildSection:
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError("build.workers: must be >= 1")
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    timeout_s: float = 60.0
+    check_sets: int = 3
+    min_samples: int = 100
+    max_samples: int = 400
+    warmup: int = 10
+
+    def __post_init__(self) -> None:
+        if self.check_sets < 3:
+            raise ConfigError("eval.check_sets: must be >= 3 (fresh random input sets per cell)")
+        if self.min_samples < 100:
+            raise ConfigError("eval.min_samples: must be >= 100")
+        if self.timeout_s <= 0:
+            raise ConfigError("eval.timeout_s: must be > 0")
+
+
+@dataclass(frozen=True)
+class LessonsSection:
+    warm_start: bool = True
+    failure_memory: bool = True
+    priors: bool = True
+
+
+@dataclass(frozen=True)
+class LLMSection:
+    model: str = "none"
+    api_base: str = ""
+    budget_usd: float = 0.0
+    budget_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunSection
+    cells: CellsSection = CellsSection()
+    search: SearchSection = SearchSection()
+    budget: BudgetSection = BudgetSection()
+    build: BuildSection = BuildSection()
+    eval: EvalSection = EvalSection()
+    lessons: LessonsSection = LessonsSection()
+    llm: LLMSection = LLMSection()
+    source_text: str = field(default="", compare=False, repr=False)
+
+    @property
+    def config_hash(self) -> str:
+        return hashlib.sha256(self.source_text.encode()).hexdigest()[:16]
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check (and gently convert: list -> tuple, int -> float, str -> Enum) one value."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise ConfigError(f"{where}: {value!r} is not one of {[m.value for m in tp]}") from None
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = {a for a in typing.get_args(tp) if a is not Ellipsis}
+        return tuple(_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (dict, collections.abc.Mapping):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {type(value).__name__}")
+        _, vt = typing.get_args(tp)
+        return types.MappingProxyType({k: _coerce(v, vt, f"{where}.{k}") for k, v in value.items()})
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if tp in (str, bool):
+        if type(value) is not tp:
+            raise ConfigError(f"{where}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported type {tp}")
+
+
+def _section(cls: type, table: Any, name: str) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{name}: expected a table")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ConfigError(f"{name}.{unknown[0]}: unknown key (known: {sorted(fields)})")
+    kwargs = {}
+    for k, f in fields.items():
+        if k in table:
+            kwargs[k] = _coerce(table[k], hints[k], f"{name}.{k}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{name}.{k}: missing required key")
+    return cls(**kwargs)
+
+
+def parse_config(text: str, origin: str = "<string>") -> Config:
+    """Parse experiment TOML text; errors name the key."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{origin}: not valid TOML: {e}") from None
+    hints = typing.get_type_hints(Config)
+    sections = {f.name for f in dataclasses.fields(Config)} - {"source_text"}
+    unknown = sorted(set(doc) - sections)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section (known: {sorted(sections)})")
+    if "run" not in doc:
+        raise ConfigError("run: missing required section")
+    kwargs = {k: _section(hints[k], doc[k], k) for k in sections if k in doc}
+    return Config(**kwargs, source_text=text)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and parse an experiment file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    return parse_config(p.read_text(), str(p))

@@ -1,0 +1,109 @@
+// Kernels the GPU worker uses around every candidate: random inputs, poison, comparison against a
+// float64 reference, canary checks. Compiled once per worker with NVRTC.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace {
+
+__device__ __forceinline__ unsigned long long mix(unsigned long long z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Standard normal from a counter-based hash (Box-Muller), so any element is reproducible.
+__device__ __forceinline__ float normal(unsigned long long seed, long long i) {
+  const unsigned long long u = mix(seed ^ mix((unsigned long long)i));
+  const float u1 = ((float)(u >> 40) + 0.5f) * 5.9604645e-8f;
+  const float u2 = ((float)(u & 0xFFFFFFull) + 0.5f) * 5.9604645e-8f;
+  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+__device__ __forceinline__ double to_double(float v) { return v; }
+__device__ __forceinline__ double to_double(__half v) { return __half2float(v); }
+__device__ __forceinline__ double to_double(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// v = mean + std * N(0,1) + row_shift * (+-1 per row).
+template <typename T>
+__device__ void fill(T* out, long long n, unsigned long long seed, float mean, float stdev, int row_len, float row_shift) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const long long row = i / row_len;
+    const float sign = (mix(seed + 0x5151ull + (unsigned long long)row) & 1ull) ? 1.0f : -1.0f;
+    out[i] = from_float<T>(mean + stdev * normal(seed, i) + sign * row_shift);
+  }
+}
+
+template <typename T>
+__device__ void compare(const T* out, const double* ref, long long n, int row_len, int tail, double atol, double rtol,
+                        double* dstats, unsigned long long* ustats) {
+  unsigned long long nonfinite = 0, bad = 0, bad_last = 0, bad_tail = 0, first = ~0ull, maxbits = 0;
+  double sdiff = 0.0, sref = 0.0;
+  const long long last_row_start = n - row_len;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const double a = to_double(out[i]);
+    const double b = ref[i];
+    const double d = fabs(a - b);
+    sref += b * b;
+    if (!isfinite(a)) {
+      ++nonfinite;
+      ++bad;
+      if (i >= last_row_start) ++bad_last;
+      if ((int)(i % row_len) >= row_len - tail) ++bad_tail;
+      if ((unsigned long long)i < first) first = i;
+      continue;
+    }
+    sdiff += d * d;
+    const unsigned long long bits = __double_as_longlong(d);
+    if (bits > maxbits) maxbits = bits;
+    if (d > atol + rtol * fabs(b)) {
+      ++bad;
+      if (i >= last_row_start) ++bad_last;
+      if ((int)(i % row_len) >= row_len - tail) ++bad_tail;
+      if ((unsigned long long)i < first) first = i;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    nonfinite += __shfl_xor_sync(0xffffffffu, nonfinite, o);
+    bad += __shfl_xor_sync(0xffffffffu, bad, o);
+    bad_last += __shfl_xor_sync(0xffffffffu, bad_last, o);
+    bad_tail += __shfl_xor_sync(0xffffffffu, bad_tail, o);
+    first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+    maxbits = max(maxbits, __shfl_xor_sync(0xffffffffu, maxbits, o));
+    sdiff += __shfl_xor_sync(0xffffffffu, sdiff, o);
+    sref += __shfl_xor_sync(0xffffffffu, sref, o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(&ustats[0], nonfinite);
+    atomicAdd(&ustats[1], bad);
+    atomicAdd(&ustats[2], bad_last);
+    atomicAdd(&ustats[3], bad_tail);
+    atomicMin(&ustats[4], first);
+    atomicMax(&ustats[5], maxbits);
+    atomicAdd(&dstats[0], sdiff);
+    atomicAdd(&dstats[1], sref);
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void kf_fill_f32(float* o, long long n, unsigned long long s, float m, float sd, int r, float sh) { fill(o, n, s, m, sd, r, sh); }
+extern "C" __global__ void kf_fill_f16(__half* o, long long n, unsigned long long s, float m, float sd, int r, float sh) { fill(o, n, s, m, sd, r, sh); }
+extern "C" __global__ void kf_fill_bf16(__nv_bfloat16* o, long long n, unsigned long long s, float m, float sd, int r, float sh) { fill(o, n, s, m, sd, r, sh); }
+
+extern "C" __global__ void kf_compare_f32(const float* o, const double* r, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, n, rl, t, a, rt, d, u); }
+extern "C" __global__ void kf_compare_f16(const __half* o, const double* r, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, n, rl, t, a, rt, d, u); }
+extern "C" __global__ void kf_compare_bf16(const __nv_bfloat16* o, const double* r, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, n, rl, t, a, rt, d, u); }
+
+// Count bytes of a guard zone that no longer hold the canary pattern.
+extern "C" __global__ void kf_canary(const unsigned char* p, long long n, unsigned char pattern, unsigned long long* count) {
+  unsigned long long c = 0;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    c += (p[i] != pattern);
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if ((threadIdx.x & 31) == 0 && c) atomicAdd(count, c);
+}

@@ -1,0 +1,209 @@
+"""One experiment end to end: propose -> render -> build -> run -> observe, recorded in the store.
+
+The loop stays short; the stages are batch functions that return records, and every record (failed
+builds and evaluations included) is written to the store in one transaction per batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from evo.build import Builder, BuildInput, BuildResult, prepare
+from evo.config import Config, Runner, StrategyKind
+from evo.genome import Genome
+from evo.status import Status
+from evo.template import TemplateDef, load_templates
+from memory.rows import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow
+from memory.store import Store
+from ops import get_op
+from ops.spec import Cell, OpSpec, gbps
+
+
+class NoGpuError(RuntimeError):
+    """Evaluation was asked for on a machine without an NVIDIA GPU."""
+
+
+@dataclass(frozen=True)
+class CellEval:
+    """One (genome, cell) outcome as the search sees it."""
+
+    genome: Genome
+    cell: Cell
+    status: Status
+    median_us: float = math.inf
+    baseline_us: float = math.inf
+    error: str = ""
+
+
+def arch_number(arch: str) -> int:
+    return int("".join(ch for ch in arch if ch.isdigit()))
+
+
+def cells_for(config: Config, op: OpSpec) -> list[Cell]:
+    """The cells an experiment optimizes."""
+    if config.cells.matrix:
+        return op.matrix()
+    roles = op.dtype_roles
+    dims = config.cells.dims
+    names = sorted(dims)
+    return [
+        Cell.make({r: d for r in roles}, dict(zip(names, combo)))
+        for d in config.cells.dtypes
+        for combo in itertools.product(*(dims[n] for n in names))
+    ]
+
+
+def dtype_sets(cells: Sequence[Cell]) -> list[dict[str, str]]:
+    return [dict(t) for t in dict.fromkeys(tuple(sorted(c.dtypes_dict().items())) for c in cells)]
+
+
+@dataclass
+class Session:
+    """The live objects of one run: config, op, templates, store, builder."""
+
+    config: Config
+    store: Store
+    run_id: str
+    op: OpSpec = field(init=False)
+    templates: dict[str, TemplateDef] = field(init=False)
+    cells: list[Cell] = field(init=False)
+    arch: int = field(init=False)
+    log: Callable[[str], None] = print
+
+    def __post_init__(self) -> None:
+        self.op = get_op(self.config.run.op)
+        all_t = load_templates(self.op.name)
+        wanted = self.config.run.templates or tuple(all_t)
+        missing = [t for t in wanted if t not in all_t]
+        if missing:
+            raise KeyError(f"run.templates: no template(s) {missing} for op {self.op.name} (have {sorted(all_t)})")
+        self.templates = {k: all_t[k] for k in wanted}
+        self.cells = cells_for(self.config, self.op)
+        self.arch = arch_number(self.config.run.arch)
+
+    def by_hash(self) -> dict[str, TemplateDef]:
+        return {t.source_hash: t for t in self.templates.values()}
+
+    def record_run(self) -> None:
+        known = self.store.sql("SELECT run_id FROM runs WHERE run_id = ?", [self.run_id])
+        if known.empty:
+            c = self.config
+            self.store.write([RunRow(run_id=self.run_id, op=c.run.op, arch=c.run.arch, config_toml=c.source_text,
+                                     config_hash=c.config_hash, seed=c.run.seed, status="running")])
+
+    def build_inputs(self, genome: Genome) -> list[tuple[Cell, BuildInput]]:
+        """One BuildInput per cell where the genome is legal (cells sharing a build share the input)."""
+        tdef = self.templates[genome.template]
+        out = []
+        for cell in self.cells:
+            if tdef.is_valid(genome.params_dict(), self.arch, cell.dtypes_dict(), cell.dims_dict()):
+                out.append((cell, prepare(tdef, genome, self.config.run.arch, cell.dtypes_dict(), cell.dims_dict())))
+        return out
+
+    def build(self, builder: Builder, genomes: Sequence[Genome], generation: int,
+              origins: dict[str, str] | None = None) -> dict[str, list[tuple[Cell, BuildResult]]]:
+        """Build every genome for its legal cells; record sources, candidates and every build."""
+        per_genome = {g.key(): self.build_inputs(g) for g in genomes}
+        flat = [bi for pairs in per_genome.values() for _, bi in pairs]
+        unique = list({bi.key(): bi for bi in flat}.values())
+        results = {r.build_key: r for r in builder.build(unique)}
+        with self.store.batch() as b:
+            for g in genomes:
+                tdef = self.templates[g.template]
+                b.add(SourceRow.of(tdef.text, op=self.op.name, template=tdef.name, origin="file"))
+                b.add(CandidateRow(genome_key=g.key(), op=g.op, template=g.template, source_hash=g.source_hash,
+                                   params_json=g.params_json(), origin=(origins or {}).get(g.key(), "init"),
+                                   parents_json="[]", run_id=self.run_id, generation=generation))
+            for bi in unique:
+                r = results[bi.key()]
+                b.add(BuildRow(build_key=r.build_key, genome_key=bi.genome.key(), run_id=self.run_id, arch=bi.arch,
+                               dtypes_json=json.dumps(dict(bi.dtypes), sort_keys=True),
+                               consts_json=json.dumps(dict(bi.consts), sort_keys=True), status=r.status.value,
+                               regs=r.regs, spill_stores=r.spill_stores, spill_loads=r.spill_loads,
+                               smem_bytes=r.smem_bytes, stack_bytes=r.stack_bytes, compile_ms=r.compile_ms,
+                               compiler=r.compiler, log=r.log, error=r.error or None, cubin=r.cubin or None))
+        return {k: [(c, results[bi.key()]) for c, bi in pairs] for k, pairs in per_genome.items()}
+
+    def evaluation_rows(self, evals: Sequence[tuple[CellEval, str, Any]], generation: int,
+                        fingerprint: dict[str, str], ceiling: float, source: str) -> list[EvaluationRow]:
+        rows = []
+        fp_json = json.dumps(fingerprint, sort_keys=True)
+        fp_class = fingerprint_class(fingerprint)
+        for ev, build_key, verdict in evals:
+            nbytes = self.op.bytes_moved(ev.cell)
+            ok = ev.status is Status.OK and math.isfinite(ev.median_us)
+            rows.append(EvaluationRow(
+                eval_id=uuid.uuid4().hex, run_id=self.run_id, genome_key=ev.genome.key(), build_key=build_key,
+                cell=ev.cell.label(), dtypes_json=json.dumps(ev.cell.dtypes_dict(), sort_keys=True),
+                dims_json=json.dumps(ev.cell.dims_dict(), sort_keys=True), status=ev.status.value,
+                median_us=ev.median_us if ok else None,
+                p10_us=getattr(verdict, "p10_us", None) if ok else None,
+                p90_us=getattr(verdict, "p90_us", None) if ok else None,
+                samples=getattr(verdict, "samples", None),
+                gbps=gbps(nbytes, ev.median_us * 1e-6) if ok else None, ceiling_gbps=ceiling or None,
+                baseline="torch.rms_norm" if math.isfinite(ev.baseline_us) else None,
+                baseline_us=ev.baseline_us if math.isfinite(ev.baseline_us) else None,
+                speedup=ev.baseline_us / ev.median_us if ok and math.isfinite(ev.baseline_us) else None,
+                max_abs_err=_finite(getattr(verdict, "max_abs_err", None)),
+                rel_norm_err=_finite(getattr(verdict, "rel_norm_err", None)),
+                error=ev.error or None, fingerprint_json=fp_json, fingerprint_class=fp_class,
+                generation=generation, source=source))
+        return rows
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def fingerprint_class(fp: dict[str, str]) -> str:
+    """Measurements are comparable within a class: same GPU, arch and driver."""
+    return "|".join(fp.get(k, "?") for k in ("gpu", "arch", "driver"))
+
+
+def new_run_id(config: Config) -> str:
+    name = config.run.name or config.run.op
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def initial_population(session: Session, rng: random.Random) -> list[Genome]:
+    """Each template's default point first, then legal random points, deduplicated by key."""
+    from evo.space import sample
+
+    n = session.config.search.population
+    dsets = dtype_sets(session.cells)
+    dims = [c.dims_dict() for c in session.cells]
+    out: dict[str, Genome] = {}
+    for tdef in session.templates.values():
+        g = Genome.make(tdef.op, tdef.name, tdef.source_hash, tdef.default_params())
+        out[g.key()] = g
+    names = sorted(session.templates)
+    tries = 0
+    while len(out) < n and tries < 50 * n:
+        tdef = session.templates[names[tries % len(names)]]
+        tries += 1
+        p = sample(tdef, rng, session.arch, dsets, dims)
+        if p is not None:
+            g = Genome.make(tdef.op, tdef.name, tdef.source_hash, p)
+            out.setdefault(g.key(), g)
+    return list(out.values())[:max(n, len(session.templates))]
+
+
+def run_build_stage(session: Session) -> dict[str, list[tuple[Cell, BuildResult]]]:
+    """Render and compile the initial population; every build lands in the store."""
+    rng = random.Random(session.config.run.seed)
+    pop = initial_population(session, rng)
+    with Builder(session.config.build.workers) as builder:
+        built = session.build(builder, pop, generation=0)
+    n_ok = sum(r.status is Status.OK for pairs in built.values() for _, r in pairs)
+    n_all = len({r.build_key for pairs in built.values() for _, r in pairs})
+    session.log(f"built {len(pop)} genomes -> {n_all} distinct builds for {session.config.run.arch}, "
+                f"{n_ok} cell bindings OK")
+    return built

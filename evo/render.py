@@ -1,0 +1,36 @@
+"""Render a genome's template to CUDA C++ inside the sandbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from jinja2 import TemplateError as JinjaTemplateError
+from jinja2.exceptions import SecurityError
+
+from evo.sandbox import sandbox_env
+from evo.status import Status
+from evo.template import TemplateDef, TemplateError
+
+
+@dataclass(frozen=True)
+class RenderResult:
+    status: Status
+    source: str
+    error: str = ""
+
+
+def render(
+    tdef: TemplateDef,
+    params: Mapping[str, Any],
+    arch: int,
+    dtypes: Mapping[str, Any],
+    consts: Mapping[str, int],
+) -> RenderResult:
+    """CUDA source for one (params, arch, dtypes, specialized dims); failures are RENDER_ERROR records."""
+    try:
+        ctx = tdef.context(params, arch, dtypes, consts)
+        src = sandbox_env().from_string(tdef.text).render(**ctx)
+    except (SecurityError, JinjaTemplateError, TemplateError, TypeError, ValueError, ZeroDivisionError) as e:
+        return RenderResult(Status.RENDER_ERROR, "", f"{type(e).__name__}: {e}")
+    return RenderResult(Status.OK, src)

@@ -1,0 +1,181 @@
+"""The parent side of GPU evaluation: a watchdog around one worker process per device.
+
+The parent sends one EvalJob at a time and waits at most the per-candidate timeout. A worker that
+hangs is killed (TIMEOUT), one that dies or reports a poisoned context is replaced (CRASH); the rest
+of the batch carries on. Nothing that happens on the GPU side can crash or hang the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from evo.jobs import EvalJob, JobResult
+
+TIMEOUT = "timeout"
+CRASH = "crash"
+
+
+class WorkerStartError(RuntimeError):
+    """The worker could not start (no GPU, no driver)."""
+
+
+class Channel(Protocol):
+    """What the watchdog needs of a worker: a pipe end and a process."""
+
+    def send(self, obj: Any) -> None: ...
+    def poll(self, timeout: float) -> bool: ...
+    def recv(self) -> Any: ...
+
+
+@dataclass
+class _Proc:
+    proc: Any
+    conn: Any
+
+
+def spawn_worker(device: str, target: Callable[..., None] | None = None) -> _Proc:
+    """Start a worker process (spawn: a fresh interpreter, so no CUDA state is inherited)."""
+    if target is None:
+        from evo.worker import serve
+
+        target = serve
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child, device), daemon=True)
+    proc.start()
+    child.close()
+    return _Proc(proc, parent)
+
+
+class WorkerHandle:
+    """One device's worker, restarted whenever it hangs or dies."""
+
+    def __init__(self, device: str = "0", start_timeout: float = 300.0, target: Callable[..., None] | None = None):
+        self.device = device
+        self.start_timeout = start_timeout
+        self.target = target
+        self.restarts = 0
+        self.fingerprint: dict[str, str] = {}
+        self.ceiling_gbps = 0.0
+        self._p: _Proc | None = None
+
+    def start(self) -> None:
+        p = spawn_worker(self.device, self.target)
+        if not p.conn.poll(self.start_timeout):
+            _kill(p)
+            raise WorkerStartError(f"GPU worker on device {self.device} did not start within {self.start_timeout:.0f} s")
+        try:
+            msg = p.conn.recv()
+        except EOFError:
+            _kill(p)
+            raise WorkerStartError(f"GPU worker on device {self.device} died while starting") from None
+        if msg[0] != "ready":
+            _kill(p)
+            raise WorkerStartError(f"GPU worker on device {self.device} could not start: {msg[1]}")
+        self.fingerprint, self.ceiling_gbps = msg[1], msg[2]
+        self._p = p
+
+    def close(self) -> None:
+        if self._p is not None:
+            try:
+                self._p.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self._p.proc.join(timeout=10)
+            _kill(self._p)
+            self._p = None
+
+    def _restart(self) -> None:
+        if self._p is not None:
+            _kill(self._p)
+            self._p = None
+        self.restarts += 1
+        self.start()
+
+    def submit(self, job: EvalJob, timeout: float) -> JobResult:
+        """Run one job; a hang becomes a TIMEOUT record, a death a CRASH record."""
+        if self._p is None:
+            self.start()
+        assert self._p is not None
+        t0 = time.monotonic()
+        try:
+            self._p.conn.send(job)
+            ready = self._p.conn.poll(timeout)
+        except (BrokenPipeError, EOFError, OSError) as e:
+            self._restart()
+            return JobResult(job.job_id, CRASH, f"worker pipe broke: {e}")
+        if not ready:
+            self._restart()
+            return JobResult(job.job_id, TIMEOUT, f"no answer within {timeout:.1f} s (worker killed)")
+        try:
+            tag, res = self._p.conn.recv()
+        except (EOFError, OSError):
+            code = self._p.proc.exitcode
+            self._restart()
+            return JobResult(job.job_id, CRASH, f"worker died (exit code {code}) after {time.monotonic() - t0:.1f} s")
+        if res.error_kind == CRASH:  # the worker exits after a sticky CUDA error
+            self._restart()
+        return res
+
+
+def _kill(p: _Proc) -> None:
+    if p.proc.is_alive():
+        p.proc.kill()
+    p.proc.join(timeout=10)
+    p.conn.close()
+
+
+class GpuRunner:
+    """Runs jobs on one worker per device; only the caller writes the store."""
+
+    def __init__(self, devices: Sequence[str] = ("0",), timeout_s: float = 60.0, target: Callable[..., None] | None = None):
+        self.handles = [WorkerHandle(d, target=target) for d in devices]
+        self.timeout_s = timeout_s
+
+    def __enter__(self) -> "GpuRunner":
+        for h in self.handles:
+            h.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            h.close()
+
+    @property
+    def fingerprint(self) -> dict[str, str]:
+        return self.handles[0].fingerprint
+
+    @property
+    def ceiling_gbps(self) -> float:
+        return self.handles[0].ceiling_gbps
+
+    def run(self, jobs: Sequence[EvalJob], on_result: Callable[[JobResult], None] | None = None) -> list[JobResult]:
+        """Results in job order (one device: sequential; several: see issue 7)."""
+        out = []
+        for job in jobs:
+            r = self.handles[0].submit(job, self.timeout_s)
+            if on_result:
+                on_result(r)
+            out.append(r)
+        return out
+
+
+def gpu_available() -> bool:
+    """True when an NVIDIA driver and at least one device are visible (checked in a subprocess)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from cuda.bindings import driver as d\n"
+        "e,=d.cuInit(0)\n"
+        "assert e==d.CUresult.CUDA_SUCCESS\n"
+        "e,n=d.cuDeviceGetCount()\n"
+        "assert e==d.CUresult.CUDA_SUCCESS and n>0\n"
+    )
+    try:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False

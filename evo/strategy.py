@@ -1,0 +1,298 @@
+"""Search strategies that speak ask/tell: `propose(n)` genomes, `observe(observations)` of their times.
+
+Fitness is per cell (dtype x shape): an observation maps cell labels to median microseconds, inf
+for a failed or illegal cell. A strategy never proposes a genome key twice in a run (seeds and
+observed genomes included) and returns fewer than asked only when the legal space is exhausted.
+
+Determinism and resumption: the constructor's rng gives a run seed; each `propose` call draws from
+a generator derived from (run seed, generation number). The next proposals are therefore a function
+of the run seed, the number of generations and the observations so far, so `replay(history)` on a
+fresh strategy with the same seed rebuilds a run from its stored observations, one batch per
+generation, without re-running the breeding.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Protocol, Sequence
+
+from evo.deap_adapter import make_toolbox
+from evo.genome import Genome
+from evo.space import Space
+from evo.template import TemplateDef
+from ops.spec import Cell
+
+SAMPLE_TRIES = 64  # rejected (already proposed) random draws before listing what is left of a template
+BREED_TRIES = 20  # breeding attempts per wanted child before topping up with random genomes
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Median microseconds per cell label for one genome; math.inf for a failed or illegal cell."""
+
+    genome: Genome
+    times: Mapping[str, float]
+
+
+class Strategy(Protocol):
+    def propose(self, n: int) -> list[Genome]: ...
+
+    def observe(self, obs: Sequence[Observation]) -> None: ...
+
+
+class _Search:
+    """What both strategies keep: the run seed, proposed keys, observed times, fresh random genomes."""
+
+    def __init__(
+        self,
+        tdefs: Mapping[str, TemplateDef],
+        rng: random.Random,
+        arch: int,
+        dtype_sets: Sequence[Mapping[str, str]],
+        cells: Sequence[Cell],
+    ):
+        if not tdefs:
+            raise ValueError("need at least one template")
+        if not cells:
+            raise ValueError("need at least one cell")
+        self.tdefs = dict(sorted(tdefs.items()))
+        self.arch = arch
+        self.dtype_sets = [dict(d) for d in dtype_sets]
+        self.cells = list(cells)
+        self.labels = [c.label() for c in self.cells]
+        self._dims = [c.dims_dict() for c in self.cells]
+        self._spaces = {name: Space(t, arch, self.dtype_sets, self._dims) for name, t in self.tdefs.items()}
+        self._seed = rng.getrandbits(64)
+        self._generation = 0
+        self._proposed: set[str] = set()
+        self._genomes: dict[str, Genome] = {}  # observed, in order of first observation
+        self._times: dict[str, dict[str, float]] = {}
+
+    @property
+    def generation(self) -> int:
+        """How many batches were proposed (or replayed) so far."""
+        return self._generation
+
+    def was_proposed(self, g: Genome) -> bool:
+        return g.key() in self._proposed
+
+    def propose(self, n: int) -> list[Genome]:
+        """n new genomes (fewer only when the legal space is exhausted)."""
+        rng = random.Random(f"{self._seed}:{self._generation}")
+        self._generation += 1
+        out = self._propose(max(0, n), rng) if n > 0 else []
+        self._proposed.update(g.key() for g in out)
+        return out
+
+    def _propose(self, n: int, rng: random.Random) -> list[Genome]:
+        raise NotImplementedError
+
+    def observe(self, obs: Sequence[Observation]) -> None:
+        """Record times; a genome observed again keeps the latest time per cell."""
+        for o in obs:
+            key = o.genome.key()
+            self._proposed.add(key)
+            self._genomes.setdefault(key, o.genome)
+            times = self._times.setdefault(key, {})
+            for label, t in o.times.items():
+                t = float(t)
+                times[label] = math.inf if math.isnan(t) else t
+
+    def replay(self, history: Iterable[Sequence[Observation]]) -> None:
+        """Rebuild from stored observations, one batch per generation (as proposed then observed)."""
+        for batch in history:
+            self._generation += 1
+            self.observe(batch)
+
+    def time(self, g: Genome, label: str) -> float:
+        return self._times.get(g.key(), {}).get(label, math.inf)
+
+    def best_per_cell(self) -> dict[str, tuple[Genome, float]]:
+        """The fastest observed genome and its time, for every cell with a finite time."""
+        best: dict[str, tuple[Genome, float]] = {}
+        for key, g in self._genomes.items():
+            for label in self.labels:
+                t = self._times[key].get(label, math.inf)
+                if math.isfinite(t) and (label not in best or t < best[label][1]):
+                    best[label] = (g, t)
+        return {label: best[label] for label in self.labels if label in best}
+
+    def _genome(self, name: str, params: Mapping[str, Any]) -> Genome:
+        t = self.tdefs[name]
+        return Genome.make(t.op, t.name, t.source_hash, params)
+
+    def _fresh(self, n: int, rng: random.Random, taken: set[str]) -> list[Genome]:
+        """Up to n random legal genomes never proposed: a template uniformly, then a point uniformly."""
+        out: list[Genome] = []
+        live = list(self.tdefs)
+        rest: dict[str, list[Genome]] = {}  # what is left of a template, listed once rejection stalls
+        while len(out) < n and live:
+            name = rng.choice(live)
+            g = None
+            if name not in rest:
+                for _ in range(SAMPLE_TRIES):
+                    params = self._spaces[name].sample(rng)
+                    if params is None:
+                        break
+                    cand = self._genome(name, params)
+                    if cand.key() not in self._proposed and cand.key() not in taken:
+                        g = cand
+                        break
+            if g is None:
+                if name not in rest:
+                    rest[name] = [self._genome(name, p) for p in self._spaces[name].enumerate()]
+                rest[name] = [c for c in rest[name] if c.key() not in self._proposed and c.key() not in taken]
+                if not rest[name]:
+                    live.remove(name)
+                    continue
+                g = rest[name].pop(rng.randrange(len(rest[name])))
+            out.append(g)
+            taken.add(g.key())
+        return out
+
+
+class RandomSearch(_Search):
+    """Fresh legal genomes drawn at random, never one proposed before."""
+
+    def _propose(self, n: int, rng: random.Random) -> list[Genome]:
+        return self._fresh(n, rng, set())
+
+
+class GeneticSearch(_Search):
+    """A (mu + lambda) genetic search with per-cell fitness.
+
+    The breeding population is the best `population` genomes observed so far: first the `elite`
+    fastest of every cell, then the rest ranked by their best rank on any cell (so specialists
+    stay), then their mean rank over all cells. No template fills more than `max_template_share` of
+    it while others have genomes to offer. Parents come from cell tournaments; a child is a
+    template switch (p_switch), a crossover with a mate of the same template (p_crossover) or a
+    tiling mutation of up to `mutation_params` params. A child already proposed is mutated once
+    more; what breeding cannot supply is filled with random legal genomes.
+    """
+
+    def __init__(
+        self,
+        tdefs: Mapping[str, TemplateDef],
+        rng: random.Random,
+        arch: int,
+        dtype_sets: Sequence[Mapping[str, str]],
+        cells: Sequence[Cell],
+        population: int = 32,
+        elite: int = 1,
+        tournament: int = 3,
+        p_crossover: float = 0.3,
+        p_switch: float = 0.1,
+        max_template_share: float = 0.6,
+        mutation_params: int = 2,
+        seeds: Sequence[Genome] = (),
+    ):
+        if population < 1 or elite < 0 or tournament < 1 or mutation_params < 1:
+            raise ValueError("population, tournament and mutation_params must be >= 1, elite >= 0")
+        if not (0 <= p_crossover <= 1 and 0 <= p_switch <= 1 and p_crossover + p_switch <= 1):
+            raise ValueError(f"need 0 <= p_crossover, p_switch and their sum <= 1, got {p_crossover}, {p_switch}")
+        if not 0 < max_template_share <= 1:
+            raise ValueError(f"max_template_share must be in (0, 1], got {max_template_share}")
+        super().__init__(tdefs, rng, arch, dtype_sets, cells)
+        self.population_size = population
+        self.elite = elite
+        self.p_crossover = p_crossover
+        self.p_switch = p_switch
+        self.max_template_share = max_template_share
+        self._seeds = list(seeds)
+        self._toolbox = make_toolbox(
+            self.tdefs, arch, self.dtype_sets, self._dims, n_params=mutation_params, tournsize=tournament
+        )
+
+    def _breedable(self, g: Genome) -> bool:
+        t = self.tdefs.get(g.template)
+        return t is not None and t.source_hash == g.source_hash
+
+    def population(self) -> list[Genome]:
+        """The current breeding population (empty before any finite observation)."""
+        times = self._times
+        cands = {
+            k: g
+            for k, g in self._genomes.items()
+            if self._breedable(g) and any(math.isfinite(times[k].get(lb, math.inf)) for lb in self.labels)
+        }
+        if not cands:
+            return []
+        order = {k: i for i, k in enumerate(cands)}
+        best_rank = dict.fromkeys(cands, len(cands))
+        rank_sum = dict.fromkeys(cands, 0)
+        elites: list[str] = []
+        for label in self.labels:
+            finite = [k for k in cands if math.isfinite(times[k].get(label, math.inf))]
+            finite.sort(key=lambda k: (times[k][label], order[k]))
+            ranks = {k: r for r, k in enumerate(finite)}
+            for k in cands:
+                r = ranks.get(k, len(cands))  # inf on this cell ranks last
+                best_rank[k] = min(best_rank[k], r)
+                rank_sum[k] += r
+            elites += finite[: self.elite]
+        pool = {k: cands[k] for k in elites}
+        ranked = sorted(cands, key=lambda k: (best_rank[k], rank_sum[k], order[k]))
+        cap = max(1, int(self.max_template_share * self.population_size))
+        share = Counter(g.template for g in pool.values())
+        held_back = []
+        for k in ranked:
+            if len(pool) >= self.population_size:
+                break
+            if k in pool:
+                continue
+            if share[cands[k].template] >= cap:
+                held_back.append(k)
+                continue
+            pool[k] = cands[k]
+            share[cands[k].template] += 1
+        for k in held_back:  # other templates had too few genomes: the cap gives way to a full pool
+            if len(pool) >= self.population_size:
+                break
+            pool[k] = cands[k]
+        return list(pool.values())
+
+    def _propose(self, n: int, rng: random.Random) -> list[Genome]:
+        taken: set[str] = set()
+        out: list[Genome] = []
+        for s in self._seeds:
+            if len(out) < n and s.key() not in self._proposed and s.key() not in taken:
+                out.append(s)
+                taken.add(s.key())
+        pool = self.population()
+        if pool and len(out) < n:
+            out += self._breed(pool, n - len(out), rng, taken)
+        return out + self._fresh(n - len(out), rng, taken)
+
+    def _breed(self, pool: list[Genome], want: int, rng: random.Random, taken: set[str]) -> list[Genome]:
+        tb = self._toolbox
+        labels = [lb for lb in self.labels if any(math.isfinite(self.time(g, lb)) for g in pool)]
+        children: list[Genome] = []
+
+        def fresh(g: Genome) -> bool:
+            return g.key() not in self._proposed and g.key() not in taken
+
+        for _ in range(BREED_TRIES * want):
+            if len(children) >= want:
+                break
+            (parent,) = tb.select(pool, self._times, labels, 1, rng)
+            r = rng.random()
+            if r < self.p_switch and len(self.tdefs) > 1:
+                child = tb.switch(parent, rng)
+            elif r < self.p_switch + self.p_crossover:
+                mates = [g for g in pool if g.template == parent.template and g.key() != parent.key()]
+                if mates:
+                    (mate,) = tb.select(mates, self._times, labels, 1, rng)
+                    child = tb.mate(parent, mate, rng)
+                else:
+                    child = tb.mutate(parent, rng)
+            else:
+                child = tb.mutate(parent, rng)
+            if not fresh(child):
+                child = tb.mutate(child, rng)
+            if fresh(child):
+                children.append(child)
+                taken.add(child.key())
+        return children

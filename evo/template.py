@@ -1,0 +1,287 @@
+"""A template's declaration: parameter space, constraints and launch plan, read from its header.
+
+Every `.cu.j2` file starts with a Jinja comment holding TOML:
+
+    {#- kfactory
+    [template]
+    op = "rmsnorm"
+    name = "warp_row"
+    specialize = []            # cell dims baked into the code (rendered as Jinja variables)
+    [space]                    # every legal value of every parameter
+    threads = [64, 128, 256]
+    [defaults]
+    threads = 128
+    [constraints]              # name = Jinja expression that must be true
+    warp_multiple = "threads % 32 == 0"
+    [[launch]]                 # in order; grid/block are 1-3 expressions, smem one
+    kernel = "rmsnorm_warp_row"
+    grid = ["ceil_div(M, threads // 32)"]
+    block = ["threads"]
+    smem = "0"
+    args = ["x", "w", "y", "M", "N", "eps"]
+    -#}
+
+Expressions are evaluated in the same Jinja sandbox that renders the code, over the parameters,
+`arch` (e.g. 90), `<role>_bytes` and `<role>_dtype` for each dtype role of the cell, and the cell's
+dims. A constraint that names a dim applies per cell; the others decide whether a genome is legal at
+all. This one declaration serves sampling, repair, the build and the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Mapping
+
+from jinja2 import meta
+
+from evo.sandbox import TEMPLATES_ROOT, compile_expression, sandbox_env
+
+HEADER = re.compile(r"\A\s*\{#-?\s*kfactory[ \t]*\n(?P<toml>.*?)\n\s*-?#\}", re.DOTALL)
+ARG_TYPES = ("ptr", "i32", "i64", "f32")
+
+
+class TemplateError(ValueError):
+    """A template's header is missing or malformed."""
+
+
+def source_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A Jinja expression from a header, with the names it reads."""
+
+    text: str
+
+    @cached_property
+    def names(self) -> frozenset[str]:
+        return frozenset(meta.find_undeclared_variables(sandbox_env().parse("{{ " + self.text + " }}")))
+
+    def eval(self, ctx: Mapping[str, Any]) -> Any:
+        missing = self.names - set(ctx) - set(sandbox_env().globals)
+        if missing:
+            raise TemplateError(f"expression {self.text!r} reads unknown names {sorted(missing)}")
+        return compile_expression(self.text)(**ctx)
+
+
+@dataclass(frozen=True)
+class LaunchDecl:
+    """One kernel launch of a plan; args name tensors, dims, scalars or workspaces (`name:type`)."""
+
+    kernel: str
+    grid: tuple[Expr, ...]
+    block: tuple[Expr, ...]
+    smem: Expr
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launch with every expression evaluated for one cell."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    args: tuple[str, ...]
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(frozen=True)
+class TemplateDef:
+    """A parsed template: its text plus the declarations in its header."""
+
+    op: str
+    name: str
+    description: str
+    text: str
+    space: tuple[tuple[str, tuple[Any, ...]], ...]
+    defaults: tuple[tuple[str, Any], ...]
+    constraints: tuple[tuple[str, Expr], ...]
+    launches: tuple[LaunchDecl, ...]
+    workspaces: tuple[tuple[str, Expr], ...]
+    specialize: tuple[str, ...]
+
+    @property
+    def source_hash(self) -> str:
+        return source_hash(self.text)
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.space)
+
+    def values(self, param: str) -> tuple[Any, ...]:
+        return dict(self.space)[param]
+
+    def default_params(self) -> dict[str, Any]:
+        return dict(self.defaults)
+
+    def kernel_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(d.kernel for d in self.launches))
+
+    def dims_used(self) -> frozenset[str]:
+        """Names read by constraints that are not params or dtype facts: the cell dims."""
+        fixed = set(self.param_names) | {"arch"}
+        names: set[str] = set()
+        for _, e in self.constraints:
+            names |= {n for n in e.names if n not in fixed and not n.endswith(("_bytes", "_dtype"))}
+        return frozenset(names)
+
+    def context(
+        self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, Any], dims: Mapping[str, int] | None
+    ) -> dict[str, Any]:
+        """The names expressions and the template body may read."""
+        from ops.spec import DType  # ops is a sibling package; import here keeps evo.template light
+
+        ctx: dict[str, Any] = dict(params)
+        ctx["arch"] = arch
+        for role, dt in dtypes.items():
+            d = dt if isinstance(dt, DType) else DType.parse(dt)
+            ctx[f"{role}_bytes"] = d.nbytes
+            ctx[f"{role}_dtype"] = d.value
+            ctx[f"{role}_t"] = d.ctype
+        if dims:
+            ctx.update(dims)
+        return ctx
+
+    def violations(
+        self,
+        params: Mapping[str, Any],
+        arch: int,
+        dtypes: Mapping[str, Any],
+        dims: Mapping[str, int] | None = None,
+    ) -> list[str]:
+        """Names of the constraints `params` break (with dims: the per-cell ones too)."""
+        bad = [f"unknown param {k!r}" for k in params if k not in dict(self.space)]
+        bad += [f"missing param {k!r}" for k in self.param_names if k not in params]
+        bad += [
+            f"{k}={params[k]!r} not in space"
+            for k, vals in self.space
+            if k in params and params[k] not in vals
+        ]
+        if bad:
+            return bad
+        ctx = self.context(params, arch, dtypes, dims)
+        for name, e in self.constraints:
+            if not e.names <= set(ctx) | set(sandbox_env().globals):
+                continue  # reads a dim and no cell was given
+            if not e.eval(ctx):
+                bad.append(name)
+        return bad
+
+    def is_valid(
+        self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, Any], dims: Mapping[str, int] | None = None
+    ) -> bool:
+        return not self.violations(params, arch, dtypes, dims)
+
+    def plan(
+        self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, Any], dims: Mapping[str, int]
+    ) -> tuple[tuple[Launch, ...], dict[str, int]]:
+        """The launches and workspace sizes (bytes) for one cell."""
+        ctx = self.context(params, arch, dtypes, dims)
+
+        def dim3(exprs: tuple[Expr, ...]) -> tuple[int, int, int]:
+            vals = [int(e.eval(ctx)) for e in exprs] + [1, 1]
+            return (vals[0], vals[1], vals[2])
+
+        launches = tuple(
+            Launch(d.kernel, dim3(d.grid), dim3(d.block), int(d.smem.eval(ctx)), d.args) for d in self.launches
+        )
+        return launches, {name: int(e.eval(ctx)) for name, e in self.workspaces}
+
+
+def _exprs(value: Any, where: str) -> tuple[Expr, ...]:
+    items = value if isinstance(value, list) else [value]
+    if not 1 <= len(items) <= 3:
+        raise TemplateError(f"{where} needs 1 to 3 expressions, got {len(items)}")
+    return tuple(Expr(str(v)) for v in items)
+
+
+def parse_template(text: str, origin: str = "<string>") -> TemplateDef:
+    """Parse a template's header; errors name the origin and the key."""
+    m = HEADER.match(text)
+    if not m:
+        raise TemplateError(f"{origin}: no '{{#- kfactory ... -#}}' header at the top of the template")
+    try:
+        doc = tomllib.loads(m.group("toml"))
+    except tomllib.TOMLDecodeError as e:
+        raise TemplateError(f"{origin}: header is not valid TOML: {e}") from None
+    unknown = set(doc) - {"template", "space", "defaults", "constraints", "launch", "workspace"}
+    if unknown:
+        raise TemplateError(f"{origin}: unknown header section(s) {sorted(unknown)}")
+    head = doc.get("template", {})
+    for key in ("op", "name"):
+        if not isinstance(head.get(key), str):
+            raise TemplateError(f"{origin}: [template].{key} must be a string")
+    space = doc.get("space", {})
+    if not space:
+        raise TemplateError(f"{origin}: [space] declares no parameters")
+    for k, vals in space.items():
+        if not isinstance(vals, list) or not vals:
+            raise TemplateError(f"{origin}: [space].{k} must be a non-empty list of values")
+    defaults = doc.get("defaults", {})
+    for k in space:
+        if k not in defaults:
+            raise TemplateError(f"{origin}: [defaults].{k} is missing")
+        if defaults[k] not in space[k]:
+            raise TemplateError(f"{origin}: [defaults].{k}={defaults[k]!r} is not in [space].{k}")
+    extra = set(defaults) - set(space)
+    if extra:
+        raise TemplateError(f"{origin}: [defaults] has keys not in [space]: {sorted(extra)}")
+    launches = []
+    for i, ld in enumerate(doc.get("launch", [])):
+        where = f"{origin}: [[launch]] #{i}"
+        for key in ("kernel", "grid", "block", "args"):
+            if key not in ld:
+                raise TemplateError(f"{where} is missing {key!r}")
+        for a in ld["args"]:
+            if ":" in a and a.split(":", 1)[1] not in ARG_TYPES:
+                raise TemplateError(f"{where}: arg {a!r} has a type not in {ARG_TYPES}")
+        launches.append(
+            LaunchDecl(
+                kernel=ld["kernel"],
+                grid=_exprs(ld["grid"], f"{where}.grid"),
+                block=_exprs(ld["block"], f"{where}.block"),
+                smem=Expr(str(ld.get("smem", "0"))),
+                args=tuple(ld["args"]),
+            )
+        )
+    if not launches:
+        raise TemplateError(f"{origin}: no [[launch]] declared")
+    return TemplateDef(
+        op=head["op"],
+        name=head["name"],
+        description=head.get("description", ""),
+        text=text,
+        space=tuple((k, tuple(v)) for k, v in space.items()),
+        defaults=tuple(sorted(defaults.items())),
+        constraints=tuple((k, Expr(str(v))) for k, v in doc.get("constraints", {}).items()),
+        launches=tuple(launches),
+        workspaces=tuple((k, Expr(str(v))) for k, v in doc.get("workspace", {}).items()),
+        specialize=tuple(head.get("specialize", [])),
+    )
+
+
+def load_templates(op: str, root: Path = TEMPLATES_ROOT) -> dict[str, TemplateDef]:
+    """Every template of an op, by name."""
+    folder = root / op
+    if not folder.is_dir():
+        raise TemplateError(f"no template folder for op {op!r} at {folder}")
+    defs = {}
+    for path in sorted(folder.glob("*.cu.j2")):
+        t = parse_template(path.read_text(), str(path))
+        if t.op != op:
+            raise TemplateError(f"{path}: declares op {t.op!r}, but lives under {op!r}")
+        defs[t.name] = t
+    if not defs:
+        raise TemplateError(f"no templates (*.cu.j2) under {folder}")
+    return defs

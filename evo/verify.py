@@ -1,0 +1,88 @@
+"""Turn what the worker measured into a Status, with a readable wrong-answer pattern.
+
+Pure functions over JobResult records, so every rule is unit-tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from evo.jobs import CheckStats, JobResult
+from evo.run import CRASH, TIMEOUT
+from evo.status import Status
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    error: str = ""
+    pattern: str = ""
+    median_us: float = math.inf
+    p10_us: float = math.inf
+    p90_us: float = math.inf
+    samples: int = 0
+    baseline_us: float = math.inf
+    max_abs_err: float = math.nan
+    rel_norm_err: float = math.nan
+
+
+def pattern(c: CheckStats) -> str:
+    """A short name for how an output is wrong (used to cluster failures)."""
+    if c.canary_bad:
+        return "wrote outside output"
+    if c.nonfinite == c.numel:
+        return "all unwritten or NaN"
+    if c.nonfinite:
+        if c.bad_last_row == c.nonfinite:
+            return "last row unwritten or NaN"
+        if c.bad_tail_cols == c.nonfinite:
+            return "tail elements unwritten or NaN"
+        return "some unwritten or NaN"
+    if c.bad == c.numel or c.bad >= 0.9 * c.numel:
+        return "all wrong"
+    if c.bad and c.bad == c.bad_last_row:
+        return "last row wrong"
+    if c.bad and c.bad == c.bad_tail_cols:
+        return "tail elements wrong"
+    if c.bad:
+        return "some elements wrong"
+    return "error norm too large"
+
+
+def failed(c: CheckStats, rel_norm: float) -> bool:
+    """NaN/Inf never passes; neither does any element outside atol/rtol, a canary hit, or the norm bound."""
+    return c.nonfinite > 0 or c.bad > 0 or c.canary_bad > 0 or not (c.rel_norm_err <= rel_norm)
+
+
+def judge(result: JobResult, rel_norms: Mapping[str, float]) -> Verdict:
+    """The Status of one (candidate, cell) evaluation."""
+    if result.error_kind == TIMEOUT:
+        return Verdict(Status.TIMEOUT, result.error)
+    if result.error_kind == CRASH:
+        return Verdict(Status.CRASH, result.error)
+    if result.error_kind:
+        return Verdict(Status.LAUNCH_ERROR, result.error)
+    if not result.checks:
+        return Verdict(Status.CRASH, "worker returned no checks")
+    worst_abs, worst_rel = 0.0, 0.0
+    for idx, stats in result.checks:
+        for c in stats:
+            worst_abs = max(worst_abs, c.max_abs_err)
+            worst_rel = max(worst_rel, c.rel_norm_err)
+            if failed(c, rel_norms[c.output]):
+                where = "last timed launch" if idx < 0 else f"input set {idx}"
+                p = pattern(c)
+                msg = (f"{c.output} on {where}: {p} ({c.bad} bad, {c.nonfinite} non-finite, {c.canary_bad} canary bytes"
+                       f" of {c.numel}; first bad index {c.first_bad}; max abs err {c.max_abs_err:.3g};"
+                       f" rel norm {c.rel_norm_err:.3g})")
+                return Verdict(Status.WRONG_ANSWER, msg, p, max_abs_err=c.max_abs_err, rel_norm_err=c.rel_norm_err)
+    if not result.times_us:
+        return Verdict(Status.OK, max_abs_err=worst_abs, rel_norm_err=worst_rel)
+    p10, p50, p90 = np.percentile(result.times_us, [10, 50, 90])
+    base = float(np.median(result.baseline_us)) if result.baseline_us else math.inf
+    return Verdict(Status.OK, median_us=float(p50), p10_us=float(p10), p90_us=float(p90),
+                   samples=len(result.times_us), baseline_us=base, max_abs_err=worst_abs, rel_norm_err=worst_rel)

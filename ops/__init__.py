@@ -1,0 +1,16 @@
+"""Operators: one folder per op with its spec, float64 reference, inputs and device hooks."""
+
+from __future__ import annotations
+
+import importlib
+
+from ops.spec import OpSpec
+
+KNOWN = ("rmsnorm", "kda")
+
+
+def get_op(name: str) -> OpSpec:
+    """The spec of a known op; a clear error for an unknown one."""
+    if name not in KNOWN:
+        raise KeyError(f"unknown op {name!r}; known ops: {', '.join(KNOWN)}")
+    return importlib.import_module(f"ops.{name}").SPEC

@@ -1,0 +1,220 @@
+"""The operator abstraction: what an op computes, which inputs it takes, how it is checked.
+
+An op is described by data (tensors with symbolic dims, scalars, dtype roles) plus a few pure
+functions (float64 reference, input generators, tolerances, bytes moved). Several outputs, optional
+inputs, variable-length batches and reductions over rows all fit the same shape, so RMSNorm forward,
+RMSNorm backward and Kimi Delta Attention share it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+
+class DType(str, enum.Enum):
+    """Element types a kernel may read or write."""
+
+    FP32 = "float32"
+    FP16 = "float16"
+    BF16 = "bfloat16"
+    INT32 = "int32"
+
+    @property
+    def nbytes(self) -> int:
+        return {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}[self.value]
+
+    @property
+    def ctype(self) -> str:
+        """The CUDA C++ type name."""
+        return {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int32": "int"}[self.value]
+
+    @property
+    def short(self) -> str:
+        return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32"}[self.value]
+
+    @classmethod
+    def parse(cls, text: str) -> "DType":
+        """Accept 'bf16', 'bfloat16', 'fp16', 'float16', 'fp32', 'float32', 'int32'."""
+        aliases = {"bf16": cls.BF16, "fp16": cls.FP16, "half": cls.FP16, "fp32": cls.FP32, "float": cls.FP32}
+        if text in aliases:
+            return aliases[text]
+        try:
+            return cls(text)
+        except ValueError:
+            raise ValueError(f"unknown dtype {text!r}; expected one of bf16, fp16, fp32, int32") from None
+
+
+class Role(str, enum.Enum):
+    IN = "in"
+    OUT = "out"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor argument: symbolic dims, and the cell dtype role that gives its element type.
+
+    `dtype` is either a fixed DType or the name of a dtype role of the cell ("x", "w", "state").
+    """
+
+    name: str
+    dims: tuple[str, ...]
+    dtype: DType | str
+    role: Role = Role.IN
+    optional: bool = False
+
+    def resolve_dtype(self, cell: "Cell") -> DType:
+        return self.dtype if isinstance(self.dtype, DType) else cell.dtype(self.dtype)
+
+    def shape(self, cell: "Cell") -> tuple[int, ...]:
+        return tuple(cell.dim(d) for d in self.dims)
+
+
+@dataclass(frozen=True)
+class ScalarSpec:
+    """One scalar argument; `default` may depend on the cell (e.g. scale = K^-1/2)."""
+
+    name: str
+    kind: type  # float or int
+    default: float | int | Callable[["Cell"], float | int]
+
+    def value(self, cell: "Cell") -> float | int:
+        return self.default(cell) if callable(self.default) else self.default
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Per-dtype acceptance: elementwise |a-b| <= atol + rtol*|b|, and ||a-b||/||b|| <= rel_norm."""
+
+    atol: float
+    rtol: float
+    rel_norm: float
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One point of an op's matrix: dtype per role and a value per symbolic dim."""
+
+    dtypes: tuple[tuple[str, DType], ...]
+    dims: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def make(cls, dtypes: Mapping[str, DType | str], dims: Mapping[str, int]) -> "Cell":
+        dt = tuple(sorted((k, v if isinstance(v, DType) else DType.parse(v)) for k, v in dtypes.items()))
+        dm = tuple(sorted((k, int(v)) for k, v in dims.items()))
+        for k, v in dm:
+            if v < 0:
+                raise ValueError(f"dim {k}={v} is negative")
+        return cls(dt, dm)
+
+    def dtype(self, role: str) -> DType:
+        for k, v in self.dtypes:
+            if k == role:
+                return v
+        raise KeyError(f"cell has no dtype role {role!r} (has {[k for k, _ in self.dtypes]})")
+
+    def dim(self, name: str) -> int:
+        for k, v in self.dims:
+            if k == name:
+                return v
+        raise KeyError(f"cell has no dim {name!r} (has {[k for k, _ in self.dims]})")
+
+    def dims_dict(self) -> dict[str, int]:
+        return dict(self.dims)
+
+    def dtypes_dict(self) -> dict[str, str]:
+        return {k: v.value for k, v in self.dtypes}
+
+    def label(self) -> str:
+        """Readable id, e.g. 'x=bf16,w=bf16 M4096-N1024'."""
+        dt = ",".join(f"{k}={v.short}" for k, v in self.dtypes)
+        return f"{dt} " + "-".join(f"{k}{v}" for k, v in self.dims)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything the factory knows about one operator."""
+
+    name: str
+    tensors: tuple[TensorSpec, ...]
+    scalars: tuple[ScalarSpec, ...]
+    dtype_roles: tuple[str, ...]
+    reference: Callable[[Mapping[str, np.ndarray], Mapping[str, float | int]], dict[str, np.ndarray]]
+    make_inputs: Callable[["Cell", str, np.random.Generator], dict[str, np.ndarray]]
+    input_kinds: tuple[str, ...]
+    tolerance: Callable[["Cell", str], Tolerance]
+    bytes_moved: Callable[["Cell"], int]
+    matrix: Callable[[], list["Cell"]]
+    edge_cells: Callable[[], list["Cell"]]
+    flops: Callable[["Cell"], int] = field(default=lambda cell: 0)
+
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(t for t in self.tensors if t.role is Role.IN)
+
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(t for t in self.tensors if t.role is Role.OUT)
+
+    def tensor(self, name: str) -> TensorSpec:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(f"op {self.name} has no tensor {name!r}")
+
+    def scalar_values(self, cell: Cell, overrides: Mapping[str, float | int] | None = None) -> dict[str, float | int]:
+        vals = {s.name: s.value(cell) for s in self.scalars}
+        for k, v in (overrides or {}).items():
+            if k not in vals:
+                raise KeyError(f"op {self.name} has no scalar {k!r}")
+            vals[k] = v
+        return vals
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 and math.isfinite(seconds) else 0.0
+
+
+# numpy has no bfloat16: inputs are drawn in float32 and rounded to bf16 (round-to-nearest-even),
+# kept as float32 values that are exactly representable in bf16 plus a uint16 view for the device.
+def round_to_bf16(a: np.ndarray) -> np.ndarray:
+    """Round float32 values to the nearest bf16 (ties to even); returns float32."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    rounded = (u + (0x7FFF + ((u >> 16) & 1))) & np.uint32(0xFFFF0000)
+    nan = np.isnan(a)
+    out = rounded.view(np.float32).copy()
+    out[nan] = np.nan
+    return out
+
+
+def to_device_bytes(a: np.ndarray, dtype: DType) -> np.ndarray:
+    """The array as the device stores it (bf16 as uint16 bit patterns)."""
+    if dtype is DType.BF16:
+        return (round_to_bf16(a).view(np.uint32) >> 16).astype(np.uint16)
+    if dtype is DType.FP16:
+        return np.ascontiguousarray(a, dtype=np.float16)
+    if dtype is DType.FP32:
+        return np.ascontiguousarray(a, dtype=np.float32)
+    if dtype is DType.INT32:
+        return np.ascontiguousarray(a, dtype=np.int32)
+    raise ValueError(f"no device layout for {dtype}")
+
+
+def from_device_bytes(raw: np.ndarray, dtype: DType) -> np.ndarray:
+    """Device storage back to float64 (or int64) values."""
+    if dtype is DType.BF16:
+        return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if dtype in (DType.FP16, DType.FP32):
+        return raw.astype(np.float64)
+    return raw.astype(np.int64)
+
+
+def quantize(a: np.ndarray, dtype: DType) -> np.ndarray:
+    """Values as the device will see them, in float64."""
+    return from_device_bytes(to_device_bytes(a, dtype), dtype)
