@@ -195,7 +195,9 @@ def compile_one(bi: BuildInput) -> BuildResult:
     ms = (time.perf_counter() - t0) * 1e3
     log = buf.getvalue().replace("\x00", "")
     res = parse_ptxas(log)
-    missing = [k for k in bi.kernels if k not in res]
+    # Some cuda.core releases hand back no ptxas report on success; then resources stay unknown (0)
+    # and a missing kernel surfaces as a LAUNCH_ERROR on the GPU instead.
+    missing = [k for k in bi.kernels if k not in res] if res else []
     if missing:
         return BuildResult(
             key, Status.COMPILE_ERROR, log=log, error=f"kernels not in the cubin: {missing}", compile_ms=ms, compiler=version

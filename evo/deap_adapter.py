@@ -56,16 +56,25 @@ def cell_tournament(
     k: int,
     tournsize: int,
     rng: random.Random,
+    p_niche: float = 0.0,
 ) -> list[Genome]:
     """k winners; each tournament draws a random cell and `tournsize` aspirants (with replacement).
 
     Judging each tournament on a single cell keeps specialists: a genome that is best on a few
-    shapes and illegal (inf) on the rest still wins the tournaments held on its shapes.
+    shapes and illegal (inf) on the rest still wins the tournaments held on its shapes. With
+    probability p_niche the aspirants all come from one template (drawn among those with a finite
+    time on the cell), so a template that trails on a cell keeps improving there.
     """
     chosen = []
     for _ in range(k):
         label = rng.choice(labels)
-        aspirants = [rng.choice(pool) for _ in range(tournsize)]
+        field = pool
+        if p_niche > 0 and rng.random() < p_niche:
+            templates = sorted({g.template for g in pool if math.isfinite(_time(times, g, label))})
+            if templates:
+                niche = rng.choice(templates)
+                field = [g for g in pool if g.template == niche]
+        aspirants = [rng.choice(field) for _ in range(tournsize)]
         best = tools.selBest([Individual(g, _time(times, g, label)) for g in aspirants], 1)
         chosen.append(best[0].genome)
     return chosen
@@ -78,6 +87,7 @@ def make_toolbox(
     cells: Sequence[Mapping[str, int]] | None,
     n_params: int = 2,
     tournsize: int = 3,
+    p_niche: float = 0.0,
 ) -> base.Toolbox:
     """A toolbox with mutate(g, rng), mate(a, b, rng), switch(g, rng), select(pool, times, labels, k, rng)."""
 
@@ -93,7 +103,7 @@ def make_toolbox(
     def select(
         pool: Sequence[Genome], times: Mapping[str, Mapping[str, float]], labels: Sequence[str], k: int, rng: random.Random
     ) -> list[Genome]:
-        return cell_tournament(pool, times, labels, k, tournsize, rng)
+        return cell_tournament(pool, times, labels, k, tournsize, rng, p_niche)
 
     tb = base.Toolbox()
     tb.register("mutate", mutate)

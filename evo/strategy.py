@@ -187,12 +187,15 @@ class GeneticSearch(_Search):
         p_switch: float = 0.1,
         max_template_share: float = 0.6,
         mutation_params: int = 2,
+        p_niche: float = 0.3,
         seeds: Sequence[Genome] = (),
     ):
         if population < 1 or elite < 0 or tournament < 1 or mutation_params < 1:
             raise ValueError("population, tournament and mutation_params must be >= 1, elite >= 0")
         if not (0 <= p_crossover <= 1 and 0 <= p_switch <= 1 and p_crossover + p_switch <= 1):
             raise ValueError(f"need 0 <= p_crossover, p_switch and their sum <= 1, got {p_crossover}, {p_switch}")
+        if not 0 <= p_niche <= 1:
+            raise ValueError(f"p_niche must be in [0, 1], got {p_niche}")
         if not 0 < max_template_share <= 1:
             raise ValueError(f"max_template_share must be in (0, 1], got {max_template_share}")
         super().__init__(tdefs, rng, arch, dtype_sets, cells)
@@ -203,7 +206,7 @@ class GeneticSearch(_Search):
         self.max_template_share = max_template_share
         self._seeds = list(seeds)
         self._toolbox = make_toolbox(
-            self.tdefs, arch, self.dtype_sets, self._dims, n_params=mutation_params, tournsize=tournament
+            self.tdefs, arch, self.dtype_sets, self._dims, n_params=mutation_params, tournsize=tournament, p_niche=p_niche
         )
 
     def _breedable(self, g: Genome) -> bool:
@@ -233,6 +236,8 @@ class GeneticSearch(_Search):
                 best_rank[k] = min(best_rank[k], r)
                 rank_sum[k] += r
             elites += finite[: self.elite]
+            for name in self.tdefs:  # and of every template on the cell: a trailing template keeps its best
+                elites += [k for k in finite if cands[k].template == name][: self.elite]
         pool = {k: cands[k] for k in elites}
         ranked = sorted(cands, key=lambda k: (best_rank[k], rank_sum[k], order[k]))
         cap = max(1, int(self.max_template_share * self.population_size))

@@ -84,12 +84,11 @@ class Worker:
         self.dev = Device(0)
         self.dev.set_current()
         self.torch = _try_torch()
+        # Our own stream (graph capture is not allowed on the legacy default stream); torch's baseline
+        # runs on the same stream through ExternalStream, so one pair of events brackets either.
+        self.stream = self.dev.create_stream()
         if self.torch is not None:
-            from cuda.core import Stream
-
-            self.stream = Stream.from_handle(int(self.torch.cuda.current_stream().cuda_stream))
-        else:
-            self.stream = self.dev.create_stream()
+            self.torch_stream = self.torch.cuda.ExternalStream(int(self.stream.handle))
         self.arch = "sm_" + "".join(map(str, self.dev.compute_capability))
         self.support = self._compile(SUPPORT.read_text())
         self.op_modules: dict[str, tuple[Any, Any]] = {}
@@ -165,7 +164,7 @@ class Worker:
     def _events(self, n: int) -> list:
         from cuda.core import EventOptions
 
-        return [self.dev.create_event(options=EventOptions(enable_timing=True)) for _ in range(n)]
+        return [self.dev.create_event(options=EventOptions(timing_enabled=True)) for _ in range(n)]
 
     def time_samples(self, fns: list[Callable[[int], None]], n: int, flush: bool, per: int = 1) -> list[list[float]]:
         """n interleaved samples of each fn (alternating order), in microseconds per call."""
@@ -340,7 +339,7 @@ class Worker:
         per = 1
         if graph:
             fns = [self._graph(candidate, nsets, t.graph_launches)] + (
-                [self._torch_graph(base_fn, t.graph_launches)] if base_fn else [])
+                [self._torch_graph(t.graph_launches)] if base_fn else [])
             per = t.graph_launches
         samples = self.time_samples(fns, t.min_samples, flush=True, per=per)
         while len(samples[0]) < t.max_samples and _spread(samples[0]) > t.spread:
@@ -378,22 +377,28 @@ class Worker:
         nsets = max(3, min(32, math.ceil(ROTATE_BYTES / max(1, nbytes))))
         sets = [{b.name: torch.randn(b.shape, device="cuda", dtype=tdt[b.dtype]) for b in ins} for _ in range(nsets)]
         scalars = dict(job.scalars)
-        self._torch_sets = sets
-        return lambda i: fn(sets[i % nsets], scalars)
+        self._base_raw = lambda i: fn(sets[i % nsets], scalars)  # no stream switch: graph capture needs that
 
-    def _torch_graph(self, fn: Callable[[int], None], launches: int) -> Callable[[int], None]:
+        def run(i: int) -> None:
+            with torch.cuda.stream(self.torch_stream):
+                self._base_raw(i)
+
+        return run
+
+    def _torch_graph(self, launches: int) -> Callable[[int], None]:
         torch = self.torch
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for i in range(3):
-                fn(i)
-        torch.cuda.current_stream().wait_stream(side)
+        fn = self._base_raw
+        self.stream.sync()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g):  # captures on torch's own side stream
             for i in range(launches):
                 fn(i)
-        return lambda _i: g.replay()
+
+        def replay(_i: int) -> None:
+            with torch.cuda.stream(self.torch_stream):
+                g.replay()
+
+        return replay
 
 
 def _failed(c: CheckStats, job: EvalJob) -> bool:
