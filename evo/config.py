@@ -72,6 +72,8 @@ class SearchSection:
     p_crossover: float = 0.5
     p_switch: float = 0.1
     max_template_share: float = 0.6
+    # Optional narrowing of template spaces: space.<template>.<param> = [allowed values].
+    space: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.population < 1:

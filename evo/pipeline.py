@@ -85,7 +85,13 @@ class Session:
         missing = [t for t in wanted if t not in all_t]
         if missing:
             raise KeyError(f"run.templates: no template(s) {missing} for op {self.op.name} (have {sorted(all_t)})")
-        self.templates = {k: all_t[k] for k in wanted}
+        extra = sorted(set(self.config.search.space) - set(wanted))
+        if extra:
+            raise KeyError(f"search.space: no template(s) {extra} in this run (have {sorted(wanted)})")
+        self.templates = {
+            k: all_t[k].restrict(self.config.search.space[k]) if k in self.config.search.space else all_t[k]
+            for k in wanted
+        }
         self.cells = cells_for(self.config, self.op)
         self.arch = arch_number(self.config.run.arch)
 

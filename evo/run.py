@@ -22,6 +22,10 @@ class WorkerStartError(RuntimeError):
     """The worker could not start (no GPU, no driver)."""
 
 
+class WorkerBugError(RuntimeError):
+    """The worker raised an unexpected Python exception: a bug in the harness."""
+
+
 class Channel(Protocol):
     """What the watchdog needs of a worker: a pipe end and a process."""
 
@@ -116,6 +120,9 @@ class WorkerHandle:
             code = self._p.proc.exitcode
             self._restart()
             return JobResult(job.job_id, CRASH, f"worker died (exit code {code}) after {time.monotonic() - t0:.1f} s")
+        if tag == "bug":
+            self._restart()
+            raise WorkerBugError(f"the GPU worker failed on job {job.job_id} (a harness bug, not the candidate):\n{res}")
         if res.error_kind == CRASH:  # the worker exits after a sticky CUDA error
             self._restart()
         return res

@@ -4,11 +4,12 @@ Fitness is per cell (dtype x shape): an observation maps cell labels to median m
 for a failed or illegal cell. A strategy never proposes a genome key twice in a run (seeds and
 observed genomes included) and returns fewer than asked only when the legal space is exhausted.
 
-Determinism and resumption: the constructor's rng gives a run seed; each `propose` call draws from
-a generator derived from (run seed, generation number). The next proposals are therefore a function
-of the run seed, the number of generations and the observations so far, so `replay(history)` on a
-fresh strategy with the same seed rebuilds a run from its stored observations, one batch per
-generation, without re-running the breeding.
+Determinism and resumption: the constructor's rng gives a run seed, and each `propose` call draws
+from a generator derived from (run seed, number of genomes proposed or observed so far). The next
+proposals are therefore a function of the run seed and the observations, in the order they were
+observed: `replay(observations)` on a fresh strategy with the same seed rebuilds a run from its
+stored observations without re-running the breeding. (A proposal that was never observed is
+forgotten by a replay, so the resumed run may propose it again: it was never measured.)
 """
 
 from __future__ import annotations
@@ -66,24 +67,18 @@ class _Search:
         self._dims = [c.dims_dict() for c in self.cells]
         self._spaces = {name: Space(t, arch, self.dtype_sets, self._dims) for name, t in self.tdefs.items()}
         self._seed = rng.getrandbits(64)
-        self._generation = 0
         self._proposed: set[str] = set()
         self._genomes: dict[str, Genome] = {}  # observed, in order of first observation
         self._times: dict[str, dict[str, float]] = {}
-
-    @property
-    def generation(self) -> int:
-        """How many batches were proposed (or replayed) so far."""
-        return self._generation
 
     def was_proposed(self, g: Genome) -> bool:
         return g.key() in self._proposed
 
     def propose(self, n: int) -> list[Genome]:
         """n new genomes (fewer only when the legal space is exhausted)."""
-        rng = random.Random(f"{self._seed}:{self._generation}")
-        self._generation += 1
-        out = self._propose(max(0, n), rng) if n > 0 else []
+        if n <= 0:
+            return []
+        out = self._propose(n, random.Random(f"{self._seed}:{len(self._proposed)}"))
         self._proposed.update(g.key() for g in out)
         return out
 
@@ -101,11 +96,9 @@ class _Search:
                 t = float(t)
                 times[label] = math.inf if math.isnan(t) else t
 
-    def replay(self, history: Iterable[Sequence[Observation]]) -> None:
-        """Rebuild from stored observations, one batch per generation (as proposed then observed)."""
-        for batch in history:
-            self._generation += 1
-            self.observe(batch)
+    def replay(self, observations: Iterable[Observation]) -> None:
+        """Rebuild a run from its stored observations, in the order they were observed."""
+        self.observe(list(observations))
 
     def time(self, g: Genome, label: str) -> float:
         return self._times.get(g.key(), {}).get(label, math.inf)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
@@ -135,6 +135,24 @@ class TemplateDef:
         for _, e in self.constraints:
             names |= {n for n in e.names if n not in fixed and not n.endswith(("_bytes", "_dtype"))}
         return frozenset(names)
+
+    def restrict(self, space: Mapping[str, Any]) -> "TemplateDef":
+        """The same template with some params limited to a subset of their declared values.
+
+        Keys and code are unchanged (same text), so restricted and full searches share results.
+        The default of a restricted param moves to the first allowed value if it was cut out.
+        """
+        declared = dict(self.space)
+        for k, vals in space.items():
+            if k not in declared:
+                raise TemplateError(f"{self.name}: cannot restrict unknown param {k!r} (params: {sorted(declared)})")
+            bad = [v for v in vals if v not in declared[k]]
+            if bad or not vals:
+                raise TemplateError(f"{self.name}: restricted values {bad or '[]'} for {k!r} are not in {list(declared[k])}")
+        new_space = tuple((k, tuple(space[k]) if k in space else v) for k, v in self.space)
+        nd = dict(new_space)
+        defaults = tuple(sorted((k, v if v in nd[k] else nd[k][0]) for k, v in self.defaults))
+        return replace(self, space=new_space, defaults=defaults)
 
     def context(
         self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, Any], dims: Mapping[str, int] | None

@@ -178,7 +178,7 @@ class Worker:
                 self.stream.record(evs[2 * j])
                 fns[j](i)
                 self.stream.record(evs[2 * j + 1])
-            evs[-1].sync()
+            self.stream.sync()
             for j in range(len(fns)):
                 out[j].append((evs[2 * j + 1] - evs[2 * j]) * 1e3 / per)
         self.sync("timing")
@@ -462,3 +462,9 @@ def serve(conn: Any, device: str) -> None:
             conn.send(("result", JobResult(job.job_id, "crash", str(e), fingerprint=w.fingerprint)))
             conn.close()
             os._exit(3)  # the context is poisoned; the parent starts a fresh worker
+        except Exception:  # a bug in the harness itself: the parent raises it instead of blaming the candidate
+            import traceback
+
+            conn.send(("bug", traceback.format_exc()))
+            conn.close()
+            os._exit(4)
