@@ -41,14 +41,6 @@ def _time(times: Mapping[str, Mapping[str, float]], g: Genome, label: str) -> fl
     return math.inf if math.isnan(t) else t
 
 
-def best_on_cell(
-    pool: Sequence[Genome], times: Mapping[str, Mapping[str, float]], label: str, k: int = 1
-) -> list[Genome]:
-    """The k fastest genomes of `pool` on one cell (finite times only; ties keep pool order)."""
-    ranked = tools.selBest([Individual(g, _time(times, g, label)) for g in pool], len(pool))
-    return [ind.genome for ind in ranked if math.isfinite(_time(times, ind.genome, label))][:k]
-
-
 def cell_tournament(
     pool: Sequence[Genome],
     times: Mapping[str, Mapping[str, float]],
@@ -101,7 +93,11 @@ def make_toolbox(
         return operators.switch_template(g, tdefs, rng, arch, dtype_sets, cells)
 
     def select(
-        pool: Sequence[Genome], times: Mapping[str, Mapping[str, float]], labels: Sequence[str], k: int, rng: random.Random
+        pool: Sequence[Genome],
+        times: Mapping[str, Mapping[str, float]],
+        labels: Sequence[str],
+        k: int,
+        rng: random.Random,
     ) -> list[Genome]:
         return cell_tournament(pool, times, labels, k, tournsize, rng, p_niche)
 

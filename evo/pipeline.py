@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evo.build import Builder, BuildInput, BuildResult, prepare
-from evo.config import Config, Runner, StrategyKind
+from evo.config import Config
+from evo.evaluators import CellEval
 from evo.genome import Genome
 from evo.status import Status
 from evo.template import TemplateDef, load_templates
@@ -29,18 +30,6 @@ from ops.spec import Cell, OpSpec, gbps
 
 class NoGpuError(RuntimeError):
     """Evaluation was asked for on a machine without an NVIDIA GPU."""
-
-
-@dataclass(frozen=True)
-class CellEval:
-    """One (genome, cell) outcome as the search sees it."""
-
-    genome: Genome
-    cell: Cell
-    status: Status
-    median_us: float = math.inf
-    baseline_us: float = math.inf
-    error: str = ""
 
 
 def arch_number(arch: str) -> int:
@@ -138,28 +127,27 @@ class Session:
                                compiler=r.compiler, log=r.log, error=r.error or None, cubin=r.cubin or None))
         return {k: [(c, results[bi.key()]) for c, bi in pairs] for k, pairs in per_genome.items()}
 
-    def evaluation_rows(self, evals: Sequence[tuple[CellEval, str, Any]], generation: int,
-                        fingerprint: dict[str, str], ceiling: float, source: str) -> list[EvaluationRow]:
-        rows = []
+    def evaluation_rows(self, evals: Sequence[CellEval], generation: int, fingerprint: dict[str, str],
+                        ceiling: float, source: str) -> list[EvaluationRow]:
+        """Store rows for a batch of (genome, cell) outcomes."""
         fp_json = json.dumps(fingerprint, sort_keys=True)
         fp_class = fingerprint_class(fingerprint)
-        for ev, build_key, verdict in evals:
-            nbytes = self.op.bytes_moved(ev.cell)
+        rows = []
+        for ev in evals:
             ok = ev.status is Status.OK and math.isfinite(ev.median_us)
+            has_base = math.isfinite(ev.baseline_us)
             rows.append(EvaluationRow(
-                eval_id=uuid.uuid4().hex, run_id=self.run_id, genome_key=ev.genome.key(), build_key=build_key,
-                cell=ev.cell.label(), dtypes_json=json.dumps(ev.cell.dtypes_dict(), sort_keys=True),
+                eval_id=uuid.uuid4().hex, run_id=self.run_id, genome_key=ev.genome.key(),
+                build_key=ev.build_key or None, cell=ev.cell.label(),
+                dtypes_json=json.dumps(ev.cell.dtypes_dict(), sort_keys=True),
                 dims_json=json.dumps(ev.cell.dims_dict(), sort_keys=True), status=ev.status.value,
-                median_us=ev.median_us if ok else None,
-                p10_us=getattr(verdict, "p10_us", None) if ok else None,
-                p90_us=getattr(verdict, "p90_us", None) if ok else None,
-                samples=getattr(verdict, "samples", None),
-                gbps=gbps(nbytes, ev.median_us * 1e-6) if ok else None, ceiling_gbps=ceiling or None,
-                baseline="torch.rms_norm" if math.isfinite(ev.baseline_us) else None,
-                baseline_us=ev.baseline_us if math.isfinite(ev.baseline_us) else None,
-                speedup=ev.baseline_us / ev.median_us if ok and math.isfinite(ev.baseline_us) else None,
-                max_abs_err=_finite(getattr(verdict, "max_abs_err", None)),
-                rel_norm_err=_finite(getattr(verdict, "rel_norm_err", None)),
+                median_us=ev.median_us if ok else None, p10_us=_finite(ev.p10_us) if ok else None,
+                p90_us=_finite(ev.p90_us) if ok else None, samples=ev.samples or None,
+                gbps=gbps(self.op.bytes_moved(ev.cell), ev.median_us * 1e-6) if ok else None,
+                ceiling_gbps=ceiling or None, baseline="torch.rms_norm" if has_base else None,
+                baseline_us=ev.baseline_us if has_base else None,
+                speedup=ev.baseline_us / ev.median_us if ok and has_base else None,
+                max_abs_err=_finite(ev.max_abs_err), rel_norm_err=_finite(ev.rel_norm_err),
                 error=ev.error or None, fingerprint_json=fp_json, fingerprint_class=fp_class,
                 generation=generation, source=source))
         return rows

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Any, Collection, Iterator, Mapping, Sequence
+from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
 
 from evo.sandbox import sandbox_env
 from evo.template import Expr, TemplateDef
@@ -38,7 +38,7 @@ def neighbours(tdef: TemplateDef, param: str, value: Any) -> list[Any]:
     return [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
 
 
-def _typed(values: Sequence[Any]) -> tuple[tuple[type, Any], ...]:
+def _typed(values: Iterable[Any]) -> tuple[tuple[type, Any], ...]:
     # memo keys carry the type so that True and 1 (equal, same hash) never share an entry
     return tuple((type(v), v) for v in values)
 

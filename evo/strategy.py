@@ -157,13 +157,15 @@ class RandomSearch(_Search):
 class GeneticSearch(_Search):
     """A (mu + lambda) genetic search with per-cell fitness.
 
-    The breeding population is the best `population` genomes observed so far: first the `elite`
-    fastest of every cell, then the rest ranked by their best rank on any cell (so specialists
-    stay), then their mean rank over all cells. No template fills more than `max_template_share` of
-    it while others have genomes to offer. Parents come from cell tournaments; a child is a
-    template switch (p_switch), a crossover with a mate of the same template (p_crossover) or a
-    tiling mutation of up to `mutation_params` params. A child already proposed is mutated once
-    more; what breeding cannot supply is filled with random legal genomes.
+    The breeding population holds the `elite` fastest genomes of every cell and of every template
+    on every cell (so a template that trails on a shape keeps its best there), then is filled to
+    `population` from everything observed, ranked by best rank on any cell (specialists stay) and
+    then by summed rank over all cells. No template fills more than `max_template_share` of it
+    while other templates have genomes to offer. Parents come from cell tournaments (a fraction
+    p_niche of them within one template); a child is a template switch (p_switch), a crossover
+    with a mate of the same template (p_crossover) or a tiling mutation of up to
+    `mutation_params` params. A child already proposed is mutated once more; what breeding cannot
+    supply is filled with random legal genomes. Seeds are proposed first, before any breeding.
     """
 
     def __init__(
@@ -199,7 +201,7 @@ class GeneticSearch(_Search):
         self.max_template_share = max_template_share
         self._seeds = list(seeds)
         self._toolbox = make_toolbox(
-            self.tdefs, arch, self.dtype_sets, self._dims, n_params=mutation_params, tournsize=tournament, p_niche=p_niche
+            self.tdefs, arch, self.dtype_sets, self._dims, mutation_params, tournament, p_niche
         )
 
     def _breedable(self, g: Genome) -> bool:

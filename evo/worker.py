@@ -278,7 +278,11 @@ class Worker:
 
         bound = [[bind(lj.args, s) for lj in job.launches] for s in range(nsets)]
 
-        def candidate(s: int) -> None:
+        last_set = [0]  # the input set the most recent candidate launch read
+
+        def candidate(i: int) -> None:
+            s = i % nsets
+            last_set[0] = s
             for lj, args in zip(job.launches, bound[s]):
                 self.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
 
@@ -292,7 +296,8 @@ class Worker:
         result = JobResult(job.job_id, checks=tuple(checks), fingerprint=self.fingerprint, ceiling_gbps=self.ceiling_gbps)
         if job.timing is None or any(_failed(c, job) for _, cs in checks for c in cs):
             return result
-        return self._time(job, mod, candidate, nsets, outs, bufs, sets, dims, dtypes, scalars, bind, result, ref_obj)
+        return self._time(job, mod, candidate, last_set, nsets, outs, bufs, sets, dims, dtypes, scalars, bind, result,
+                          ref_obj)
 
     def _fill(self, mod, kind, dims, ins, one, seed) -> None:
         spec = mod.fills(kind, dims)
@@ -327,7 +332,7 @@ class Worker:
                                     float(np.array([u[5]], dtype=np.uint64).view(np.float64)[0]), rel, canary))
         return tuple(stats)
 
-    def _time(self, job, mod, candidate, nsets, outs, bufs, sets, dims, dtypes, scalars, bind, result, ref_obj) -> JobResult:
+    def _time(self, job, mod, candidate, last_set, nsets, outs, bufs, sets, dims, dtypes, scalars, bind, result, ref_obj) -> JobResult:
         t = job.timing
         for i in range(t.warmup):
             candidate(i % nsets)
@@ -346,8 +351,8 @@ class Worker:
             more = self.time_samples(fns, 50, flush=True, per=per)
             samples = [a + b for a, b in zip(samples, more)]
         # The output of the last timed launch must match the reference of the set it read.
-        last = (len(samples[0]) - 1) % nsets if not graph else (t.graph_launches - 1) % nsets
-        final = self._check(job, mod, ref_obj, outs, bufs, sets, last, dims, dtypes, scalars, bind)
+        # (in graph mode every replay ends with the set of the last captured launch)
+        final = self._check(job, mod, ref_obj, outs, bufs, sets, last_set[0], dims, dtypes, scalars, bind)
         return JobResult(
             job.job_id, checks=result.checks + ((-1, final),), times_us=tuple(samples[0]),
             baseline_us=tuple(samples[1]) if base_fn else (), baseline_name=self._baseline_name if base_fn else "",

@@ -1,0 +1,142 @@
+"""Evaluators: answer (genome, cell) measurements from the GPU, or from recorded data (replay).
+
+Both speak the same interface, `evaluate(items) -> list[CellEval]`, so the search loop does not know
+which one it talks to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import pandas as pd
+
+from evo.build import BuildResult
+from evo.evaluate import make_job
+from evo.genome import Genome
+from evo.jobs import Timing
+from evo.status import Status
+from evo.template import TemplateDef
+from evo.verify import Verdict, judge
+from ops.spec import Cell, OpSpec
+
+KINDS = ("normal", "large", "normal")
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    genome: Genome
+    tdef: TemplateDef
+    cell: Cell
+    build: BuildResult
+
+
+@dataclass(frozen=True)
+class CellEval:
+    """One (genome, cell) outcome."""
+
+    genome: Genome
+    cell: Cell
+    status: Status
+    build_key: str = ""
+    median_us: float = math.inf
+    p10_us: float = math.inf
+    p90_us: float = math.inf
+    samples: int = 0
+    baseline_us: float = math.inf
+    max_abs_err: float = math.nan
+    rel_norm_err: float = math.nan
+    error: str = ""
+
+
+class Evaluator(Protocol):
+    source: str  # 'gpu' or 'replay'
+    fingerprint: dict[str, str]
+    ceiling_gbps: float
+
+    def evaluate(self, items: Sequence[EvalItem]) -> list[CellEval]: ...
+
+
+def from_verdict(item: EvalItem, v: Verdict) -> CellEval:
+    return CellEval(item.genome, item.cell, v.status, item.build.build_key, v.median_us, v.p10_us, v.p90_us,
+                    v.samples, v.baseline_us, v.max_abs_err, v.rel_norm_err, v.error)
+
+
+class GpuEvaluator:
+    """Verify and time on the GPU through the watchdog runner."""
+
+    source = "gpu"
+
+    def __init__(self, op: OpSpec, arch: int, runner: Any, timing: Timing, seed: int) -> None:
+        self.op, self.arch, self.runner, self.timing, self.seed = op, arch, runner, timing, seed
+        self.fingerprint = dict(runner.fingerprint)
+        self.ceiling_gbps = runner.ceiling_gbps
+        self._n = 0
+        self._baselined: set[str] = set()
+
+    def evaluate(self, items: Sequence[EvalItem]) -> list[CellEval]:
+        out = []
+        for it in items:
+            if not it.build.status.ok:
+                out.append(CellEval(it.genome, it.cell, it.build.status, it.build.build_key, error=it.build.error))
+                continue
+            self._n += 1
+            job = make_job(self.op, it.tdef, it.genome, it.build, it.cell, self.arch, self.seed * 100003 + self._n,
+                           KINDS, self.timing, baseline=True)
+            res = self.runner.run([job])[0]
+            out.append(from_verdict(it, judge(res, {k: t[2] for k, t in job.tolerances})))
+        return out
+
+
+class ReplayEvaluator:
+    """Answer from a recorded sweep (Parquet); a pair never recorded is UNKNOWN, never invented."""
+
+    source = "replay"
+
+    def __init__(self, path: str | Path) -> None:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"replay data not found: {p}")
+        df = pd.read_parquet(p)
+        need = {"genome_key", "cell", "status", "median_us", "baseline_us", "fingerprint_json"}
+        missing = need - set(df.columns)
+        if missing:
+            raise ValueError(f"replay data {p} lacks columns {sorted(missing)}")
+        self.path = p
+        self._rows = {(r.genome_key, r.cell): r for r in df.itertuples(index=False)}
+        base = df.dropna(subset=["baseline_us"]).groupby("cell")["baseline_us"].median()
+        self._baseline = base.to_dict()
+        self.fingerprint = dict(json.loads(df["fingerprint_json"].iloc[0]), replay=str(p.name))
+        self.ceiling_gbps = float(df["ceiling_gbps"].iloc[0]) if "ceiling_gbps" in df else 0.0
+
+    def best_per_cell(self) -> dict[str, float]:
+        """The fastest OK time recorded for every cell (what 'within 1% of the best' refers to)."""
+        best: dict[str, float] = {}
+        for (_, cell), r in self._rows.items():
+            if r.status == "OK" and r.median_us == r.median_us:
+                best[cell] = min(best.get(cell, math.inf), float(r.median_us))
+        return best
+
+    def evaluate(self, items: Sequence[EvalItem]) -> list[CellEval]:
+        out = []
+        for it in items:
+            if not it.build.status.ok:
+                out.append(CellEval(it.genome, it.cell, it.build.status, it.build.build_key, error=it.build.error))
+                continue
+            r = self._rows.get((it.genome.key(), it.cell.label()))
+            base = self._baseline.get(it.cell.label(), math.inf)
+            if r is None:
+                out.append(CellEval(it.genome, it.cell, Status.UNKNOWN, it.build.build_key, baseline_us=base,
+                                    error="no recorded measurement for this genome and cell"))
+                continue
+            status = Status(r.status)
+            ok = status is Status.OK
+            out.append(CellEval(it.genome, it.cell, status, it.build.build_key,
+                                float(r.median_us) if ok else math.inf,
+                                float(getattr(r, "p10_us", math.inf) or math.inf) if ok else math.inf,
+                                float(getattr(r, "p90_us", math.inf) or math.inf) if ok else math.inf,
+                                int(getattr(r, "samples", 0) or 0), base, error=str(r.error or "") if not ok else ""))
+        return out

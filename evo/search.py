@@ -1,0 +1,211 @@
+"""The search loop: propose -> build -> evaluate -> record -> observe, within budgets, resumable.
+
+Resume: every batch lands in the store in one transaction, so after a kill the store holds whole
+generations. A run started again with the same run id rebuilds the strategy from its stored
+observations (the strategy is deterministic given seed + observation history) and evaluates nothing
+that is already recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from evo.build import Builder
+from evo.config import Runner, StrategyKind
+from evo.evaluators import CellEval, EvalItem, GpuEvaluator, ReplayEvaluator
+from evo.genome import Genome
+from evo.jobs import Timing
+from evo.pipeline import Session, dtype_sets
+from evo.status import Status
+from evo.strategy import GeneticSearch, Observation, RandomSearch
+
+
+@dataclass
+class Progress:
+    generation: int = 0
+    evaluated: int = 0  # (genome, cell) evaluations, failures included
+    failed: int = 0
+    genomes: int = 0
+    best: dict[str, tuple[str, float, float]] = field(default_factory=dict)  # cell -> (genome key, us, baseline)
+    stale: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def geomean_speedup(self) -> float:
+        v = [b / t for _, t, b in self.best.values() if math.isfinite(b) and t > 0]
+        return float(np.exp(np.mean(np.log(v)))) if v else 0.0
+
+
+def make_strategy(session: Session, seeds: Sequence[Genome] = ()) -> Any:
+    c = session.config
+    rng = random.Random(c.run.seed)
+    ds = dtype_sets(session.cells)
+    if c.search.strategy is StrategyKind.RANDOM:
+        return RandomSearch(session.templates, rng, session.arch, ds, session.cells)
+    s = c.search
+    return GeneticSearch(session.templates, rng, session.arch, ds, session.cells, population=s.population,
+                         elite=s.elite, tournament=s.tournament, p_crossover=s.p_crossover, p_switch=s.p_switch,
+                         max_template_share=s.max_template_share, seeds=seeds)
+
+
+def observations(session: Session, evals: Sequence[CellEval], genomes: Sequence[Genome]) -> list[Observation]:
+    """One Observation per genome: its time on every cell (inf where illegal or failed)."""
+    times: dict[str, dict[str, float]] = {g.key(): {c.label(): math.inf for c in session.cells} for g in genomes}
+    for ev in evals:
+        if ev.status is Status.OK:
+            times[ev.genome.key()][ev.cell.label()] = ev.median_us
+    return [Observation(g, times[g.key()]) for g in genomes]
+
+
+def stored_history(session: Session) -> tuple[list[Observation], list[CellEval]]:
+    """This run's recorded evaluations, as observations in generation order (for resume)."""
+    df = session.store.sql(
+        "SELECT e.genome_key, e.cell, e.status, e.median_us, e.baseline_us, e.generation, c.template, c.params_json "
+        "FROM evaluations e JOIN candidates c USING (genome_key) WHERE e.run_id = ? ORDER BY e.generation, e.created_at",
+        [session.run_id])
+    if df.empty:
+        return [], []
+    by_label = {c.label(): c for c in session.cells}
+    genomes: dict[str, Genome] = {}
+    evals = []
+    for r in df.itertuples(index=False):
+        t = session.templates.get(r.template)
+        if t is None or r.cell not in by_label:
+            continue
+        g = genomes.setdefault(r.genome_key, Genome.make(session.op.name, r.template, t.source_hash,
+                                                         json.loads(r.params_json)))
+        evals.append(CellEval(g, by_label[r.cell], Status(r.status), median_us=_f(r.median_us),
+                              baseline_us=_f(r.baseline_us)))
+    return observations(session, evals, list(genomes.values())), evals
+
+
+def _f(x: Any) -> float:
+    return float(x) if x is not None and x == x else math.inf
+
+
+def update_progress(p: Progress, evals: Sequence[CellEval]) -> bool:
+    """Fold a batch into the progress; True when some cell's best improved."""
+    improved = False
+    for ev in evals:
+        p.evaluated += 1
+        if ev.status is not Status.OK:
+            p.failed += 1
+            continue
+        label = ev.cell.label()
+        cur = p.best.get(label)
+        if cur is None or ev.median_us < cur[1]:
+            p.best[label] = (ev.genome.key(), ev.median_us, ev.baseline_us)
+            improved = True
+    return improved
+
+
+def run_search(session: Session) -> int:
+    """Run (or resume) the configured search; writes dispatch.json beside the store."""
+    c = session.config
+    if c.run.runner is Runner.REPLAY:
+        evaluator: Any = ReplayEvaluator(c.run.replay_data)
+        return _loop(session, evaluator)
+    from evo.run import GpuRunner
+
+    with GpuRunner(timeout_s=c.eval.timeout_s) as runner:
+        timing = Timing(min_samples=c.eval.min_samples, max_samples=c.eval.max_samples, warmup=c.eval.warmup)
+        return _loop(session, GpuEvaluator(session.op, session.arch, runner, timing, c.run.seed))
+
+
+def _loop(session: Session, evaluator: Any) -> int:
+    c = session.config
+    history, past = stored_history(session)
+    strategy = make_strategy(session)
+    progress = Progress()
+    if history:
+        strategy.replay(history)
+        update_progress(progress, past)
+        progress.generation = session.store.sql(
+            "SELECT coalesce(max(generation), -1) + 1 AS g FROM evaluations WHERE run_id = ?", [session.run_id]).g[0]
+        progress.genomes = len(history)
+        session.log(f"resumed {session.run_id}: {len(history)} genomes, {len(past)} evaluations already recorded")
+    done = session.store.evaluated_keys(session.run_id)
+    stop = ""
+    with Builder(c.build.workers) as builder:
+        while True:
+            stop = _budget_exhausted(c, progress)
+            if stop:
+                break
+            want = min(c.search.population, max(1, c.budget.max_evals - progress.evaluated))
+            genomes = [g for g in strategy.propose(want) if not any((g.key(), x.label()) in done for x in session.cells)]
+            if not genomes:
+                stop = "search space exhausted"
+                break
+            built = session.build(builder, genomes, progress.generation)
+            by_key = {g.key(): g for g in genomes}
+            items = [EvalItem(by_key[k], session.templates[by_key[k].template], cell, b)
+                     for k, pairs in built.items() for cell, b in pairs]
+            evals = evaluator.evaluate(items)
+            session.store.write(session.evaluation_rows(evals, progress.generation, evaluator.fingerprint,
+                                                        evaluator.ceiling_gbps, evaluator.source))
+            strategy.observe(observations(session, evals, genomes))
+            improved = update_progress(progress, evals)
+            progress.genomes += len(genomes)
+            progress.stale = 0 if improved else progress.stale + 1
+            session.log(_line(progress, c))
+            progress.generation += 1
+    dispatch = write_dispatch(session, progress)
+    session.store.finish_run(session.run_id, "done", stop)
+    session.log(f"stopped: {stop}; best per cell over {len(progress.best)} cells, geomean speedup vs torch "
+                f"{progress.geomean_speedup():.3f}; dispatch table {dispatch}")
+    return 0
+
+
+def _budget_exhausted(c: Any, p: Progress) -> str:
+    if p.evaluated >= c.budget.max_evals:
+        return f"budget.max_evals ({c.budget.max_evals}) reached"
+    if p.generation >= c.budget.generations:
+        return f"budget.generations ({c.budget.generations}) reached"
+    if time.monotonic() - p.started >= c.budget.max_seconds:
+        return f"budget.max_seconds ({c.budget.max_seconds:.0f}) reached"
+    if p.stale >= c.budget.patience:
+        return f"no improvement for {p.stale} generations (budget.patience)"
+    return ""
+
+
+def _line(p: Progress, c: Any) -> str:
+    left = c.budget.max_seconds - (time.monotonic() - p.started)
+    return (f"gen {p.generation:3d}  evaluated {p.evaluated:5d}  failed {p.failed:4d}  cells with a best "
+            f"{len(p.best):3d}  geomean speedup {p.geomean_speedup():6.3f}  time left {left:6.0f} s")
+
+
+def write_dispatch(session: Session, p: Progress) -> Path:
+    """shape -> genome table (best per cell), plus the single genome with the best geomean."""
+    df = session.store.sql(
+        "SELECT e.genome_key, e.cell, e.median_us, e.baseline_us, c.template, c.params_json FROM evaluations e "
+        "JOIN candidates c USING (genome_key) WHERE e.run_id = ? AND e.status = 'OK'", [session.run_id])
+    table = {}
+    for cell, grp in df.groupby("cell"):
+        r = grp.sort_values("median_us").iloc[0]
+        table[cell] = {"genome_key": r.genome_key, "template": r.template, "params": json.loads(r.params_json),
+                       "median_us": float(r.median_us),
+                       "speedup_vs_torch": float(r.baseline_us / r.median_us) if r.baseline_us == r.baseline_us else None}
+    best_single = None
+    if not df.empty:
+        n_cells = df.cell.nunique()
+        best = df.groupby("cell").median_us.transform("min")
+        df = df.assign(rel=best / df.median_us)
+        full = df.groupby("genome_key").filter(lambda g: len(g) == n_cells)
+        if not full.empty:
+            gm = full.groupby("genome_key").rel.apply(lambda s: float(np.exp(np.mean(np.log(s))))).sort_values()
+            key = gm.index[-1]
+            row = full[full.genome_key == key].iloc[0]
+            best_single = {"genome_key": key, "template": row.template, "params": json.loads(row.params_json),
+                           "geomean_vs_best_per_cell": float(gm.iloc[-1])}
+    out = session.store.path.parent / "runs" / session.run_id / "dispatch.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"run_id": session.run_id, "dispatch": table, "best_single_genome": best_single},
+                              indent=2, sort_keys=True))
+    return out
