@@ -1,0 +1,41 @@
+"""Run the GA experiment on the GPU and export its evaluations and dispatch table (rerun on a GPU machine:
+python experiments/scripts/ga_h200.py --out experiments/results/ga_h200)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from evo.commands import cmd_run  # noqa: E402
+from memory.store import Store  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--config", type=Path, default=ROOT / "experiments" / "rmsnorm_h200_ga.toml")
+    ap.add_argument("--store", type=Path, default=Path("/tmp/kf_ga/store.duckdb"))
+    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "ga_h200")
+    args = ap.parse_args()
+    cmd_run(args.config, args.store, "")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with Store.open(args.store, read_only=True) as store:
+        run_id = store.runs().run_id.iloc[-1]
+        ev = store.sql("SELECT e.*, c.template, c.params_json FROM evaluations e JOIN candidates c USING (genome_key) "
+                       "WHERE e.run_id = ?", [run_id])
+        ev.to_parquet(args.out / "evaluations.parquet", index=False)
+        builds = store.sql("SELECT status, count(*) AS n FROM builds WHERE run_id = ? GROUP BY 1", [run_id])
+    shutil.copy(args.store.parent / "runs" / run_id / "dispatch.json", args.out / "dispatch.json")
+    (args.out / "summary.json").write_text(json.dumps({"run_id": run_id, "evaluations": len(ev),
+                                                       "builds": builds.to_dict("records")}, indent=2))
+    print(f"exported {len(ev)} evaluations of {run_id} to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
