@@ -1,8 +1,9 @@
 """A template's legal parameter space: sampling, repair, neighbours, enumeration.
 
-Legality comes from the template's own constraints (`TemplateDef`), evaluated over every dtype set
-of a run: a point is legal when every static constraint holds for every dtype set and, when cells
-are given, every constraint holds (for every dtype set) on the dims of at least one cell. A genome
+Legality comes from the template's own constraints (`TemplateDef`), evaluated over the dtype sets
+of a run: a point is legal when, for at least one dtype set, every static constraint holds and,
+when cells are given, every constraint holds on the dims of at least one cell (a bf16-only point
+such as vec=8 is legal in a run that has bf16 cells; it is simply not run on the fp32 ones). A genome
 is dtype- and shape-independent, so it has to build for all dtypes and run on some shape.
 
 `Space` memoizes constraint results by the values each constraint reads (a constraint such as
@@ -77,9 +78,11 @@ class Space:
         fact_names = set().union(*facts)
         reserved = set(sandbox_env().globals)
         checks = [_Check(e, self.names, fact_names, reserved) for _, e in tdef.constraints]
-        # per check, the distinct fact tuples over the dtype sets: one evaluation each
-        self._static = [(c, _fact_tuples(c, facts)) for c in checks if not c.dims]
-        self._per_cell = [(c, _fact_tuples(c, facts)) for c in checks if c.dims]
+        # A point is legal when SOME dtype set admits it (vec=8 is legal for bf16 cells even though
+        # fp32 cells forbid it): per dtype set, the fact tuple each check reads (None: role absent).
+        self._static = [(c, [_fact_tuple(c, f) for f in facts]) for c in checks if not c.dims]
+        self._per_cell = [(c, [_fact_tuple(c, f) for f in facts]) for c in checks if c.dims]
+        self._nsets = len(facts)
         self._cells: list[dict[str, int]] | None = None
         if cells is not None:
             used = {n for c, _ in self._per_cell for n in c.dims}
@@ -105,23 +108,27 @@ class Space:
             p in params and index_of(self._values[p], params[p]) is not None for p in self.names
         )
 
-    def static_ok(self, params: Mapping[str, Any]) -> bool:
-        """Every constraint that reads no dims holds for every dtype set."""
-        return self._well_formed(params) and all(
-            self._eval(i, c, params, f, {}) for i, (c, fs) in enumerate(self._static) for f in fs
-        )
+    def _static_for(self, params: Mapping[str, Any], k: int) -> bool:
+        return all(fs[k] is None or self._eval(i, c, params, fs[k], {}) for i, (c, fs) in enumerate(self._static))
 
-    def cell_ok(self, params: Mapping[str, Any], dims: Mapping[str, int]) -> bool:
-        """Legal on one cell's dims for every dtype set (static constraints included)."""
-        if not self.static_ok(params):
-            return False
+    def _cell_for(self, params: Mapping[str, Any], dims: Mapping[str, int], k: int) -> bool:
         base = len(self._static)
         for i, (c, fs) in enumerate(self._per_cell):
-            if not all(n in dims for n in c.dims):
-                continue  # the cell does not have this dim: same rule as TemplateDef.violations
-            if not all(self._eval(base + i, c, params, f, dims) for f in fs):
+            if fs[k] is None or not all(n in dims for n in c.dims):
+                continue  # the cell lacks this dim or role: same rule as TemplateDef.violations
+            if not self._eval(base + i, c, params, fs[k], dims):
                 return False
         return True
+
+    def static_ok(self, params: Mapping[str, Any]) -> bool:
+        """Every constraint that reads no dims holds for at least one dtype set."""
+        return self._well_formed(params) and any(self._static_for(params, k) for k in range(self._nsets))
+
+    def cell_ok(self, params: Mapping[str, Any], dims: Mapping[str, int]) -> bool:
+        """Legal on one cell's dims for at least one dtype set (static constraints included)."""
+        return self._well_formed(params) and any(
+            self._static_for(params, k) and self._cell_for(params, dims, k) for k in range(self._nsets)
+        )
 
     def is_legal(self, params: Mapping[str, Any]) -> bool:
         """Statically legal and, when cells were given, legal on at least one of them."""
@@ -131,7 +138,7 @@ class Space:
             if self._cells is None:
                 hit = self.static_ok(params)
             else:
-                hit = self.static_ok(params) and any(self.cell_ok(params, d) for d in self._cells)
+                hit = any(self.cell_ok(params, d) for d in self._cells)
             self._legal[key] = hit
         return hit
 
@@ -209,9 +216,9 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _fact_tuples(check: _Check, facts: Sequence[Mapping[str, Any]]) -> list[tuple]:
-    # a dtype set lacking a role the check reads skips it, as TemplateDef.violations does
-    return _distinct([tuple(f[n] for n in check.facts) for f in facts if all(n in f for n in check.facts)])
+def _fact_tuple(check: _Check, facts: Mapping[str, Any]) -> tuple | None:
+    # a dtype set lacking a role the check reads skips the check, as TemplateDef.violations does
+    return tuple(facts[n] for n in check.facts) if all(n in facts for n in check.facts) else None
 
 
 def _distinct(items: list) -> list:

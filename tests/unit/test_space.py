@@ -45,11 +45,12 @@ args = ["x"]
 
 
 def statically_legal(tname: str, params: dict, dsets: list[dict]) -> bool:
-    return all(TEMPLATES[tname].is_valid(params, ARCH, d) for d in dsets)
+    """Legal for at least one dtype set (a 16-bit-only point is legal in a run with bf16 cells)."""
+    return any(TEMPLATES[tname].is_valid(params, ARCH, d) for d in dsets)
 
 
 def legal_on_some_cell(tname: str, params: dict, dsets: list[dict], dims: list[dict]) -> bool:
-    return any(all(TEMPLATES[tname].is_valid(params, ARCH, d, dm) for d in dsets) for dm in dims)
+    return any(TEMPLATES[tname].is_valid(params, ARCH, d, dm) for d in dsets for dm in dims)
 
 
 def any_point(tname: str, rng: random.Random) -> dict:
@@ -59,7 +60,7 @@ def any_point(tname: str, rng: random.Random) -> dict:
 
 
 @pytest.mark.parametrize("tname,dset", CASES, ids=CASE_IDS)
-def test_sample_is_legal_for_every_dtype_set(tname: str, dset: str) -> None:
+def test_sample_is_legal_for_some_dtype_set(tname: str, dset: str) -> None:
     dsets = DTYPE_SETS[dset]
     for seed in range(40):
         p = sample(TEMPLATES[tname], random.Random(seed), ARCH, dsets)
