@@ -29,6 +29,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", default="", help="run id (default: a new id; an existing id resumes that run)")
     _store_arg(p)
 
+    p = sub.add_parser("resume", help="continue a run after a crash or kill, re-evaluating nothing recorded",
+                       description="Continue RUN_ID with the config stored with it; `kfactory run CONFIG "
+                                   "--run-id RUN_ID` does the same.")
+    p.add_argument("run_id")
+    _store_arg(p)
+
     p = sub.add_parser("sql", help="run a SQL query against the store and print the result as a table",
                        description="Run any SQL (DuckDB dialect) against the store; see memory/README.md.")
     p.add_argument("query", help='e.g. "SELECT status, count(*) FROM builds GROUP BY 1"')
@@ -72,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from evo.commands import cmd_run
 
             return cmd_run(args.config, args.store, args.run_id)
+        if args.cmd == "resume":
+            from evo.commands import cmd_resume
+
+            return cmd_resume(args.run_id, args.store)
         if args.cmd == "sql":
             from evo.commands import cmd_sql
 

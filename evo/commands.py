@@ -6,13 +6,28 @@ from pathlib import Path
 
 import pandas as pd
 
-from evo.config import Runner, load_config
+from evo.config import Config, Runner, load_config, parse_config
 from evo.pipeline import NoGpuError, Session, new_run_id, run_build_stage
 from memory.store import Store, StoreError
 
 
+def cmd_resume(run_id: str, store_path: Path) -> int:
+    """Continue a run from what its store holds (after a crash or kill -9); nothing is re-evaluated."""
+    if not store_path.exists():
+        raise StoreError(f"no store at {store_path}")
+    with Store.open(store_path, read_only=True) as store:
+        df = store.sql("SELECT config_toml FROM runs WHERE run_id = ?", [run_id])
+        known = store.runs().run_id.tolist()
+    if df.empty:
+        raise StoreError(f"no run {run_id!r} in {store_path}; known runs: {', '.join(known) or 'none'}")
+    return _run(parse_config(df.config_toml[0], f"run {run_id}"), store_path, run_id)
+
+
 def cmd_run(config_path: Path, store_path: Path, run_id: str = "") -> int:
-    config = load_config(config_path)
+    return _run(load_config(config_path), store_path, run_id)
+
+
+def _run(config: Config, store_path: Path, run_id: str) -> int:
     with Store.open(store_path) as store:
         session = Session(config, store, run_id or new_run_id(config))
         session.record_run()

@@ -127,8 +127,8 @@ def _loop(session: Session, evaluator: Any) -> int:
     if history:
         strategy.replay(history)
         update_progress(progress, past)
-        progress.generation = session.store.sql(
-            "SELECT coalesce(max(generation), -1) + 1 AS g FROM evaluations WHERE run_id = ?", [session.run_id]).g[0]
+        progress.generation = int(session.store.sql(
+            "SELECT coalesce(max(generation), -1) + 1 AS g FROM evaluations WHERE run_id = ?", [session.run_id]).g[0])
         progress.genomes = len(history)
         session.log(f"resumed {session.run_id}: {len(history)} genomes, {len(past)} evaluations already recorded")
     done = session.store.evaluated_keys(session.run_id)
