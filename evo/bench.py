@@ -168,6 +168,8 @@ def cmd_bench(args: Any) -> int:
         cells = [c for i, c in enumerate(cells) if i % 12 == 0]
     with GpuRunner(timeout_s=120) as runner:
         rows = bench(op, cands, cells, args.arch, runner, Timing())
-        write(rows, args.out, runner.fingerprint, runner.ceiling_gbps)
+        from evo.build import compiler_version
+
+        write(rows, args.out, dict(runner.fingerprint, nvrtc_build=compiler_version()), runner.ceiling_gbps)
     print(f"wrote {args.out.with_suffix('.csv')}, .md, .json")
     return 0

@@ -40,6 +40,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("query", help='e.g. "SELECT status, count(*) FROM builds GROUP BY 1"')
     _store_arg(p)
 
+    p = sub.add_parser("report", help="write a markdown report with PNG plots for a run",
+                       description="Best-so-far against evaluations, per-cell speedup over the baseline and % of "
+                                   "the copy ceiling, from the store; RUN_ID 'latest' picks the newest run.")
+    p.add_argument("run_id", nargs="?", default="latest")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: <store dir>/runs/<run_id>/report)")
+    _store_arg(p)
+
     p = sub.add_parser("bench", help="time templates at given points against the baselines over the op's matrix",
                        description="Verify and time each template's default point (repaired per cell) or the "
                                    "given genome keys against torch, over the op's shape matrix; writes CSV + markdown.")
@@ -86,6 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from evo.commands import cmd_sql
 
             return cmd_sql(args.query, args.store)
+        if args.cmd == "report":
+            from evo.report import cmd_report
+
+            return cmd_report(args.store, args.run_id, args.out)
         if args.cmd == "bench":
             from evo.bench import cmd_bench
 

@@ -86,7 +86,7 @@ class JobResult:
     """What the worker measured; the parent turns it into a Status."""
 
     job_id: str
-    error_kind: str = ""  # "", "launch", "resource"
+    error_kind: str = ""  # "", "launch" (refused launch), "crash" (sticky fault), or the parent's "timeout"
     error: str = ""
     checks: tuple[tuple[int, tuple[CheckStats, ...]], ...] = ()  # (set index or -1 for last timed, stats)
     times_us: tuple[float, ...] = ()

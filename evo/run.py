@@ -117,6 +117,7 @@ class WorkerHandle:
         try:
             tag, res = self._p.conn.recv()
         except (EOFError, OSError):
+            self._p.proc.join(timeout=2.0)  # reap it, so the exit code (or signal) is known
             code = self._p.proc.exitcode
             self._restart()
             return JobResult(job.job_id, CRASH, f"worker died (exit code {code}) after {time.monotonic() - t0:.1f} s")

@@ -121,6 +121,7 @@ def run_search(session: Session) -> int:
 
 def _loop(session: Session, evaluator: Any) -> int:
     c = session.config
+    show = _display(session)
     history, past = stored_history(session)
     strategy = make_strategy(session)
     progress = Progress()
@@ -154,13 +155,23 @@ def _loop(session: Session, evaluator: Any) -> int:
             improved = update_progress(progress, evals)
             progress.genomes += len(genomes)
             progress.stale = 0 if improved else progress.stale + 1
-            session.log(_line(progress, c))
+            show(_line(progress, c))
             progress.generation += 1
     dispatch = write_dispatch(session, progress)
     session.store.finish_run(session.run_id, "done", stop)
     session.log(f"stopped: {stop}; best per cell over {len(progress.best)} cells, geomean speedup vs torch "
                 f"{progress.geomean_speedup():.3f}; dispatch table {dispatch}")
     return 0
+
+
+def _display(session: Session) -> Any:
+    """Per-generation progress through rich (plain text when stdout is not a terminal)."""
+    if session.log is not print:
+        return session.log
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=True)
+    return lambda line: console.print(line)
 
 
 def _budget_exhausted(c: Any, p: Progress) -> str:

@@ -37,6 +37,9 @@ def pattern(c: CheckStats) -> str:
     if c.nonfinite == c.numel:
         return "all unwritten or NaN"
     if c.nonfinite:
+        # the last-row/tail counts include finite wrong values: name a place only when every bad is NaN
+        if c.bad != c.nonfinite:
+            return "some unwritten or NaN"
         if c.bad_last_row == c.nonfinite:
             return "last row unwritten or NaN"
         if c.bad_tail_cols == c.nonfinite:

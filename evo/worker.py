@@ -408,7 +408,7 @@ class Worker:
 
 def _failed(c: CheckStats, job: EvalJob) -> bool:
     rel = dict(job.tolerances)[c.output][2]
-    return c.bad > 0 or c.nonfinite > 0 or c.canary_bad > 0 or c.rel_norm_err > rel
+    return c.bad > 0 or c.nonfinite > 0 or c.canary_bad > 0 or not (c.rel_norm_err <= rel)
 
 
 def _spread(xs: list[float]) -> float:

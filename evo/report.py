@@ -1,0 +1,305 @@
+"""A run's report: markdown summary of one run in the store, with best-so-far, speedup and %-of-ceiling plots.
+
+Best per cell means what the search means by it (evo.search.update_progress): the fastest OK evaluation
+(lowest median_us, the earlier one on a tie), and its speedup is that row's baseline_us / median_us.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from evo.cli import UnknownNameError
+from memory.store import Store, StoreError
+
+# Plots are drawn on an explicit Agg canvas instead of through pyplot: no display is needed, and
+# importing this module never switches pyplot's global backend (which would break a notebook's plots).
+
+LATEST = "latest"
+BEST_SO_FAR_PNG = "best_so_far.png"
+SPEEDUP_PNG = "speedup_per_cell.png"
+CEILING_PNG = "pct_ceiling.png"
+_KNOWN_LISTED = 20  # run ids named in an unknown-run error
+
+_EVALS_SQL = """
+SELECT e.cell, e.status, e.genome_key, e.median_us, e.baseline, e.baseline_us, e.speedup, e.gbps,
+       e.ceiling_gbps, e.generation, e.fingerprint_json, e.fingerprint_class, e.source,
+       c.template, c.params_json
+FROM evaluations e LEFT JOIN candidates c USING (genome_key)
+WHERE e.run_id = ?
+ORDER BY e.generation NULLS LAST, e.created_at, e.rowid
+"""  # rowid keeps insertion order among the rows of one batch, which share created_at
+
+
+@dataclass(frozen=True)
+class CellBest:
+    """The fastest OK evaluation of one cell."""
+
+    cell: str
+    genome_key: str
+    template: str
+    params: dict[str, Any]
+    median_us: float
+    baseline_us: float | None
+    speedup: float | None
+    gbps: float | None
+    ceiling_gbps: float | None
+
+    @property
+    def pct_ceiling(self) -> float | None:
+        if self.gbps is None or not self.ceiling_gbps:
+            return None
+        return 100.0 * self.gbps / self.ceiling_gbps
+
+
+def _num(x: Any) -> float | None:
+    """A float, or None for SQL NULL / NaN."""
+    return None if x is None or pd.isna(x) else float(x)
+
+
+def _speedup(row: Any) -> float | None:
+    """The row's speedup; computed from baseline_us when the column is NULL."""
+    s = _num(row.speedup)
+    if s is None and _num(row.baseline_us) and _num(row.median_us):
+        s = row.baseline_us / row.median_us
+    return s if s is not None and s > 0 and math.isfinite(s) else None
+
+
+def _natural_key(label: str) -> list[Any]:
+    """Sort key that orders N4096 before N16384."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label)]
+
+
+def geomean(values: list[float]) -> float | None:
+    """Geometric mean of positive values, or None for none."""
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def resolve_run_id(store: Store, run_id: str) -> str:
+    """run_id itself if the store has it; 'latest' means the most recent run; else UnknownNameError (a KeyError)."""
+    runs = store.sql("SELECT run_id FROM runs ORDER BY created_at DESC, run_id DESC").run_id.tolist()
+    if run_id in runs:
+        return run_id
+    if run_id == LATEST and runs:
+        return runs[0]
+    if not runs:
+        raise UnknownNameError(f"no run {run_id!r}: {store.path} holds no runs")
+    shown = ", ".join(runs[:_KNOWN_LISTED]) + (f", ... ({len(runs) - _KNOWN_LISTED} more)"
+                                               if len(runs) > _KNOWN_LISTED else "")
+    raise UnknownNameError(f"no run {run_id!r} in {store.path}; known runs (newest first): {shown}")
+
+
+def run_evaluations(store: Store, run_id: str) -> pd.DataFrame:
+    """A run's evaluations with their template and params, in evaluation order (generation, then time)."""
+    return store.sql(_EVALS_SQL, [run_id])
+
+
+def best_per_cell(evals: pd.DataFrame) -> list[CellBest]:
+    """Fastest OK evaluation of each cell, cells in natural order; evals must be in evaluation order."""
+    ok = evals[(evals.status == "OK") & evals.median_us.notna()]
+    firsts = ok.sort_values("median_us", kind="stable").drop_duplicates("cell")
+    out = [
+        CellBest(cell=r.cell, genome_key=r.genome_key, template=r.template if isinstance(r.template, str) else "?",
+                 params=json.loads(r.params_json) if isinstance(r.params_json, str) else {},
+                 median_us=float(r.median_us), baseline_us=_num(r.baseline_us), speedup=_speedup(r),
+                 gbps=_num(r.gbps), ceiling_gbps=_num(r.ceiling_gbps))
+        for r in firsts.itertuples(index=False)
+    ]
+    return sorted(out, key=lambda b: _natural_key(b.cell))
+
+
+def best_so_far(evals: pd.DataFrame) -> list[float | None]:
+    """After each evaluation (in order): geomean speedup of the cells' bests so far, over cells with a speedup."""
+    best: dict[str, tuple[float, float | None]] = {}  # cell -> (median_us, speedup)
+    log_sum, n, curve = 0.0, 0, []
+    for r in evals.itertuples(index=False):
+        us = _num(r.median_us)
+        if r.status == "OK" and us is not None and (r.cell not in best or us < best[r.cell][0]):
+            old = best.get(r.cell, (math.inf, None))[1]
+            new = _speedup(r)
+            if old is not None:
+                log_sum, n = log_sum - math.log(old), n - 1
+            if new is not None:
+                log_sum, n = log_sum + math.log(new), n + 1
+            best[r.cell] = (us, new)
+        curve.append(math.exp(log_sum / n) if n else None)
+    return curve
+
+
+def _all_cells_covered_at(evals: pd.DataFrame) -> int | None:
+    """1-based evaluation count at which every cell with an OK evaluation has one, or None."""
+    ok = evals.reset_index(drop=True)
+    ok = ok[(ok.status == "OK") & ok.median_us.notna()]
+    return None if ok.empty else int(ok.drop_duplicates("cell").index.max()) + 1
+
+
+def _save(fig: Figure, path: Path) -> None:
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+
+
+def _plot_best_so_far(evals: pd.DataFrame, run_id: str, path: Path) -> None:
+    curve = best_so_far(evals)
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.add_subplot()
+    xs = range(1, len(curve) + 1)
+    ax.plot(xs, [math.nan if y is None else y for y in curve], drawstyle="steps-post", color="tab:blue")
+    gens = evals.generation.tolist()
+    for i in range(1, len(gens)):  # faint line where each generation starts
+        if gens[i] != gens[i - 1]:
+            ax.axvline(i + 1, color="0.85", lw=0.8, zorder=0)
+    ax.axhline(1.0, color="0.4", ls="--", lw=1)
+    covered = _all_cells_covered_at(evals)
+    if covered is not None:  # before this, the geomean is over fewer cells and jumps around
+        ax.axvline(covered, color="tab:orange", ls=":", lw=1.2, label="every cell has a best")
+        ax.legend(loc="lower right")
+    ax.set_xlabel("(genome, cell) evaluations, in evaluation order (grey lines: generation starts)")
+    ax.set_ylabel("geomean of best speedup so far")
+    ax.set_title(f"{run_id}: best so far vs baseline")
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def _bar_plot(labels: list[str], values: list[float], ref: float, ylabel: str, title: str, path: Path,
+              color_by_ref: bool) -> None:
+    fig = Figure(figsize=(max(6.0, 0.28 * len(labels) + 2), 5))
+    ax = fig.add_subplot()
+    colors = ["tab:green" if v >= ref else "tab:red" for v in values] if color_by_ref else "tab:blue"
+    ax.bar(range(len(labels)), values, color=colors)
+    ax.axhline(ref, color="0.2", ls="--", lw=1)
+    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _md(text: Any) -> str:
+    """Text safe inside a markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _counts_table(df: pd.DataFrame, what: str) -> list[str]:
+    if df.empty:
+        return [f"No {what}.", ""]
+    lines = ["| status | count |", "| --- | ---: |"]
+    lines += [f"| {_md(r.status)} | {r.n} |" for r in df.itertuples(index=False)]
+    lines.append(f"| **total** | **{int(df.n.sum())}** |")
+    return lines + [""]
+
+
+def _fingerprint_lines(evals: pd.DataFrame) -> list[str]:
+    fps = evals.fingerprint_json.dropna().value_counts()
+    if fps.empty:
+        return ["No fingerprint recorded.", ""]
+    lines = []
+    if evals.fingerprint_class.nunique() > 1:
+        lines += ["**Warning:** evaluations from more than one fingerprint class; timings across classes "
+                  "are not comparable.", ""]
+    for text, n in fps.items():
+        fp = json.loads(text)
+        lines += [f"{n} evaluation(s):", "", "| key | value |", "| --- | --- |"]
+        lines += [f"| {_md(k)} | {_md(fp[k])} |" for k in sorted(fp)]
+        lines.append("")
+    return lines
+
+
+def _cells_table(bests: list[CellBest]) -> list[str]:
+    lines = ["| cell | template | params | µs | baseline µs | speedup | GB/s | % of copy ceiling |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for b in bests:
+        params = ", ".join(f"{k}={v}" for k, v in sorted(b.params.items()))
+        lines.append(f"| {_md(b.cell)} | {_md(b.template)} | `{_md(params)}` | {b.median_us:.2f} | "
+                     f"{_fmt(b.baseline_us, '.2f')} | {_fmt(b.speedup, '.3f')} | {_fmt(b.gbps, '.0f')} | "
+                     f"{_fmt(b.pct_ceiling, '.1f')} |")
+    return lines + [""]
+
+
+def _header_lines(run: pd.Series, evals: pd.DataFrame, n_candidates: int, n_generations: int) -> list[str]:
+    message = f": {_md(run.message)}" if isinstance(run.message, str) else ""
+    finished = run.finished_at if pd.notna(run.finished_at) else "n/a"
+    sources = ", ".join(sorted(evals.source.dropna().unique())) or "n/a"
+    return [f"# Run report: {run.run_id}", "", "| | |", "| --- | --- |",
+            f"| op | {_md(run.op)} |", f"| arch | {_md(run.arch)} |",
+            f"| config hash | `{_md(run.config_hash)}` |", f"| seed | {run.seed} |",
+            f"| status | {_md(run.status)}{message} |", f"| started | {run.created_at} |", f"| finished | {finished} |",
+            f"| candidates | {n_candidates} over {n_generations} generation(s) |",
+            f"| measurements | {sources} |", ""]
+
+
+def _best_lines_and_plots(evals: pd.DataFrame, run_id: str, out_dir: Path) -> list[str]:
+    """The best-per-cell section and the plots section; draws the plots into out_dir."""
+    bests = best_per_cell(evals)
+    if not bests:
+        return ["**No OK evaluation in this run**: no best per cell, no speedup, no plots.", ""]
+    with_s = [b for b in bests if b.speedup is not None]
+    with_c = [b for b in bests if b.pct_ceiling is not None]
+    baselines = ", ".join(sorted(evals[evals.status == "OK"].baseline.dropna().unique())) or "none"
+    gm = geomean([b.speedup for b in with_s if b.speedup is not None])
+    lines = [f"Fastest OK evaluation per cell; speedup = baseline µs / µs (baseline: {_md(baselines)}).", "",
+             f"**Geomean speedup: {_fmt(gm, '.3f')}** over {len(with_s)} of {len(bests)} cells "
+             "(cells with a baseline).", "", *_cells_table(bests), "## Plots", ""]
+    _plot_best_so_far(evals, run_id, out_dir / BEST_SO_FAR_PNG)
+    lines += [f"![best so far]({BEST_SO_FAR_PNG})", ""]
+    if with_s:
+        _bar_plot([b.cell for b in with_s], [b.speedup for b in with_s if b.speedup is not None], 1.0,
+                  "best speedup vs baseline", f"{run_id}: best speedup per cell", out_dir / SPEEDUP_PNG,
+                  color_by_ref=True)
+        lines += [f"![speedup per cell]({SPEEDUP_PNG})", ""]
+    if with_c:
+        _bar_plot([b.cell for b in with_c], [b.pct_ceiling for b in with_c if b.pct_ceiling is not None], 100.0,
+                  "best GB/s, % of copy ceiling", f"{run_id}: bandwidth of the best per cell",
+                  out_dir / CEILING_PNG, color_by_ref=False)
+        lines += [f"![% of copy ceiling]({CEILING_PNG})", ""]
+    else:
+        lines += ["No copy ceiling recorded: no %-of-ceiling plot.", ""]
+    return lines
+
+
+def write_report(store_path: Path, run_id: str, out_dir: Path) -> Path:
+    """Write report.md and its plots for run_id ('latest': the most recent run) into out_dir; return report.md."""
+    with Store.open(store_path, read_only=True) as store:
+        run_id = resolve_run_id(store, run_id)
+        run = store.sql("SELECT * FROM runs WHERE run_id = ?", [run_id]).iloc[0]
+        evals = run_evaluations(store, run_id)
+        eval_counts = store.sql("SELECT status, count(*) AS n FROM evaluations WHERE run_id = ? "
+                                "GROUP BY status ORDER BY n DESC, status", [run_id])
+        build_counts = store.sql("SELECT status, count(*) AS n FROM builds WHERE run_id = ? "
+                                 "GROUP BY status ORDER BY n DESC, status", [run_id])
+        cand = store.sql("SELECT count(*) AS n, count(DISTINCT generation) AS g FROM candidates WHERE run_id = ?",
+                         [run_id]).iloc[0]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in (BEST_SO_FAR_PNG, SPEEDUP_PNG, CEILING_PNG):  # no stale plot from an earlier report
+        (out_dir / name).unlink(missing_ok=True)
+    lines = [*_header_lines(run, evals, int(cand.n), int(cand.g)),
+             "## Fingerprint", "", *_fingerprint_lines(evals),
+             "## Evaluations by status", "", *_counts_table(eval_counts, "evaluations"),
+             "## Builds by status (first built in this run)", "", *_counts_table(build_counts, "builds"),
+             "## Best per cell", "", *_best_lines_and_plots(evals, run_id, out_dir)]
+    md = out_dir / "report.md"
+    md.write_text("\n".join(lines))
+    return md
+
+
+def cmd_report(store: Path, run_id: str, out: Path | None) -> int:
+    """Write a run's report (default folder: <store dir>/runs/<run_id>/report/) and print where."""
+    if not store.exists():
+        raise StoreError(f"no store at {store} (run an experiment first, or pass --store PATH)")
+    with Store.open(store, read_only=True) as s:
+        run_id = resolve_run_id(s, run_id)
+    md = write_report(store, run_id, out if out is not None else store.parent / "runs" / run_id / "report")
+    plots = [n for n in (BEST_SO_FAR_PNG, SPEEDUP_PNG, CEILING_PNG) if (md.parent / n).exists()]
+    print(f"report for run {run_id}: {md}" + (f" (plots: {', '.join(plots)})" if plots else " (no plots)"))
+    return 0
