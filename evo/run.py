@@ -161,14 +161,68 @@ class GpuRunner:
         return self.handles[0].ceiling_gbps
 
     def run(self, jobs: Sequence[EvalJob], on_result: Callable[[JobResult], None] | None = None) -> list[JobResult]:
-        """Results in job order (one device: sequential; several: see issue 7)."""
-        out = []
-        for job in jobs:
-            r = self.handles[0].submit(job, self.timeout_s)
-            if on_result:
-                on_result(r)
-            out.append(r)
-        return out
+        """Results in job order. With several devices, one thread per worker takes jobs from a shared
+        queue, so a slow or restarting worker stalls no other; the caller alone writes the store."""
+        if len(self.handles) == 1:
+            out = []
+            for job in jobs:
+                r = self.handles[0].submit(job, self.timeout_s)
+                if on_result:
+                    on_result(r)
+                out.append(r)
+            return out
+        import queue
+        import threading
+
+        todo: queue.Queue[int] = queue.Queue()
+        for i in range(len(jobs)):
+            todo.put(i)
+        results: list[JobResult | None] = [None] * len(jobs)
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def drain(h: WorkerHandle) -> None:
+            while not errors:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    r = h.submit(jobs[i], self.timeout_s)
+                except BaseException as e:  # a harness bug: stop every thread, re-raise in the caller
+                    errors.append(e)
+                    return
+                results[i] = r
+                if on_result:
+                    with lock:
+                        on_result(r)
+
+        threads = [threading.Thread(target=drain, args=(h,), daemon=True) for h in self.handles]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return [r for r in results if r is not None]
+
+
+def visible_devices() -> list[str]:
+    """Device ids this process may use: CUDA_VISIBLE_DEVICES, else every device the driver reports."""
+    import os
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    import subprocess
+    import sys
+
+    code = "from cuda.bindings import driver as d\nd.cuInit(0)\nprint(d.cuDeviceGetCount()[1])"
+    try:
+        n = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip())
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return ["0"]
+    return [str(i) for i in range(max(1, n))]
 
 
 def gpu_available() -> bool:
