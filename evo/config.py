@@ -28,6 +28,11 @@ class Runner(str, enum.Enum):
     NONE = "none"  # build only
 
 
+class Backend(str, enum.Enum):
+    LOCAL = "local"  # one worker process per visible GPU, a process pool for compiles
+    RAY = "ray"  # GPU actors (num_gpus=1) and CPU compile tasks on a Ray cluster
+
+
 class StrategyKind(str, enum.Enum):
     GA = "ga"
     RANDOM = "random"
@@ -42,6 +47,8 @@ class RunSection:
     runner: Runner = Runner.GPU
     replay_data: str = ""
     templates: tuple[str, ...] = ()
+    backend: Backend = Backend.LOCAL
+    ray_address: str = ""  # empty: start a local Ray instance
 
     def __post_init__(self) -> None:
         if not self.arch.startswith("sm_") or not self.arch[3:].rstrip("a").isdigit():

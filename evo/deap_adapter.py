@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from deap import base, tools
 
@@ -80,11 +80,13 @@ def make_toolbox(
     n_params: int = 2,
     tournsize: int = 3,
     p_niche: float = 0.0,
+    priors: Mapping[str, Mapping[str, Mapping[Any, float]]] | None = None,
 ) -> base.Toolbox:
     """A toolbox with mutate(g, rng), mate(a, b, rng), switch(g, rng), select(pool, times, labels, k, rng)."""
 
     def mutate(g: Genome, rng: random.Random) -> Genome:
-        return operators.mutate_tile(g, tdefs[g.template], rng, arch, dtype_sets, cells, n_params=n_params)
+        return operators.mutate_tile(g, tdefs[g.template], rng, arch, dtype_sets, cells, n_params=n_params,
+                                     priors=(priors or {}).get(g.template))
 
     def mate(a: Genome, b: Genome, rng: random.Random) -> Genome:
         return operators.crossover(a, b, tdefs[a.template], rng, arch, dtype_sets, cells)

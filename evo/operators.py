@@ -26,8 +26,13 @@ def _movable(tdef: TemplateDef) -> list[str]:
     return [p for p in tdef.param_names if len(tdef.values(p)) > 1]
 
 
+# param -> value -> weight; a learned prior biases which neighbour a mutation steps to
+Priors = Mapping[str, Mapping[Any, float]]
+
+
 def step(
-    params: Mapping[str, Any], tdef: TemplateDef, rng: random.Random, n_params: int = 1
+    params: Mapping[str, Any], tdef: TemplateDef, rng: random.Random, n_params: int = 1,
+    priors: Priors | None = None,
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Move 1..n_params random params to a neighbouring value in their declared list (no repair).
 
@@ -40,7 +45,13 @@ def step(
     moved = tuple(sorted(rng.sample(movable, k), key=tdef.param_names.index))
     out = dict(params)
     for p in moved:
-        out[p] = rng.choice(neighbours(tdef, p, params[p]))
+        options = neighbours(tdef, p, params[p])
+        weights = priors.get(p) if priors else None
+        if weights:
+            # unknown values keep weight 1 (exploration); the prior only reorders the odds
+            out[p] = rng.choices(options, weights=[max(1e-3, float(weights.get(v, 1.0))) for v in options])[0]
+        else:
+            out[p] = rng.choice(options)
     return out, moved
 
 
@@ -52,13 +63,14 @@ def mutate_tile(
     dtype_sets: Sequence[Mapping[str, str]],
     cells: Sequence[Mapping[str, int]] | None = None,
     n_params: int = 1,
+    priors: Priors | None = None,
 ) -> Genome:
-    """Step 1..n_params params to a neighbouring value, then repair the others around them."""
+    """Step 1..n_params params to a neighbouring value (biased by `priors`), then repair the others."""
     _check_template(g, tdef)
     space = Space(tdef, arch, dtype_sets, cells)
     parent = space.normalize(g.params_dict())
     for _ in range(STEP_TRIES):
-        stepped, moved = step(parent, tdef, rng, n_params)
+        stepped, moved = step(parent, tdef, rng, n_params, priors)
         child = space.repair(stepped, rng, fixed=moved)  # the moved params keep their new values
         if child is not None and child != parent:
             return Genome.make(g.op, g.template, g.source_hash, child, g.text)

@@ -184,6 +184,7 @@ class GeneticSearch(_Search):
         mutation_params: int = 2,
         p_niche: float = 0.3,
         seeds: Sequence[Genome] = (),
+        priors: Mapping[str, Mapping[str, Mapping[Any, float]]] | None = None,
     ):
         if population < 1 or elite < 0 or tournament < 1 or mutation_params < 1:
             raise ValueError("population, tournament and mutation_params must be >= 1, elite >= 0")
@@ -201,7 +202,7 @@ class GeneticSearch(_Search):
         self.max_template_share = max_template_share
         self._seeds = list(seeds)
         self._toolbox = make_toolbox(
-            self.tdefs, arch, self.dtype_sets, self._dims, mutation_params, tournament, p_niche
+            self.tdefs, arch, self.dtype_sets, self._dims, mutation_params, tournament, p_niche, priors
         )
 
     def _breedable(self, g: Genome) -> bool:

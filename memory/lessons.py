@@ -132,7 +132,8 @@ def _show(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
-def _params_text(params: Mapping[str, Any]) -> str:
+def params_text(params: Mapping[str, Any]) -> str:
+    """'a=1,b=nc': params sorted by name."""
     return ",".join(f"{k}={_show(v)}" for k, v in sorted(params.items()))
 
 
@@ -379,7 +380,7 @@ def failure_lessons(outcomes: pd.DataFrame, run_id: str) -> list[LessonRow]:
             matched = srows[[all(p in genomes[g] and q.same_value(genomes[g][p], v) for p, v in condition.items())
                              for g in srows.genome_key]]
             precision = k / n if n else 0.0
-            where = _params_text(condition) if condition else "any params"
+            where = params_text(condition) if condition else "any params"
             text = (f"{template} with {where} fails with {status} ({sig}): {k} of {n} genomes "
                     f"(precision {precision:.2f})")
             scope = {"template": template, "status": status, "signature": sig}
@@ -450,11 +451,11 @@ def champion_lessons(ok: pd.DataFrame, run_id: str, *, top: int = 3,
         entries = [_entry(r) for r in ranked.itertuples(index=False)]
         first = grp.iloc[0]
         b = entries[0]
-        text = f"fastest on {cell}: {b['template']}({_params_text(b['params'])}) {b['median_us']:.2f} us"
+        text = f"fastest on {cell}: {b['template']}({params_text(b['params'])}) {b['median_us']:.2f} us"
         if b["speedup"] is not None:
             text += f", {b['speedup']:.2f}x vs {b['baseline'] or 'baseline'}"
         if len(entries) > 1:
-            text += "; next " + ", ".join(f"{e['template']}({_params_text(e['params'])}) +{100 * (e['rel'] - 1):.1f}%"
+            text += "; next " + ", ".join(f"{e['template']}({params_text(e['params'])}) +{100 * (e['rel'] - 1):.1f}%"
                                           for e in entries[1:])
         scope = {"level": "cell", "cell": cell, "fingerprint_class": fp}
         structured = {
@@ -480,7 +481,7 @@ def champion_lessons(ok: pd.DataFrame, run_id: str, *, top: int = 3,
         ]
         b = entries[0]
         text = (f"best on {dtype} {q.bucket_label(bucket)} ({len(cells)} cells): {b['template']}"
-                f"({_params_text(b['params'])}) {100 * (b['geomean_rel'] - 1):.1f}% off the per-cell best (geomean)")
+                f"({params_text(b['params'])}) {100 * (b['geomean_rel'] - 1):.1f}% off the per-cell best (geomean)")
         if b["geomean_speedup"] is not None:
             text += f", {b['geomean_speedup']:.2f}x vs baseline"
         scope = {"level": "bucket", "dtype": dtype, "bucket": bucket}

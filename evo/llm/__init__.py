@@ -6,14 +6,13 @@ from evo.llm.mutate import (
     Measurements,
     MutationRequest,
     child_genome,
-    propose_many,
-    propose_one,
     proposal_rows,
     proposal_template,
+    propose_many,
+    propose_one,
 )
 from evo.llm.prompts import Prompt, render_prompt
 from evo.llm.replay import ReplayLLM
-from evo.llm.secrets import redact
 from evo.llm.roles import (
     FailureExample,
     FailureLesson,
@@ -22,6 +21,7 @@ from evo.llm.roles import (
     lesson_row,
     write_lesson,
 )
+from evo.llm.secrets import redact
 
 __all__ = [
     "LLM",

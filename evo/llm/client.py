@@ -260,7 +260,9 @@ class LiteLLM:
             est_usd, est_tokens = self._estimate(litellm, prompt)
             refusal = self.budget.reserve(est_usd, est_tokens)
             if refusal:
-                self._rows.add(self._row(call_id, prompt, started, response=None, outcome=Status.LLM_ERROR.name, error=refusal))
+                self._rows.add(
+                    self._row(call_id, prompt, started, response=None, outcome=Status.LLM_ERROR.name, error=refusal)
+                )
                 log.warning("llm %s refused: %s (call %s)", prompt.role, refusal, call_id)
                 return LLMReply(call_id, Status.LLM_ERROR, None, refusal)
             t0 = time.perf_counter()

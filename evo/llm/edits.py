@@ -93,7 +93,7 @@ def _reindent(lines: list[str], have: str, want: str) -> list[str]:
 
 def _apply_one(text: str, edit: Edit, where: str) -> str:
     if not edit.search.strip():
-        raise EditError(f"{where}: empty SEARCH text (edits change existing lines; send a whole template to start over)")
+        raise EditError(f"{where}: empty SEARCH text (edits change existing lines; send a whole template instead)")
     first = next(ln.strip() for ln in _lines(edit.search) if ln.strip())
     count = text.count(edit.search)
     if count == 1:

@@ -37,7 +37,9 @@ PREDICTABLE = (
     Status.TIMEOUT,
     Status.WRONG_ANSWER,
 )
-_LESSON = re.compile(r"^\s*\**LESSON\**\s*:\s*(?P<text>.+?)(?=^\s*```|\n\s*\n|\Z)", re.IGNORECASE | re.DOTALL | re.MULTILINE)
+_LESSON = re.compile(
+    r"^\s*\**LESSON\**\s*:\s*(?P<text>.+?)(?=^\s*```|\n\s*\n|\Z)", re.IGNORECASE | re.DOTALL | re.MULTILINE
+)
 _FENCED = re.compile(r"^[ \t]*```[\w-]*[ \t]*\n(?P<body>.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 
 

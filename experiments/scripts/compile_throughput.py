@@ -1,7 +1,7 @@
 """Compile throughput (candidates per second) of the NVRTC build stage with 1 and 2 CPU workers.
 
 Each round compiles the same fresh set of distinct genomes (warp_row and cta_row, bf16, sm_90a) with
-an empty cache; the pool's start-up is included. Rerun: python experiments/scripts/compile_throughput.py
+an empty cache (1 worker compiles in-process; 2 workers use a spawn pool, its start-up included). Rerun: python experiments/scripts/compile_throughput.py
 """
 
 from __future__ import annotations

@@ -78,6 +78,7 @@ def test_slow_answer_is_a_bounded_timeout():
     assert len(srv.requests) == 2 and took < 3.0
     (row,) = llm.take_rows()
     assert row.outcome == "LLM_ERROR" and row.error.startswith("timeout") and row.response is None
+    assert ReplayLLM([row]).complete(ask()) == reply  # a recorded failure replays as the same failure
 
 
 def test_usd_budget_refuses_without_a_request():
@@ -135,7 +136,7 @@ def test_key_never_stored_or_logged(capfd):
             denied = llm.complete(ask("again"))
             rows = llm.take_rows()
     finally:
-        for lg, lvl in zip(loggers, levels):
+        for lg, lvl in zip(loggers, levels, strict=True):
             lg.removeHandler(handler)
             lg.setLevel(lvl)
     assert any(KEY in v for h in srv.headers for v in h.values())  # it was really sent
@@ -155,6 +156,17 @@ def test_key_in_a_prompt_or_answer_is_masked():
     assert KEY not in p.text and "***" in p.text
     assert KEY not in srv.requests[0]["messages"][0]["content"]  # never sent either
     assert KEY not in reply.text and KEY not in repr(row) and "***" in row.response
+
+
+def test_settings_from_the_config_section():
+    from evo.config import parse_config
+
+    section = parse_config('[run]\nop = "rmsnorm"\n[llm]\nmodel = "openai/m"\nbudget_usd = 2.5\n').llm
+    s = LLMSettings.of(section)
+    assert (s.model, s.budget_usd, s.budget_tokens, s.tries) == ("openai/m", 2.5, 0, 3) and s.enabled
+    assert not LLMSettings.of(parse_config('[run]\nop = "rmsnorm"\n').llm).enabled
+    with pytest.raises(ValueError, match="tries"):
+        LLMSettings(tries=0)
 
 
 def test_model_none_is_off():

@@ -16,9 +16,9 @@ from evo.llm import (
     analyze_failures,
     child_genome,
     lesson_row,
-    propose_many,
     proposal_rows,
     proposal_template,
+    propose_many,
 )
 from evo.llm.prompts import prompt_template_source, sha256
 from evo.llm.queries import cost_per_accepted
@@ -102,7 +102,7 @@ def test_propose_build_store_analyze_replay(tmp_path, monkeypatch):
     rows = [RunRow(run_id=RUN, op="rmsnorm", arch="sm_90a", config_toml="", config_hash="", seed=0, status="done"),
             SourceRow.of(REQ.template_text, op="rmsnorm", template="warp_row", origin="file"),
             candidate(parent, "file"), measured(parent, 21.4)]
-    for p, g, b in zip(proposals, children, builds):
+    for p, g, b in zip(proposals[:2], children, builds, strict=True):
         rows += proposal_rows(p, REQ) + [candidate(g, "llm", [parent.key()])]
         rows.append(BuildRow(build_key=b.build_key, genome_key=g.key(), run_id=RUN, arch="sm_90a",
                              dtypes_json=canonical_json(BF16), consts_json="{}", status=b.status, regs=b.regs,
@@ -120,7 +120,8 @@ def test_propose_build_store_analyze_replay(tmp_path, monkeypatch):
         assert len(llm_calls) == 4 and set(src.llm_call_id) <= set(llm_calls.call_id)
         assert sorted(llm_calls.role) == ["failure_analyst", "mutate", "mutate", "mutate"]
         assert sorted(llm_calls.outcome) == ["LLM_ERROR", "OK", "OK", "OK"]
-        assert (llm_calls[llm_calls.role == "mutate"].prompt_template_hash == sha256(prompt_template_source("mutate"))).all()
+        mutate_calls = llm_calls[llm_calls.role == "mutate"]
+        assert (mutate_calls.prompt_template_hash == sha256(prompt_template_source("mutate"))).all()
         assert (llm_calls.prompt_hash == llm_calls.prompt.map(sha256)).all()
         assert (llm_calls.cost_usd > 0).all() and (llm_calls.completion_tokens == 400).all()
         assert store.sql("SELECT text FROM lessons").text[0] == lesson.text

@@ -97,7 +97,8 @@ def test_lesson_writer():
         rows = llm.take_rows()
     assert good.status is Status.OK and good.text == answer.removeprefix("LESSON: ")
     prompt = prompt_of(srv.requests[0])
-    assert "| param | value | n | mean_speedup | failure_rate |" in prompt and "| vec | 8 | 40 | 1.31 | 0.05 |" in prompt
+    assert "| param | value | n | mean_speedup | failure_rate |" in prompt
+    assert "| vec | 8 | 40 | 1.31 | 0.05 |" in prompt
     assert "bf16, N >= 4096" in prompt
     assert code.status is Status.LLM_ERROR and "code block" in code.reason
     assert vague.status is Status.LLM_ERROR and "names none of the parameters" in vague.reason
@@ -115,5 +116,6 @@ def test_roles_replay_identically():
         live = (analyze_failures(llm, "rmsnorm", "sm_90a", FAILURES), write_lesson(llm, "rmsnorm", "sm_90a", STATS))
         rows = llm.take_rows()
     replay = ReplayLLM(pd.DataFrame([vars(r) for r in rows]))
-    assert (analyze_failures(replay, "rmsnorm", "sm_90a", FAILURES), write_lesson(replay, "rmsnorm", "sm_90a", STATS)) == live
+    again = (analyze_failures(replay, "rmsnorm", "sm_90a", FAILURES), write_lesson(replay, "rmsnorm", "sm_90a", STATS))
+    assert again == live
     assert replay.take_rows() == []

@@ -167,3 +167,20 @@ def test_switch_template_carries_params_of_the_same_name() -> None:
 def test_switch_template_with_one_template_returns_the_genome() -> None:
     g = random_genome("warp_row", random.Random(0), [BF16])
     assert switch_template(g, {"warp_row": TEMPLATES["warp_row"]}, random.Random(0), ARCH, [BF16]) is g
+
+
+def test_priors_bias_the_step_but_keep_exploring():
+    import random as _r
+
+    from evo.operators import step
+    from evo.template import load_templates as _lt
+
+    t = _lt("rmsnorm")["warp_row"]
+    base = t.default_params() | {"threads": 256}
+    counts = {128: 0, 512: 0}
+    rng = _r.Random(0)
+    for _ in range(2000):
+        out, moved = step(base, t, rng, 1, priors={"threads": {512: 9.0, 128: 1.0}})
+        if moved == ("threads",):
+            counts[out["threads"]] += 1
+    assert counts[512] > 5 * counts[128] > 0
