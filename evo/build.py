@@ -158,6 +158,12 @@ def prepare(
     r = render(tdef, genome.params_dict(), arch_n, dict(dt), consts)
     if not r.status.ok:
         return replace(bi, render_error=r.error)
+    if genome.text is not None:  # LLM-written: the rendered CUDA must still be device code only
+        from evo.llm.safety import cuda_problems
+
+        problems = cuda_problems(r.source)
+        if problems:
+            return replace(bi, render_error="unsafe rendered CUDA: " + "; ".join(problems))
     # The register check needs the block size; one that reads a dim is checked per cell at launch.
     ctx = tdef.context(genome.params_dict(), arch_n, dict(dt), consts)
     threads = max(

@@ -104,7 +104,8 @@ class Session:
         return out
 
     def build(self, builder: Builder, genomes: Sequence[Genome], generation: int,
-              origins: dict[str, str] | None = None) -> dict[str, list[tuple[Cell, BuildResult]]]:
+              origins: dict[str, str] | None = None,
+              parents: dict[str, str] | None = None) -> dict[str, list[tuple[Cell, BuildResult]]]:
         """Build every genome for its legal cells; record sources, candidates and every build."""
         per_genome = {g.key(): self.build_inputs(g) for g in genomes}
         flat = [bi for pairs in per_genome.values() for _, bi in pairs]
@@ -113,10 +114,13 @@ class Session:
         with self.store.batch() as b:
             for g in genomes:
                 tdef = self.templates[g.template]
-                b.add(SourceRow.of(tdef.text, op=self.op.name, template=tdef.name, origin="file"))
+                if g.text is None:  # LLM-written sources are recorded with their parent and call
+                    b.add(SourceRow.of(tdef.text, op=self.op.name, template=tdef.name, origin="file"))
+                parent = (parents or {}).get(g.key())
                 b.add(CandidateRow(genome_key=g.key(), op=g.op, template=g.template, source_hash=g.source_hash,
                                    params_json=g.params_json(), origin=(origins or {}).get(g.key(), "init"),
-                                   parents_json="[]", run_id=self.run_id, generation=generation))
+                                   parents_json=json.dumps([parent] if parent else []), run_id=self.run_id,
+                                   generation=generation))
             for bi in unique:
                 r = results[bi.key()]
                 b.add(BuildRow(build_key=r.build_key, genome_key=bi.genome.key(), run_id=self.run_id, arch=bi.arch,

@@ -64,6 +64,24 @@ def observations(session: Session, evals: Sequence[CellEval], genomes: Sequence[
     return [Observation(g, times[g.key()]) for g in genomes]
 
 
+def load_llm_templates(session: Session) -> list:
+    """LLM-written templates this run already used (so a resumed run can rebuild their genomes)."""
+    from evo.template import TemplateError, parse_template
+
+    df = session.store.sql(
+        "SELECT DISTINCT s.source_hash, s.text FROM sources s JOIN candidates c USING (source_hash) "
+        "WHERE s.origin = 'llm' AND c.run_id = ?", [session.run_id])
+    out = []
+    for r in df.itertuples(index=False):
+        try:
+            t = parse_template(r.text, f"source {r.source_hash[:12]}")
+        except TemplateError:
+            continue  # recorded but never applicable; the LLM_ERROR is in llm_calls
+        session.templates.setdefault(t.name, t)
+        out.append(t)
+    return out
+
+
 def stored_history(session: Session) -> tuple[list[Observation], list[CellEval]]:
     """This run's recorded evaluations, as observations in generation order (for resume)."""
     df = session.store.sql(
@@ -122,8 +140,17 @@ def run_search(session: Session) -> int:
 def _loop(session: Session, evaluator: Any) -> int:
     c = session.config
     show = _display(session)
+    llm_tdefs = load_llm_templates(session)
     history, past = stored_history(session)
     strategy = make_strategy(session)
+    for t in llm_tdefs:
+        strategy.add_template(t)
+    llm = None
+    if session.config.llm.model != "none" or session.config.llm.replay_run:
+        from evo.llm_step import make_session_llm
+
+        llm = make_session_llm(session)
+    llm_rng = random.Random(c.run.seed + 7)
     progress = Progress()
     if history:
         strategy.replay(history)
@@ -141,10 +168,18 @@ def _loop(session: Session, evaluator: Any) -> int:
                 break
             want = min(c.search.population, max(1, c.budget.max_evals - progress.evaluated))
             genomes = [g for g in strategy.propose(want) if not any((g.key(), x.label()) in done for x in session.cells)]
+            origins: dict[str, str] = {g.key(): "init" if progress.generation == 0 else "search" for g in genomes}
+            parents: dict[str, str] = {}
+            if llm is not None:
+                from evo.llm_step import llm_children
+
+                kids, parents = llm_children(session, strategy, llm, progress.best, llm_rng, evaluator.ceiling_gbps)
+                genomes += [g for g in kids if g.key() not in origins]
+                origins.update({g.key(): "llm" for g in kids})
             if not genomes:
                 stop = "search space exhausted"
                 break
-            built = session.build(builder, genomes, progress.generation)
+            built = session.build(builder, genomes, progress.generation, origins, parents)
             by_key = {g.key(): g for g in genomes}
             items = [EvalItem(by_key[k], session.templates[by_key[k].template], cell, b)
                      for k, pairs in built.items() for cell, b in pairs]

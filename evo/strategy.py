@@ -71,6 +71,15 @@ class _Search:
         self._genomes: dict[str, Genome] = {}  # observed, in order of first observation
         self._times: dict[str, dict[str, float]] = {}
 
+    def add_template(self, tdef: TemplateDef) -> None:
+        """Make a new template (e.g. written by the LLM operator) available to sampling and breeding."""
+        self.tdefs[tdef.name] = tdef
+        self._spaces[tdef.name] = Space(tdef, self.arch, self.dtype_sets, self._dims)
+
+    def genome(self, key: str) -> Genome | None:
+        """An observed genome by key."""
+        return self._genomes.get(key)
+
     def was_proposed(self, g: Genome) -> bool:
         return g.key() in self._proposed
 

@@ -42,7 +42,9 @@ _WRONG_PATTERNS = (
     "error norm too large",
 )
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
-_PATH = re.compile(r"(?:[A-Za-z]:)?(?:~|\.{1,2})?/?(?:[\w.+-]+/)+[\w.+-]*")
+_PATH = re.compile(
+    r"(?:[A-Za-z]:)?(?:~|\.{1,2})?/?(?:[\w.+-]+/)+[\w.+-]*|\b[\w.+-]+\.(?:cu|cuh|h|hpp|cpp|cc|c|py|ptx|cubin|j2|o)\b"
+)
 _HEX = re.compile(r"\b0[xX][0-9a-fA-F]+\b|\b(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{8,}\b")
 _IDENT = re.compile(r"\b(?=\w*[_\d])[A-Za-z_]\w*\b")  # names with an underscore or digit: kernels, symbols
 _NUMBER = re.compile(r"[-+]?\b\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\b")
@@ -180,9 +182,48 @@ def genome_rel(rows: pd.DataFrame) -> pd.DataFrame:
     return per_genome.assign(params=[json.loads(p) for p in per_genome.params_json])
 
 
+def _adjusted(
+    per_genome: pd.DataFrame, rows: np.ndarray, param: str, keep: list[str], rel: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """Least squares of rel on every param of the genomes (one-hot, first level dropped): coefficients of
+    param's kept values (keep[0] is the reference, 0), their covariance and the residual degrees of freedom.
+
+    Adjusting for the other params matters when they are not balanced across param's values: a failure
+    that censors (vec=8, unroll=4) leaves only slow vec=4 genomes with unroll=4, which a raw comparison
+    would blame on unroll. None when param's contrasts are not estimable (confounded) or no dof is left.
+    """
+    params = [per_genome.params.iloc[i] for i in rows]
+    cols, p_cols = [np.ones(len(rows))], []
+    for name in sorted({k for p in params for k in p}):
+        vals = np.array([canonical_json(p[name]) if name in p else "" for p in params], dtype=object)
+        levels = keep if name == param else sorted(set(vals))
+        for lv in levels[1:]:
+            if name == param:
+                p_cols.append(len(cols))
+            cols.append((vals == lv).astype(float))
+    x, y = np.column_stack(cols), rel[rows]
+    beta, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
+    dof = len(y) - rank
+    pinv = np.linalg.pinv(x)
+    if dof < 1 or not np.allclose((pinv @ x)[p_cols], np.eye(x.shape[1])[p_cols], atol=1e-8):
+        return None
+    resid = y - x @ beta
+    cov_all = (resid @ resid / dof) * (pinv @ pinv.T)
+    k = len(keep)
+    b, cov = np.zeros(k), np.zeros((k, k))
+    b[1:] = beta[p_cols]
+    cov[1:, 1:] = cov_all[np.ix_(p_cols, p_cols)]
+    return b, cov, float(dof)
+
+
 def effect_of(per_genome: pd.DataFrame, param: str, min_n: int = 3) -> dict[str, Any] | None:
-    """Per value of param: genomes n, mean log(time / cell best), standard error, effect against the other
-    values with a 95% interval; and the best value against the runner-up. None below two values with min_n genomes."""
+    """How each value of param moves log(time / cell best), over genomes (per_genome from genome_rel).
+
+    Per value: genomes n, raw mean and its standard error, and the effect against the other values
+    with a 95% interval, adjusted for the other params by least squares (method 'adjusted'), or the
+    raw difference of means (Welch) when that is not estimable (method 'marginal'). Then the best
+    value against the runner-up. None unless two values have at least min_n genomes.
+    """
     vals = np.array([canonical_json(p[param]) if param in p else "" for p in per_genome.params], dtype=object)
     rel, n_evals = per_genome.rel.to_numpy(float), per_genome.n_evals.to_numpy(int)
     counts = Counter(v for v in vals if v)
@@ -191,23 +232,53 @@ def effect_of(per_genome: pd.DataFrame, param: str, min_n: int = 3) -> dict[str,
         return None
     masks = {v: vals == v for v in keep}
     kept = np.logical_or.reduce(list(masks.values()))
+    n = np.array([masks[v].sum() for v in keep], dtype=float)
+    adj = _adjusted(per_genome, np.flatnonzero(kept), param, keep, rel)
+
+    def contrast(c: np.ndarray) -> tuple[float, float, float]:
+        assert adj is not None
+        b, cov, dof = adj
+        return float(c @ b), math.sqrt(max(float(c @ cov @ c), 0.0)), dof
+
     entries = []
-    for v in keep:
+    for i, v in enumerate(keep):
         a, rest = rel[masks[v]], rel[kept & ~masks[v]]
-        d, se, dof = _welch(a, rest)
+        md, mse, mdof = _welch(a, rest)
+        mhw = _t95(mdof) * mse
+        if adj is not None:
+            c = np.where(np.arange(len(keep)) == i, 1.0, -n / (n.sum() - n[i]))
+            d, se, dof = contrast(c)
+        else:
+            d, se, dof = md, mse, mdof
         hw = _t95(dof) * se
-        entries.append({
-            "value": json.loads(v), "n": len(a), "n_evals": int(n_evals[masks[v]].sum()),
-            "mean_log_rel": float(a.mean()), "se": float(a.std(ddof=1) / math.sqrt(len(a))),
-            "effect_vs_rest": d, "effect_se": se, "effect_ci95": [d - hw, d + hw],
-        })
-    entries.sort(key=lambda e: (e["mean_log_rel"], canonical_json(e["value"])))
+        entries.append(
+            {
+                "value": json.loads(v),
+                "n": len(a),
+                "n_evals": int(n_evals[masks[v]].sum()),
+                "mean_log_rel": float(a.mean()),
+                "se": float(a.std(ddof=1) / math.sqrt(len(a))),
+                "adjusted_log_rel": None if adj is None else float(adj[0][i]),
+                "effect_vs_rest": d,
+                "effect_se": se,
+                "effect_ci95": [d - hw, d + hw],
+                "marginal_effect_vs_rest": md,
+                "marginal_effect_ci95": [md - mhw, md + mhw],
+            }
+        )
+    order = "mean_log_rel" if adj is None else "adjusted_log_rel"
+    entries.sort(key=lambda e: (e[order], canonical_json(e["value"])))
     best, runner = entries[0], entries[1]
-    d, se, dof = _welch(rel[masks[canonical_json(best["value"])]], rel[masks[canonical_json(runner["value"])]])
+    ib, ir = keep.index(canonical_json(best["value"])), keep.index(canonical_json(runner["value"]))
+    if adj is not None:
+        d, se, dof = contrast(np.eye(len(keep))[ib] - np.eye(len(keep))[ir])
+    else:
+        d, se, dof = _welch(rel[masks[keep[ib]]], rel[masks[keep[ir]]])
     hw = _t95(dof) * se
     return {
         "param": param,
         "unit": "log(time / best time in the cell)",
+        "method": "marginal" if adj is None else "adjusted",
         "values": entries,
         "best": best["value"],
         "runner_up": runner["value"],
@@ -217,7 +288,7 @@ def effect_of(per_genome: pd.DataFrame, param: str, min_n: int = 3) -> dict[str,
         "faster_pct": 100 * (1 - math.exp(d)),
         "pm_pct": 100 * (math.exp(hw) - 1),
         "significant": bool(d + hw < 0),
-        "n": int(sum(e["n"] for e in entries)),
+        "n": int(n.sum()),
     }
 
 
@@ -233,26 +304,45 @@ def _ok_sql(op: str, arch: str, cells: Iterable[str], as_of: pd.Timestamp, where
         f"WHERE e.status = 'OK' AND e.median_us > 0 AND c.op = {q.sql_literal(op)} "
         f"AND coalesce(b.arch, r.arch) = {q.sql_literal(arch)} AND e.created_at <= {q.sql_literal(as_of)} "
         f"AND e.cell IN ({cell_list})), "
-        "best AS (SELECT cell, fingerprint_class, min(median_us) AS cell_best_us FROM ok GROUP BY cell, fingerprint_class) "
+        "best AS (SELECT cell, fingerprint_class, min(median_us) AS cell_best_us FROM ok "
+        "GROUP BY cell, fingerprint_class) "
         f"SELECT ok.*, best.cell_best_us FROM ok JOIN best USING (cell, fingerprint_class) {where} "
         "ORDER BY ok.eval_id"
     )
 
 
-def _row(kind: str, op: str, arch: str, scope: dict[str, Any], text: str, structured: dict[str, Any],
-         provenance: dict[str, Any], run_id: str, support: int) -> LessonRow:
+def _row(
+    kind: str,
+    op: str,
+    arch: str,
+    scope: dict[str, Any],
+    text: str,
+    structured: dict[str, Any],
+    provenance: dict[str, Any],
+    run_id: str,
+    support: int,
+) -> LessonRow:
     return LessonRow(
-        lesson_id=lesson_id(kind, op, arch, scope), kind=kind, op=op, arch=arch, scope_json=canonical_json(scope),
-        text=text, structured_json=canonical_json(structured), provenance_json=canonical_json(provenance),
-        created_run=run_id, confirmed_run=run_id, support=int(support),
+        lesson_id=lesson_id(kind, op, arch, scope),
+        kind=kind,
+        op=op,
+        arch=arch,
+        scope_json=canonical_json(scope),
+        text=text,
+        structured_json=canonical_json(structured),
+        provenance_json=canonical_json(provenance),
+        created_run=run_id,
+        confirmed_run=run_id,
+        support=int(support),
     )
 
 
 # ---------------------------------------------------------------- (a) parameter effects
 
 
-def param_effect_lessons(ok: pd.DataFrame, run_id: str, *, min_n: int = 3,
-                         edges: Mapping[str, tuple[int, int]] | None = None) -> list[LessonRow]:
+def param_effect_lessons(
+    ok: pd.DataFrame, run_id: str, *, min_n: int = 3, edges: Mapping[str, tuple[int, int]] | None = None
+) -> list[LessonRow]:
     """One lesson per (op, arch, template, dtype, shape bucket, param): how each value of the param moves time."""
     if ok.empty:
         return []
@@ -274,7 +364,9 @@ def param_effect_lessons(ok: pd.DataFrame, run_id: str, *, min_n: int = 3,
                 f"{template} on {dtype} {q.bucket_label(bucket)}: {param}={_show(eff['best'])} is "
                 f"{eff['faster_pct']:.0f}% faster than {param}={_show(eff['runner_up'])} "
                 f"(n={best['n']}/{runner['n']} genomes, ±{eff['pm_pct']:.0f}%"
-                + ("" if eff["significant"] else ", not significant") + ")"
+                + ("" if eff["method"] == "adjusted" else ", unadjusted")
+                + ("" if eff["significant"] else ", not significant")
+                + ")"
             )
             scope = {"template": template, "param": param, "dtype": dtype, "bucket": bucket}
             structured = {"template": template, "dtype": dtype, "bucket": bucket, "cells": cells, "min_n": min_n, **eff}
@@ -310,7 +402,7 @@ def best_condition(params: pd.DataFrame, failing: np.ndarray) -> tuple[dict[str,
     cols = sorted(params.columns)
     fail_rows = params[failing]
     for i, p1 in enumerate(cols):
-        for p2 in cols[i + 1:]:
+        for p2 in cols[i + 1 :]:
             for v1, v2 in fail_rows[[p1, p2]].drop_duplicates().itertuples(index=False):
                 if v1 is not None and v2 is not None:
                     candidates.append(((p1, v1), (p2, v2)))
@@ -329,26 +421,33 @@ def best_condition(params: pd.DataFrame, failing: np.ndarray) -> tuple[dict[str,
     return {p: json.loads(v) for p, v in cond}, k, n
 
 
-def _denominator_sql(op: str, arch: str, template: str, condition: Mapping[str, Any], stages: Iterable[str],
-                     as_of: pd.Timestamp) -> str:
+def _denominator_sql(
+    op: str, arch: str, template: str, condition: Mapping[str, Any], stages: Iterable[str], as_of: pd.Timestamp
+) -> str:
     """SQL (literals inline) for the genomes of template with condition that have an outcome in the stages."""
     statuses = ", ".join(q.sql_literal(s) for s in q.OUTCOME_STATUSES)
     parts = []
     if "build" in stages:
-        parts.append(f"SELECT b.genome_key FROM builds b WHERE b.arch = {q.sql_literal(arch)} "
-                     f"AND b.status IN ({statuses}) AND b.created_at <= {q.sql_literal(as_of)}")
+        parts.append(
+            f"SELECT b.genome_key FROM builds b WHERE b.arch = {q.sql_literal(arch)} "
+            f"AND b.status IN ({statuses}) AND b.created_at <= {q.sql_literal(as_of)}"
+        )
     if "eval" in stages:
-        parts.append("SELECT e.genome_key FROM evaluations e LEFT JOIN builds b ON b.build_key = e.build_key "
-                     f"LEFT JOIN runs r ON r.run_id = e.run_id WHERE coalesce(b.arch, r.arch) = {q.sql_literal(arch)} "
-                     f"AND e.status IN ({statuses}) AND (b.build_key IS NULL OR b.status = 'OK') "
-                     f"AND e.created_at <= {q.sql_literal(as_of)}")
+        parts.append(
+            "SELECT e.genome_key FROM evaluations e LEFT JOIN builds b ON b.build_key = e.build_key "
+            f"LEFT JOIN runs r ON r.run_id = e.run_id WHERE coalesce(b.arch, r.arch) = {q.sql_literal(arch)} "
+            f"AND e.status IN ({statuses}) AND (b.build_key IS NULL OR b.status = 'OK') "
+            f"AND e.created_at <= {q.sql_literal(as_of)}"
+        )
     conds = "".join(
         f" AND json_extract_string(c.params_json, {q.sql_literal('$.' + p)}) = {q.sql_literal(_show(v))}"
         for p, v in sorted(condition.items())
     )
-    return (f"SELECT DISTINCT c.genome_key FROM candidates c JOIN ({' UNION ALL '.join(parts)}) o "
-            f"ON o.genome_key = c.genome_key WHERE c.op = {q.sql_literal(op)} AND c.template = {q.sql_literal(template)}"
-            f"{conds} ORDER BY c.genome_key")
+    return (
+        f"SELECT DISTINCT c.genome_key FROM candidates c JOIN ({' UNION ALL '.join(parts)}) o "
+        f"ON o.genome_key = c.genome_key WHERE c.op = {q.sql_literal(op)} AND c.template = {q.sql_literal(template)}"
+        f"{conds} ORDER BY c.genome_key"
+    )
 
 
 def failure_lessons(outcomes: pd.DataFrame, run_id: str) -> list[LessonRow]:
@@ -373,21 +472,35 @@ def failure_lessons(outcomes: pd.DataFrame, run_id: str) -> list[LessonRow]:
             names = sorted({k for g in keys for k in genomes[g]})
             table = pd.DataFrame(
                 [[canonical_json(genomes[g][p]) if p in genomes[g] else None for p in names] for g in keys],
-                columns=names, dtype=object,
+                columns=names,
+                dtype=object,
             )
             failing = np.isin(np.array(keys, dtype=object), srows.genome_key.unique())
             condition, k, n = best_condition(table, failing)
-            matched = srows[[all(p in genomes[g] and q.same_value(genomes[g][p], v) for p, v in condition.items())
-                             for g in srows.genome_key]]
+            matched = srows[
+                [
+                    all(p in genomes[g] and q.same_value(genomes[g][p], v) for p, v in condition.items())
+                    for g in srows.genome_key
+                ]
+            ]
             precision = k / n if n else 0.0
             where = params_text(condition) if condition else "any params"
-            text = (f"{template} with {where} fails with {status} ({sig}): {k} of {n} genomes "
-                    f"(precision {precision:.2f})")
+            text = (
+                f"{template} with {where} fails with {status} ({sig}): {k} of {n} genomes (precision {precision:.2f})"
+            )
             scope = {"template": template, "status": status, "signature": sig}
             structured = {
-                "template": template, "condition": condition, "predicts": status, "precision": precision,
-                "support": k, "evaluated": n, "wilson_lower": wilson_lower(k, n), "signature": sig,
-                "stages": stages, "failing_genomes": int(failing.sum()), "failures": len(srows),
+                "template": template,
+                "condition": condition,
+                "predicts": status,
+                "precision": precision,
+                "support": k,
+                "evaluated": n,
+                "wilson_lower": wilson_lower(k, n),
+                "signature": sig,
+                "stages": stages,
+                "failing_genomes": int(failing.sum()),
+                "failures": len(srows),
                 "examples": [str(e) for e in srows.error.dropna().unique()[:3]],
             }
             provenance = {
@@ -410,9 +523,13 @@ def _entry(r: Any) -> dict[str, Any]:
     speedup = r.speedup if r.speedup == r.speedup else None
     frac = r.gbps / r.ceiling_gbps if r.gbps == r.gbps and r.ceiling_gbps == r.ceiling_gbps and r.ceiling_gbps else None
     return {
-        "template": r.template, "params": json.loads(r.params_json), "genome_key": r.genome_key,
-        "source_hash": r.source_hash if isinstance(r.source_hash, str) else None, "eval_id": r.eval_id,
-        "median_us": float(r.median_us), "rel": float(r.median_us / r.cell_best_us),
+        "template": r.template,
+        "params": json.loads(r.params_json),
+        "genome_key": r.genome_key,
+        "source_hash": r.source_hash if isinstance(r.source_hash, str) else None,
+        "eval_id": r.eval_id,
+        "median_us": float(r.median_us),
+        "rel": float(r.median_us / r.cell_best_us),
         "speedup": None if speedup is None else float(speedup),
         "baseline": r.baseline if isinstance(r.baseline, str) else None,
         "ceiling_fraction": None if frac is None else float(frac),
@@ -422,24 +539,25 @@ def _entry(r: Any) -> dict[str, Any]:
 def rank_genomes(rows: pd.DataFrame) -> pd.DataFrame:
     """Genomes of a set of cells, best first: those covering the most (cell, machine class) pairs, by the
     geometric mean of time / cell best (their best time per cell); with mean speedup where known."""
-    per_cell = (
-        rows.sort_values(["median_us", "eval_id"])
-        .groupby(["genome_key", "cell", "fingerprint_class"], as_index=False)
-        .first()
+    per_cell = rows.sort_values(["median_us", "eval_id"]).drop_duplicates(["genome_key", "cell", "fingerprint_class"])
+    per_cell = per_cell.assign(
+        rel=np.log(per_cell.median_us / per_cell.cell_best_us), log_speedup=np.log(per_cell.speedup.astype(float))
     )
-    per_cell = per_cell.assign(rel=np.log(per_cell.median_us / per_cell.cell_best_us),
-                               log_speedup=np.log(per_cell.speedup.astype(float)))
     g = per_cell.groupby("genome_key", as_index=False).agg(
-        covered=("rel", "size"), mean_rel=("rel", "mean"), mean_log_speedup=("log_speedup", "mean"),
-        template=("template", "first"), params_json=("params_json", "first"),
+        covered=("rel", "size"),
+        mean_rel=("rel", "mean"),
+        mean_log_speedup=("log_speedup", "mean"),
+        template=("template", "first"),
+        params_json=("params_json", "first"),
     )
     g = g.assign(geomean_rel=np.exp(g.mean_rel), geomean_speedup=np.exp(g.mean_log_speedup))
     g = g[g.covered == g.covered.max()]
     return g.sort_values(["mean_rel", "genome_key"]).reset_index(drop=True)
 
 
-def champion_lessons(ok: pd.DataFrame, run_id: str, *, top: int = 3,
-                     edges: Mapping[str, tuple[int, int]] | None = None) -> list[LessonRow]:
+def champion_lessons(
+    ok: pd.DataFrame, run_id: str, *, top: int = 3, edges: Mapping[str, tuple[int, int]] | None = None
+) -> list[LessonRow]:
     """The fastest genomes per cell (and machine class), and per dtype and shape bucket."""
     if ok.empty:
         return []
@@ -455,17 +573,25 @@ def champion_lessons(ok: pd.DataFrame, run_id: str, *, top: int = 3,
         if b["speedup"] is not None:
             text += f", {b['speedup']:.2f}x vs {b['baseline'] or 'baseline'}"
         if len(entries) > 1:
-            text += "; next " + ", ".join(f"{e['template']}({params_text(e['params'])}) +{100 * (e['rel'] - 1):.1f}%"
-                                          for e in entries[1:])
+            text += "; next " + ", ".join(
+                f"{e['template']}({params_text(e['params'])}) +{100 * (e['rel'] - 1):.1f}%" for e in entries[1:]
+            )
         scope = {"level": "cell", "cell": cell, "fingerprint_class": fp}
         structured = {
-            "level": "cell", "cell": cell, "fingerprint_class": fp, "dtype": first["dtype"],
-            "dtypes": json.loads(first["dtypes_json"]), "dims": json.loads(first["dims_json"]),
-            "bucket": json.loads(first["bucket_json"]), "top": entries,
+            "level": "cell",
+            "cell": cell,
+            "fingerprint_class": fp,
+            "dtype": first["dtype"],
+            "dtypes": json.loads(first["dtypes_json"]),
+            "dims": json.loads(first["dims_json"]),
+            "bucket": json.loads(first["bucket_json"]),
+            "top": entries,
         }
         provenance = {
             "sql": _ok_sql(op, arch, [cell], as_of, f"WHERE ok.fingerprint_class = {q.sql_literal(fp)}"),
-            "count": len(grp), "eval_ids": [e["eval_id"] for e in entries], "as_of": as_of.isoformat(sep=" "),
+            "count": len(grp),
+            "eval_ids": [e["eval_id"] for e in entries],
+            "as_of": as_of.isoformat(sep=" "),
             "recompute": "the champion is the row with the least median_us",
         }
         out.append(_row(q.CHAMPION, op, arch, scope, text, structured, provenance, run_id, len(grp)))
@@ -474,20 +600,29 @@ def champion_lessons(ok: pd.DataFrame, run_id: str, *, top: int = 3,
         bucket = json.loads(bucket_json)
         cells = sorted(grp.cell.unique())
         entries = [
-            {"template": r.template, "params": json.loads(r.params_json), "genome_key": r.genome_key,
-             "geomean_rel": float(r.geomean_rel), "cells_covered": int(r.covered),
-             "geomean_speedup": float(r.geomean_speedup) if r.geomean_speedup == r.geomean_speedup else None}
+            {
+                "template": r.template,
+                "params": json.loads(r.params_json),
+                "genome_key": r.genome_key,
+                "geomean_rel": float(r.geomean_rel),
+                "cells_covered": int(r.covered),
+                "geomean_speedup": float(r.geomean_speedup) if r.geomean_speedup == r.geomean_speedup else None,
+            }
             for r in ranked.itertuples(index=False)
         ]
         b = entries[0]
-        text = (f"best on {dtype} {q.bucket_label(bucket)} ({len(cells)} cells): {b['template']}"
-                f"({params_text(b['params'])}) {100 * (b['geomean_rel'] - 1):.1f}% off the per-cell best (geomean)")
+        text = (
+            f"best on {dtype} {q.bucket_label(bucket)} ({len(cells)} cells): {b['template']}"
+            f"({params_text(b['params'])}) {100 * (b['geomean_rel'] - 1):.1f}% off the per-cell best (geomean)"
+        )
         if b["geomean_speedup"] is not None:
             text += f", {b['geomean_speedup']:.2f}x vs baseline"
         scope = {"level": "bucket", "dtype": dtype, "bucket": bucket}
         structured = {"level": "bucket", "dtype": dtype, "bucket": bucket, "cells": cells, "top": entries}
         provenance = {
-            "sql": _ok_sql(op, arch, cells, as_of), "count": len(grp), "as_of": as_of.isoformat(sep=" "),
+            "sql": _ok_sql(op, arch, cells, as_of),
+            "count": len(grp),
+            "as_of": as_of.isoformat(sep=" "),
             "recompute": "memory.lessons.rank_genomes(rows)",
         }
         out.append(_row(q.CHAMPION, op, arch, scope, text, structured, provenance, run_id, len(grp)))
@@ -497,8 +632,9 @@ def champion_lessons(ok: pd.DataFrame, run_id: str, *, top: int = 3,
 # ---------------------------------------------------------------- extraction entry points
 
 
-def extract_lessons(store: Store, op: str, arch: str, run_id: str, *, min_n: int = 3,
-                    edges: Mapping[str, tuple[int, int]] | None = None) -> list[LessonRow]:
+def extract_lessons(
+    store: Store, op: str, arch: str, run_id: str, *, min_n: int = 3, edges: Mapping[str, tuple[int, int]] | None = None
+) -> list[LessonRow]:
     """Every lesson the store supports for op on arch (or its suffixed variants); writes nothing."""
     ok = q.ok_evaluations(store, op, arch)
     return [
@@ -513,8 +649,10 @@ def write_lessons(store: Store, rows: Iterable[LessonRow]) -> None:
     rows = list(rows)
     if not rows:
         return
-    earned = store.sql("SELECT lesson_id, usefulness FROM lessons WHERE list_contains(?::VARCHAR[], lesson_id)",
-                       [[r.lesson_id for r in rows]])
+    earned = store.sql(
+        "SELECT lesson_id, usefulness FROM lessons WHERE list_contains(?::VARCHAR[], lesson_id)",
+        [[r.lesson_id for r in rows]],
+    )
     kept = dict(zip(earned.lesson_id, earned.usefulness.astype(float)))
     store.write(dataclasses.replace(r, usefulness=kept.get(r.lesson_id, r.usefulness)) for r in rows)
 
@@ -545,8 +683,9 @@ def outcome_scores(evals: pd.DataFrame, within: float = 0.05) -> np.ndarray:
     return np.where(good, SCORE_GOOD, np.where(ok, SCORE_SLOW, SCORE_FAILED))
 
 
-def usefulness_scores(uses: pd.DataFrame, evals: pd.DataFrame, predicts: Mapping[str, str],
-                      within: float = 0.05) -> dict[str, float]:
+def usefulness_scores(
+    uses: pd.DataFrame, evals: pd.DataFrame, predicts: Mapping[str, str], within: float = 0.05
+) -> dict[str, float]:
     """Usefulness per lesson from every recorded use of it (so re-scoring is idempotent).
 
     seeded/biased: each evaluation of an influenced genome in that run scores (outcome_scores) minus
@@ -576,8 +715,13 @@ def usefulness_scores(uses: pd.DataFrame, evals: pd.DataFrame, predicts: Mapping
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """Rows as dicts of plain Python values, NaN/NaT as None."""
-    return [{k: (None if v is None or (not isinstance(v, str) and pd.isna(v)) else v.item() if hasattr(v, "item")
-                 else v) for k, v in r.items()} for r in df.astype(object).to_dict("records")]
+    return [
+        {
+            k: (None if v is None or (not isinstance(v, str) and pd.isna(v)) else v.item() if hasattr(v, "item") else v)
+            for k, v in r.items()
+        }
+        for r in df.astype(object).to_dict("records")
+    ]
 
 
 def update_usefulness(store: Store, run_id: str, within: float = 0.05) -> dict[str, float]:
@@ -585,8 +729,10 @@ def update_usefulness(store: Store, run_id: str, within: float = 0.05) -> dict[s
     used = store.sql("SELECT DISTINCT lesson_id FROM lesson_uses WHERE run_id = ?", [run_id]).lesson_id.tolist()
     if not used:
         return {}
-    uses = store.sql("SELECT lesson_id, genome_key, run_id, effect FROM lesson_uses "
-                     "WHERE list_contains(?::VARCHAR[], lesson_id)", [used])
+    uses = store.sql(
+        "SELECT lesson_id, genome_key, run_id, effect FROM lesson_uses WHERE list_contains(?::VARCHAR[], lesson_id)",
+        [used],
+    )
     marks = ", ".join("?" for _ in q.OUTCOME_STATUSES)
     evals = store.sql(
         f"""WITH ev AS (
@@ -599,7 +745,9 @@ def update_usefulness(store: Store, run_id: str, within: float = 0.05) -> dict[s
         [*q.OUTCOME_STATUSES, sorted(set(uses.run_id))],
     )
     rows = _records(store.sql("SELECT * FROM lessons WHERE list_contains(?::VARCHAR[], lesson_id)", [used]))
-    predicts = {r["lesson_id"]: json.loads(r["structured_json"]).get("predicts") for r in rows if r["kind"] == q.FAILURE}
+    predicts = {
+        r["lesson_id"]: json.loads(r["structured_json"]).get("predicts") for r in rows if r["kind"] == q.FAILURE
+    }
     scores = usefulness_scores(uses, evals, predicts, within)
     store.write(LessonRow(**{**r, "usefulness": scores.get(r["lesson_id"], 0.0), "updated_at": None}) for r in rows)
     return {r["lesson_id"]: scores.get(r["lesson_id"], 0.0) for r in rows}

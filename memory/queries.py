@@ -152,15 +152,16 @@ def lessons(store: Store, op: str, arch: str, kind: str | None = None) -> pd.Dat
 
 def scope_label(kind: str, scope: Mapping[str, Any]) -> str:
     """A short readable scope: 'warp_row.vec bf16 M:medium N:small', 'cta_row RESOURCE_ERROR', a cell."""
-    if kind == PARAM_EFFECT:
+    keys = set(scope)
+    if kind == PARAM_EFFECT and {"template", "param", "dtype", "bucket"} <= keys:
         return f"{scope['template']}.{scope['param']} {scope['dtype']} {bucket_label(scope['bucket'])}"
-    if kind == FAILURE:
+    if kind == FAILURE and {"template", "status"} <= keys:
         return f"{scope['template']} {scope['status']}"
-    if kind == CHAMPION and scope.get("level") == "cell":
+    if kind == CHAMPION and scope.get("level") == "cell" and "cell" in keys:
         return str(scope["cell"])
-    if kind == CHAMPION:
+    if kind == CHAMPION and {"dtype", "bucket"} <= keys:
         return f"{scope['dtype']} {bucket_label(scope['bucket'])}"
-    return json.dumps(scope, sort_keys=True)
+    return json.dumps(scope, sort_keys=True)  # lessons written by others (e.g. the LLM lesson writer)
 
 
 def lessons_table(store: Store, op: str, arch: str, kind: str | None = None) -> pd.DataFrame:
@@ -213,13 +214,13 @@ class Seed:
 def warm_start(
     store: Store, op: str, arch: str, cells: Sequence[CellLike], k: int, min_usefulness: float = MIN_USEFULNESS
 ) -> list[Seed]:
-    """Up to k distinct champions of the stored cells nearest to the target cells (same dtype first, then log-distance)."""
+    """Up to k distinct champions of the stored cells nearest the target cells (same dtype first, then log-distance)."""
     df = lessons(store, op, arch, CHAMPION)
     df = df[df.usefulness >= min_usefulness]
     stored = []
     for r in df.itertuples(index=False):
         s = json.loads(r.structured_json)
-        if s.get("level") == "cell":
+        if s.get("level") == "cell" and s.get("top"):
             stored.append((r.lesson_id, r.usefulness, s))
     ranked: list[list[tuple[tuple[Any, ...], Seed]]] = []
     for cell in cells:
@@ -229,8 +230,9 @@ def warm_start(
         for lesson_id, usefulness, s in stored:
             same, dist = s["dtype"] == key, dims_distance(dims, s["dims"])
             for rank, g in enumerate(s["top"]):
-                seed = Seed(g["template"], g["params"], g["genome_key"], g.get("source_hash"), lesson_id, s["cell"],
-                            same, dist)
+                seed = Seed(
+                    g["template"], g["params"], g["genome_key"], g.get("source_hash"), lesson_id, s["cell"], same, dist
+                )
                 options.append(((not same, round(dist, 9), rank, -usefulness, g["genome_key"]), seed))
         ranked.append([seed for seed in sorted(options, key=lambda o: o[0])])
     out: list[Seed] = []
@@ -246,7 +248,9 @@ def warm_start(
     return out
 
 
-def warm_start_seeds(store: Store, op: str, arch: str, cells: Sequence[CellLike], k: int) -> list[tuple[str, dict[str, Any]]]:
+def warm_start_seeds(
+    store: Store, op: str, arch: str, cells: Sequence[CellLike], k: int
+) -> list[tuple[str, dict[str, Any]]]:
     """(template, params) of up to k champions of the nearest stored shapes and dtypes, for the same op and arch."""
     return [(s.template, dict(s.params)) for s in warm_start(store, op, arch, cells, k)]
 
@@ -296,18 +300,31 @@ def failure_predictor(
         if not isinstance(s.get("condition"), dict) or "precision" not in s:
             continue
         if s["precision"] >= min_precision and s["support"] >= min_support:
-            rules.append(FailureRule(r.lesson_id, s["template"], tuple(sorted(s["condition"].items())), s["predicts"],
-                                     float(s["precision"]), int(s["support"])))
+            rules.append(
+                FailureRule(
+                    r.lesson_id,
+                    s["template"],
+                    tuple(sorted(s["condition"].items())),
+                    s["predicts"],
+                    float(s["precision"]),
+                    int(s["support"]),
+                )
+            )
     rules.sort(key=lambda x: (-x.precision, -x.support, len(x.condition), x.lesson_id))
     return FailurePredictor(tuple(rules))
 
 
-def _effect_lessons(store: Store, op: str, arch: str, cells: Sequence[CellLike] | None,
-                    min_usefulness: float) -> list[tuple[str, float, dict[str, Any], dict[str, Any]]]:
+def _effect_lessons(
+    store: Store, op: str, arch: str, cells: Sequence[CellLike] | None, min_usefulness: float
+) -> list[tuple[str, float, dict[str, Any], dict[str, Any]]]:
     """(lesson_id, usefulness, scope, structured) of the param-effect lessons that apply to the cells."""
     df = lessons(store, op, arch, PARAM_EFFECT)
-    found = [(r.lesson_id, float(r.usefulness), json.loads(r.scope_json), json.loads(r.structured_json))
-             for r in df[df.usefulness >= min_usefulness].itertuples(index=False)]
+    found = [
+        (r.lesson_id, float(r.usefulness), json.loads(r.scope_json), json.loads(r.structured_json))
+        for r in df[df.usefulness >= min_usefulness].itertuples(index=False)
+    ]
+    # Only lessons with per-value effects (an LLM-written lesson of this kind may carry text alone).
+    found = [f for f in found if {"template", "param", "dtype", "bucket"} <= set(f[2]) and "values" in f[3]]
     if not cells:
         return found
     wanted = set()
@@ -373,8 +390,9 @@ def _floored_softmax(effects: Mapping[str, float], temperature: float, floor: fl
     return {v: floor + (1.0 - k * floor) * x / total for v, x in exps.items()}
 
 
-def prior_sources(store: Store, op: str, arch: str, cells: Sequence[CellLike] | None = None,
-                  min_usefulness: float = MIN_USEFULNESS) -> dict[str, dict[str, list[str]]]:
+def prior_sources(
+    store: Store, op: str, arch: str, cells: Sequence[CellLike] | None = None, min_usefulness: float = MIN_USEFULNESS
+) -> dict[str, dict[str, list[str]]]:
     """template -> param -> ids of the lessons param_priors pooled (to record which lessons biased a mutation)."""
     out: dict[str, dict[str, list[str]]] = {}
     for lesson_id, _, scope, _ in _effect_lessons(store, op, arch, cells, min_usefulness):

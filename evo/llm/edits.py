@@ -156,7 +156,10 @@ def extract_template(answer: str) -> str | None:
 
 
 def new_template_text(answer: str, parent_text: str) -> str:
-    """The template an answer asks for: the parent with its edits applied, or the whole new template."""
+    """The template an answer asks for: the parent with its edits applied, or the whole new template.
+
+    Edits win when an answer has both: a fenced block around edits may quote header lines.
+    """
     edits = parse_edits(answer)
     if edits:
         out = apply_edits(parent_text, edits)

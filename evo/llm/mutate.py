@@ -138,6 +138,11 @@ def rename_template(text: str, name: str) -> str:
     raise TemplateError("[template].name is not a plain `name = \"...\"` line, cannot rename")
 
 
+def _same_code(a: str, b: str) -> bool:
+    """Equal up to [template].name and whitespace: such a 'variant' would only re-measure its parent."""
+    return " ".join(rename_template(a, "_").split()) == " ".join(rename_template(b, "_").split())
+
+
 def _render_problems(tdef: TemplateDef, req: MutationRequest) -> list[str]:
     """CUDA checks on the defaults rendered for the parent's cell (Jinja can build text the static checks miss).
 
@@ -177,9 +182,9 @@ def read_proposal(answer: str, req: MutationRequest) -> tuple[Status, str | None
     problems = declaration_problems(tdef)
     if problems:
         return no("unsafe template: " + "; ".join(problems))
-    if text.strip() == req.template_text.strip():
-        return no("the answer does not change the parent template")
     try:
+        if _same_code(text, req.template_text):
+            return no("the answer does not change the parent template (beyond its name or whitespace)")
         final = rename_template(text, child_name(req.parent.template, text))
         tdef = parse_template(final, "llm answer")
     except TemplateError as e:

@@ -15,12 +15,15 @@ import pandas as pd
 from jinja2 import meta
 
 from evo.llm.client import LLM
-from evo.llm.prompts import render_prompt, sha256
+from evo.llm.prompts import render_prompt
 from evo.llm.safety import expression_problems
 from evo.sandbox import sandbox_env
 from evo.status import Status
+from memory.lessons import lesson_id
 from memory.rows import LessonRow, canonical_json
 
+LLM_FAILURE = "llm_failure"  # lessons.kind of an analyst's rule
+LLM_NOTE = "llm_note"  # lessons.kind of a lesson writer's text
 MAX_LESSON_CHARS = 800
 MAX_CONDITION_CHARS = 300
 MAX_EXAMPLES = 8
@@ -254,31 +257,36 @@ def write_lesson(
 def lesson_row(
     lesson: FailureLesson | WrittenLesson,
     *,
-    kind: str,
     op: str,
     arch: str,
     run_id: str,
     scope: Mapping[str, Any],
+    support: int = 0,
     provenance: Mapping[str, Any] | None = None,
 ) -> LessonRow:
-    """A lessons-table row for an accepted lesson; the id is a hash of what the lesson says and where."""
+    """A lessons-table row for an accepted lesson, with the call that wrote it as provenance.
+
+    The id hashes kind and scope (memory.lessons' rule), so a later analysis of the same scope
+    updates the row instead of adding one. Kinds are their own ('llm_failure': structured condition
+    is a Jinja expression, unlike the statistical 'failure' rules' param=value dicts; 'llm_note').
+    """
     if not lesson.status.ok:
         raise ValueError(f"lesson from call {lesson.call_id} was not accepted: {lesson.reason}")
-    structured = (
-        {"condition": lesson.condition, "predicts": lesson.predicts.name if lesson.predicts else None}
-        if isinstance(lesson, FailureLesson)
-        else {}
-    )
-    scope_json = canonical_json(dict(scope))
-    ident = canonical_json([kind, op, arch, scope_json, structured or lesson.text])
+    if isinstance(lesson, FailureLesson):
+        kind = LLM_FAILURE
+        structured = {"condition": lesson.condition, "predicts": lesson.predicts.name if lesson.predicts else None}
+    else:
+        kind, structured = LLM_NOTE, {}
+    role = "failure_analyst" if kind == LLM_FAILURE else "lesson_writer"
     return LessonRow(
-        lesson_id=sha256(ident)[:32],
+        lesson_id=lesson_id(kind, op, arch, scope),
         kind=kind,
         op=op,
         arch=arch,
-        scope_json=scope_json,
+        scope_json=canonical_json(dict(scope)),
         text=lesson.text,
         structured_json=canonical_json(structured),
-        provenance_json=canonical_json({"llm_call_id": lesson.call_id, **dict(provenance or {})}),
+        provenance_json=canonical_json({"llm_call_id": lesson.call_id, "role": role, **dict(provenance or {})}),
         created_run=run_id,
+        support=int(support),
     )

@@ -51,7 +51,10 @@ WRONG_CONDITION = ("warp_row", {"vec": 8, "unroll": 4})
 UNKNOWN_CONDITION = ("cta_row", {"threads": 128, "min_blocks": 1})
 TIMEOUT_GENOME = ("warp_row", {"vec": 4, "threads": 64, "unroll": 1, "cache_items": 0})
 VEC4_SLOWDOWN = 1.25
-_THREADS = {"warp_row": {64: 1.10, 128: 1.0, 256: 1.03, 512: 1.08}, "cta_row": {128: 1.05, 256: 1.0, 512: 1.02, 1024: 1.06}}
+_THREADS = {
+    "warp_row": {64: 1.10, 128: 1.0, 256: 1.03, 512: 1.08},
+    "cta_row": {128: 1.05, 256: 1.0, 512: 1.02, 1024: 1.06},
+}
 _SHORT = {"bfloat16": "bf16", "float32": "fp32"}
 _NBYTES = {"bfloat16": 2, "float32": 4}
 
@@ -117,20 +120,42 @@ class _Writer:
         self.n += 1
         return T0 + timedelta(hours={RUN1: 0, RUN2: 1, RUN3: 2}[run_id], seconds=self.n)
 
-    def evaluation(self, run_id: str, g: Genome, cell: tuple[str, int, int], status: str, gen: int,
-                   median_us: float | None = None, error: str | None = None) -> EvaluationRow:
+    def evaluation(
+        self,
+        run_id: str,
+        g: Genome,
+        cell: tuple[str, int, int],
+        status: str,
+        gen: int,
+        median_us: float | None = None,
+        error: str | None = None,
+    ) -> EvaluationRow:
         dt, m, n = cell
         base = base_us(cell) * 1.3
         ok = status == "OK"
         row = EvaluationRow(
-            eval_id=f"{run_id}-e{self.n:05d}", run_id=run_id, genome_key=g.key(), build_key=build_key(g, cell),
-            cell=label(cell), dtypes_json=json.dumps({"w": dt, "x": dt}, sort_keys=True),
-            dims_json=json.dumps({"M": m, "N": n}, sort_keys=True), status=status,
-            median_us=median_us if ok else None, p10_us=0.98 * median_us if ok else None,
-            p90_us=1.02 * median_us if ok else None, samples=100 if ok else None,
-            gbps=2 * m * n * _NBYTES[dt] / median_us / 1e3 if ok else None, ceiling_gbps=4000.0,
-            baseline="torch.rms_norm", baseline_us=base, speedup=base / median_us if ok else None,
-            error=error, fingerprint_json=FP_JSON, fingerprint_class=FP_CLASS, generation=gen, source="gpu",
+            eval_id=f"{run_id}-e{self.n:05d}",
+            run_id=run_id,
+            genome_key=g.key(),
+            build_key=build_key(g, cell),
+            cell=label(cell),
+            dtypes_json=json.dumps({"w": dt, "x": dt}, sort_keys=True),
+            dims_json=json.dumps({"M": m, "N": n}, sort_keys=True),
+            status=status,
+            median_us=median_us if ok else None,
+            p10_us=0.98 * median_us if ok else None,
+            p90_us=1.02 * median_us if ok else None,
+            samples=100 if ok else None,
+            gbps=2 * m * n * _NBYTES[dt] / median_us / 1e3 if ok else None,
+            ceiling_gbps=4000.0,
+            baseline="torch.rms_norm",
+            baseline_us=base,
+            speedup=base / median_us if ok else None,
+            error=error,
+            fingerprint_json=FP_JSON,
+            fingerprint_class=FP_CLASS,
+            generation=gen,
+            source="gpu",
             created_at=self.stamp(run_id),
         )
         self.rows.append(row)
@@ -139,23 +164,38 @@ class _Writer:
 
 def _resource_error(g: Genome, cell: tuple[str, int, int]) -> str:
     n = cell[2]
-    return (f"ptxas error   : Entry function '_Z15rmsnorm_cta_rowILi{n}ELi{g.param('threads')}EEvPKvS1_Pvii' "
-            f"uses too much shared data (0x{0xC000 + 64 * n:x} bytes, 0xc000 max)")
+    return (
+        f"ptxas error   : Entry function '_Z15rmsnorm_cta_rowILi{n}ELi{g.param('threads')}EEvPKvS1_Pvii' "
+        f"uses too much shared data (0x{0xC000 + 64 * n:x} bytes, 0xc000 max)"
+    )
 
 
 def _wrong_answer(rng: random.Random, cell: tuple[str, int, int]) -> str:
     _, m, n = cell
     bad = rng.randint(3, 60)
-    return (f"y on input set {rng.randint(0, 2)}: tail elements wrong ({bad} bad, 0 non-finite, 0 canary bytes "
-            f"of {m * n}; first bad index {n - bad}; max abs err {rng.uniform(0.1, 2):.3g}; rel norm 0.0123)")
+    return (
+        f"y on input set {rng.randint(0, 2)}: tail elements wrong ({bad} bad, 0 non-finite, 0 canary bytes "
+        f"of {m * n}; first bad index {n - bad}; max abs err {rng.uniform(0.1, 2):.3g}; rel norm 0.0123)"
+    )
 
 
 def fixture_rows(seed: int = 7) -> list[Any]:
     """Every row of the fixture store (runs 1 and 2), in write order."""
     rng = random.Random(seed)
     w = _Writer(rng, [])
-    w.rows += [RunRow(run_id=r, op=OP, arch=ARCH, config_toml="# fixture", config_hash="fx", seed=0, status="done",
-                      created_at=T0 + timedelta(hours=h)) for h, r in enumerate((RUN1, RUN2))]
+    w.rows += [
+        RunRow(
+            run_id=r,
+            op=OP,
+            arch=ARCH,
+            config_toml="# fixture",
+            config_hash="fx",
+            seed=0,
+            status="done",
+            created_at=T0 + timedelta(hours=h),
+        )
+        for h, r in enumerate((RUN1, RUN2))
+    ]
     all_genomes = genomes()
     repeats = {g.key() for g in all_genomes[::2][:5]}  # run 2 measures five of run 1's genomes again
     proposed: set[str] = set()
@@ -167,28 +207,51 @@ def fixture_rows(seed: int = 7) -> list[Any]:
             p = g.params_dict()
             if g.key() not in proposed:
                 proposed.add(g.key())
-                w.rows.append(CandidateRow(genome_key=g.key(), op=OP, template=g.template, source_hash=g.source_hash,
-                                           params_json=g.params_json(), origin="init", parents_json="[]",
-                                           run_id=run_id, generation=gen, created_at=w.stamp(run_id)))
+                w.rows.append(
+                    CandidateRow(
+                        genome_key=g.key(),
+                        op=OP,
+                        template=g.template,
+                        source_hash=g.source_hash,
+                        params_json=g.params_json(),
+                        origin="init",
+                        parents_json="[]",
+                        run_id=run_id,
+                        generation=gen,
+                        created_at=w.stamp(run_id),
+                    )
+                )
             cells = list(CELLS) + ([UNKNOWN_CELL] if run_id == RUN2 else [])
             for cell in cells:
                 resource = g.template == RESOURCE_CONDITION[0] and matches(p, RESOURCE_CONDITION[1])
-                w.rows.append(BuildRow(
-                    build_key=build_key(g, cell), genome_key=g.key(), run_id=run_id, arch=ARCH,
-                    dtypes_json=json.dumps({"w": cell[0], "x": cell[0]}, sort_keys=True),
-                    consts_json=json.dumps({"N": cell[2]}), status="RESOURCE_ERROR" if resource else "OK",
-                    regs=None if resource else 32, error=_resource_error(g, cell) if resource else None,
-                    created_at=w.stamp(run_id)))
+                w.rows.append(
+                    BuildRow(
+                        build_key=build_key(g, cell),
+                        genome_key=g.key(),
+                        run_id=run_id,
+                        arch=ARCH,
+                        dtypes_json=json.dumps({"w": cell[0], "x": cell[0]}, sort_keys=True),
+                        consts_json=json.dumps({"N": cell[2]}),
+                        status="RESOURCE_ERROR" if resource else "OK",
+                        regs=None if resource else 32,
+                        error=_resource_error(g, cell) if resource else None,
+                        created_at=w.stamp(run_id),
+                    )
+                )
                 if resource:
                     w.evaluation(run_id, g, cell, "RESOURCE_ERROR", gen, error=_resource_error(g, cell))
                 elif cell == UNKNOWN_CELL or (g.template == UNKNOWN_CONDITION[0] and matches(p, UNKNOWN_CONDITION[1])):
-                    w.evaluation(run_id, g, cell, "UNKNOWN", gen, error="no recorded measurement for this genome and cell")
+                    w.evaluation(
+                        run_id, g, cell, "UNKNOWN", gen, error="no recorded measurement for this genome and cell"
+                    )
                 elif g.template == WRONG_CONDITION[0] and matches(p, WRONG_CONDITION[1]):
                     w.evaluation(run_id, g, cell, "WRONG_ANSWER", gen, error=_wrong_answer(rng, cell))
                 elif (g.template, p) == TIMEOUT_GENOME and cell == CELLS[0] and run_id == RUN1:
                     w.evaluation(run_id, g, cell, "TIMEOUT", gen, error="worker timed out after 60.0 s")
                 else:
-                    w.evaluation(run_id, g, cell, "OK", gen, median_us=planted_us(g, cell) * math.exp(rng.gauss(0, 0.01)))
+                    w.evaluation(
+                        run_id, g, cell, "OK", gen, median_us=planted_us(g, cell) * math.exp(rng.gauss(0, 0.01))
+                    )
     return w.rows
 
 
@@ -199,8 +262,18 @@ def credit_rows(store: Store) -> list[Any]:
     from memory import queries as q
 
     w = _Writer(random.Random(3), [])
-    w.rows.append(RunRow(run_id=RUN3, op=OP, arch=ARCH, config_toml="# fixture", config_hash="fx", seed=3,
-                         status="done", created_at=T0 + timedelta(hours=2)))
+    w.rows.append(
+        RunRow(
+            run_id=RUN3,
+            op=OP,
+            arch=ARCH,
+            config_toml="# fixture",
+            config_hash="fx",
+            seed=3,
+            status="done",
+            created_at=T0 + timedelta(hours=2),
+        )
+    )
     good, bad = genome(*CHAMP_SMALL), genome("warp_row", {"vec": 8, "threads": 256, "unroll": 4, "cache_items": 0})
     slow = genome("warp_row", {"vec": 4, "threads": 512, "unroll": 1, "cache_items": 0})
     for cell in CELLS[:2]:
@@ -226,12 +299,18 @@ def build_fixture_store(path: str | Path, *, lessons: bool = False) -> Path:
     path = Path(path)
     with Store.open(path) as store:
         store.write(fixture_rows())
-        if lessons:
-            from memory.lessons import refresh_lessons, update_usefulness
+    return add_lessons(path) if lessons else path
 
-            refresh_lessons(store, OP, ARCH, RUN2)
-            store.write(credit_rows(store))
-            update_usefulness(store, RUN3)
+
+def add_lessons(path: str | Path) -> Path:
+    """Extract the lessons of runs 1 and 2 into the fixture store at path, then add run 3 and score its uses."""
+    from memory.lessons import refresh_lessons, update_usefulness
+
+    path = Path(path)
+    with Store.open(path) as store:
+        refresh_lessons(store, OP, ARCH, RUN2)
+        store.write(credit_rows(store))
+        update_usefulness(store, RUN3)
     return path
 
 

@@ -108,8 +108,8 @@ def test_propose_build_store_analyze_replay(tmp_path, monkeypatch):
                              dtypes_json=canonical_json(BF16), consts_json="{}", status=b.status, regs=b.regs,
                              log=b.log, error=b.error, cubin=b.cubin))
     rows.append(measured(children[0], 19.0, builds[0].build_key))
-    rows += calls + [lesson_row(lesson, kind="failure_rule", op="rmsnorm", arch="sm_90a", run_id=RUN,
-                                scope={"template": children[1].template})]
+    rows += calls + [lesson_row(lesson, op="rmsnorm", arch="sm_90a", run_id=RUN, support=1,
+                                scope={"template": children[1].template, "status": "COMPILE_ERROR"})]
     with Store.open(tmp_path / "lessons.duckdb") as store:
         store.write(rows)
 

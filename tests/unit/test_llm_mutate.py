@@ -106,8 +106,9 @@ def test_rate_limited_then_answered():
     (whole(PARENT.replace("[defaults]\nthreads = 128", "[defaults]\nthreads = 96")), "not a valid template"),
     (whole(PARENT.replace("rmsnorm_warp_row(const", "other_kernel(const")), "does not define: ['rmsnorm_warp_row']"),
     (whole(PARENT), "does not change the parent"),
+    (whole(PARENT.replace('name = "warp_row"', 'name = "warp_row_v2"').replace("  ", "    ")), "does not change"),
     ("The parent is already optimal.", "neither a whole template"),
-], ids=["other-op", "bad-header", "undefined-kernel", "unchanged", "no-template"])
+], ids=["other-op", "bad-header", "undefined-kernel", "unchanged", "renamed-only", "no-template"])
 def test_unusable_answers(answer, why):
     status, text, reason = read_proposal(answer, REQ)
     assert (status, text) == (Status.LLM_ERROR, None) and why in reason, reason

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -48,10 +50,12 @@ def test_failure_analyst_returns_a_rule():
     prompt = prompt_of(srv.requests[0])
     assert "threads=128, vec=8" in prompt and "static assertion failed" in prompt and "COMPILE_ERROR" in prompt
     assert prompt.count("line 1: error") == 30  # log excerpts are bounded
-    r = lesson_row(lesson, kind="failure_rule", op="rmsnorm", arch="sm_90a", run_id="r", scope={"template": "warp_row"})
-    assert '"predicts": "COMPILE_ERROR"' in r.structured_json and lesson.call_id in r.provenance_json
-    assert r.lesson_id == lesson_row(lesson, kind="failure_rule", op="rmsnorm", arch="sm_90a", run_id="r2",
-                                     scope={"template": "warp_row"}).lesson_id  # same lesson, same id
+    r = lesson_row(lesson, op="rmsnorm", arch="sm_90a", run_id="r", scope={"template": "warp_row"}, support=2)
+    assert r.kind == "llm_failure" and r.support == 2 and r.text == lesson.text
+    assert json.loads(r.structured_json) == {"condition": "vec * x_bytes > 16", "predicts": "COMPILE_ERROR"}
+    assert json.loads(r.provenance_json) == {"llm_call_id": lesson.call_id, "role": "failure_analyst"}
+    again = lesson_row(lesson, op="rmsnorm", arch="sm_90a", run_id="r2", scope={"template": "warp_row"})
+    assert again.lesson_id == r.lesson_id  # same scope, same row: a later analysis updates it
 
 
 @pytest.mark.parametrize("answer, why", [
@@ -84,7 +88,7 @@ def test_malformed_analyst_answer_is_a_record_not_an_exception():
     assert lesson.status is Status.LLM_ERROR and "no JSON object" in lesson.reason and lesson.predicts is None
     assert row.outcome == "LLM_ERROR" and row.error == lesson.reason
     with pytest.raises(ValueError, match="not accepted"):
-        lesson_row(lesson, kind="failure_rule", op="rmsnorm", arch="sm_90a", run_id="r", scope={})
+        lesson_row(lesson, op="rmsnorm", arch="sm_90a", run_id="r", scope={})
 
 
 def test_lesson_writer():
@@ -96,6 +100,8 @@ def test_lesson_writer():
         vague = write_lesson(llm, "rmsnorm", "sm_90a", STATS.iloc[:1])
         rows = llm.take_rows()
     assert good.status is Status.OK and good.text == answer.removeprefix("LESSON: ")
+    note = lesson_row(good, op="rmsnorm", arch="sm_90a", run_id="r", scope={"dtype": "bfloat16"})
+    assert note.kind == "llm_note" and note.structured_json == "{}" and good.call_id in note.provenance_json
     prompt = prompt_of(srv.requests[0])
     assert "| param | value | n | mean_speedup | failure_rate |" in prompt
     assert "| vec | 8 | 40 | 1.31 | 0.05 |" in prompt

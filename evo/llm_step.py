@@ -1,0 +1,94 @@
+"""The LLM operator inside the search loop: ask for template variants of the current best genomes.
+
+Each generation, for up to `llm.proposals_per_generation` parents (the best genome of randomly
+chosen cells), the model sees the parent's template and rendered source, its latest measurements,
+and the top lessons and recent failures for this op and arch; an applicable answer becomes a new
+template (stored content-addressed with its parent and the call) whose default point joins the batch.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Sequence
+
+from evo.build import prepare
+from evo.genome import Genome
+from evo.llm.client import LLMSettings, make_llm
+from evo.llm.mutate import Measurements, MutationRequest, child_genome, proposal_rows, proposal_template, propose_many
+from evo.llm.replay import ReplayLLM
+from evo.status import Status
+
+
+def make_session_llm(session: Any) -> Any:
+    """The run's LLM client: off, live through litellm, or replaying a recorded run."""
+    c = session.config.llm
+    settings = LLMSettings.of(c)
+    if c.replay_run:
+        df = session.store.sql("SELECT * FROM llm_calls WHERE run_id = ? ORDER BY created_at", [c.replay_run])
+        return ReplayLLM(df)
+    return make_llm(settings, session.run_id)
+
+
+def _lesson_lines(session: Any, kind: str | None, k: int) -> tuple[str, ...]:
+    if k <= 0:
+        return ()
+    q = "SELECT text FROM lessons WHERE op = ? AND arch LIKE ? || '%'"
+    args: list = [session.op.name, session.config.run.arch.rstrip("a")]
+    if kind:
+        q += " AND kind = ?"
+        args.append(kind)
+    df = session.store.sql(q + " ORDER BY usefulness DESC, support DESC LIMIT ?", args + [k])
+    return tuple(df.text)
+
+
+def _recent_failures(session: Any, k: int) -> tuple[str, ...]:
+    if k <= 0:
+        return ()
+    df = session.store.sql(
+        "SELECT c.template, c.params_json, e.status, e.error FROM evaluations e JOIN candidates c USING (genome_key) "
+        "WHERE c.op = ? AND e.status NOT IN ('OK', 'UNKNOWN', 'REJECTED') ORDER BY e.created_at DESC LIMIT ?",
+        [session.op.name, k])
+    return tuple(f"{r.template} {r.params_json}: {r.status} {str(r.error or '')[:200]}" for r in df.itertuples())
+
+
+def llm_children(session: Any, strategy: Any, llm: Any, best: dict, rng: random.Random,
+                 ceiling: float) -> tuple[list[Genome], dict[str, str]]:
+    """New genomes from LLM-written templates (and child key -> parent key); calls and sources are recorded."""
+    c = session.config.llm
+    if (c.model == "none" and not c.replay_run) or c.proposals_per_generation == 0 or not best:
+        return [], {}
+    by_label = {x.label(): x for x in session.cells}
+    cells = sorted(best)
+    rng.shuffle(cells)
+    reqs = []
+    for label in cells[: c.proposals_per_generation]:
+        key, us, _ = best[label]
+        parent = strategy.genome(key)
+        if parent is None or parent.template not in session.templates:
+            continue
+        tdef = session.templates[parent.template]
+        cell = by_label[label]
+        bi = prepare(tdef, parent, session.config.run.arch, cell.dtypes_dict(), cell.dims_dict())
+        gbps = session.op.bytes_moved(cell) / (us * 1e-6) / 1e9
+        reqs.append(MutationRequest(
+            parent=parent, template_text=tdef.text, rendered_source=bi.source,
+            op_description=f"{session.op.name}: see ops/{session.op.name}/spec.py", arch=session.config.run.arch,
+            measurements=Measurements(cell=label, time_us=us, pct_of_ceiling=100 * gbps / ceiling if ceiling else None),
+            lessons=_lesson_lines(session, None, c.prompt_lessons), failures=_recent_failures(session, c.prompt_failures),
+            dtypes=cell.dtypes_dict(), dims=cell.dims_dict()))
+    if not reqs:
+        return [], {}
+    proposals = propose_many(llm, reqs, c.max_concurrency)
+    children, parents, rows = [], {}, list(llm.take_rows())
+    for p, req in zip(proposals, reqs):
+        if p.status is not Status.OK:
+            continue
+        tdef = proposal_template(p)
+        session.templates[tdef.name] = tdef
+        strategy.add_template(tdef)
+        g = child_genome(p)
+        rows += proposal_rows(p, req)
+        children.append(g)
+        parents[g.key()] = req.parent.key()
+    session.store.write(rows)
+    return children, parents
