@@ -40,6 +40,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("query", help='e.g. "SELECT status, count(*) FROM builds GROUP BY 1"')
     _store_arg(p)
 
+    p = sub.add_parser("lessons", help="print what the store has learned for an op and arch",
+                       description="Lessons (parameter effects, failure rules, champions, LLM notes) with their "
+                                   "support and earned usefulness; provenance is in the lessons table (SQL).")
+    p.add_argument("--op", default="rmsnorm")
+    p.add_argument("--arch", default="sm_90", help="arch prefix: sm_90 matches sm_90a")
+    p.add_argument("--kind", default=None, help="param_effect | failure | champion | llm_failure | llm_note")
+    p.add_argument("--limit", type=int, default=50)
+    _store_arg(p)
+
     p = sub.add_parser("report", help="write a markdown report with PNG plots for a run",
                        description="Best-so-far against evaluations, per-cell speedup over the baseline and % of "
                                    "the copy ceiling, from the store; RUN_ID 'latest' picks the newest run.")
@@ -93,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from evo.commands import cmd_sql
 
             return cmd_sql(args.query, args.store)
+        if args.cmd == "lessons":
+            from evo.commands import cmd_lessons
+
+            return cmd_lessons(args.store, args.op, args.arch, args.kind, args.limit)
         if args.cmd == "report":
             from evo.report import cmd_report
 

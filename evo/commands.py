@@ -64,3 +64,21 @@ def cmd_sql(query: str, store_path: Path) -> int:
                            "display.max_colwidth", 60):
         print(df.to_string(index=False) if not df.empty else "(no rows)")
     return 0
+
+
+def cmd_lessons(store_path: Path, op: str, arch: str, kind: str | None, limit: int) -> int:
+    from memory.queries import lessons_table
+
+    if not store_path.exists():
+        raise StoreError(f"no store at {store_path}")
+    with Store.open(store_path, read_only=True) as store:
+        df = lessons_table(store, op, arch, kind)
+    if df.empty:
+        print(f"(no lessons for op {op}, arch {arch}{', kind ' + kind if kind else ''})")
+        return 0
+    cols = [c for c in ("kind", "scope", "text", "support", "usefulness") if c in df.columns]
+    with pd.option_context("display.max_colwidth", 110, "display.width", 250):
+        print(df[cols].head(limit).to_string(index=False))
+    if len(df) > limit:
+        print(f"... {len(df) - limit} more (--limit)")
+    return 0

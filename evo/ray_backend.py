@@ -54,6 +54,13 @@ def init_ray(address: str, num_cpus: int | None = None, num_gpus: int | None = N
              _node_ip_address="127.0.0.1", log_to_driver=False)
 
 
+def shutdown_ray() -> None:
+    """Leave the cluster (a local instance that init_ray started stops with it)."""
+    ray = _ray()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 class RayBuilder:
     """Compiles batches as Ray CPU tasks (one per input), skipping what is already cached (by build key)."""
 

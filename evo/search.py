@@ -23,6 +23,7 @@ from evo.config import Runner, StrategyKind
 from evo.evaluators import CellEval, EvalItem, GpuEvaluator, ReplayEvaluator
 from evo.genome import Genome
 from evo.jobs import Timing
+from evo.learn import REFRESH_EVERY, Learner
 from evo.pipeline import Session, dtype_sets
 from evo.status import Status
 from evo.strategy import GeneticSearch, Observation, RandomSearch
@@ -43,7 +44,7 @@ class Progress:
         return float(np.exp(np.mean(np.log(v)))) if v else 0.0
 
 
-def make_strategy(session: Session, seeds: Sequence[Genome] = ()) -> Any:
+def make_strategy(session: Session, seeds: Sequence[Genome] = (), priors: dict | None = None) -> Any:
     c = session.config
     rng = random.Random(c.run.seed)
     ds = dtype_sets(session.cells)
@@ -52,7 +53,7 @@ def make_strategy(session: Session, seeds: Sequence[Genome] = ()) -> Any:
     s = c.search
     return GeneticSearch(session.templates, rng, session.arch, ds, session.cells, population=s.population,
                          elite=s.elite, tournament=s.tournament, p_crossover=s.p_crossover, p_switch=s.p_switch,
-                         max_template_share=s.max_template_share, seeds=seeds)
+                         max_template_share=s.max_template_share, seeds=seeds, priors=priors)
 
 
 def observations(session: Session, evals: Sequence[CellEval], genomes: Sequence[Genome]) -> list[Observation]:
@@ -142,7 +143,11 @@ def _loop(session: Session, evaluator: Any) -> int:
     show = _display(session)
     llm_tdefs = load_llm_templates(session)
     history, past = stored_history(session)
-    strategy = make_strategy(session)
+    learner = Learner.start(session, fresh=not history)
+    strategy = make_strategy(session, learner.seeds, learner.priors)
+    if learner.seeds:
+        session.store.write(learner.seed_uses())
+        session.log(f"warm start: {len(learner.seeds)} seeds from champions in the store")
     for t in llm_tdefs:
         strategy.add_template(t)
     llm = None
@@ -151,6 +156,7 @@ def _loop(session: Session, evaluator: Any) -> int:
 
         llm = make_session_llm(session)
     llm_rng = random.Random(c.run.seed + 7)
+    screen_rng = random.Random(c.run.seed + 11)
     progress = Progress()
     if history:
         strategy.replay(history)
@@ -168,7 +174,12 @@ def _loop(session: Session, evaluator: Any) -> int:
                 break
             want = min(c.search.population, max(1, c.budget.max_evals - progress.evaluated))
             genomes = [g for g in strategy.propose(want) if not any((g.key(), x.label()) in done for x in session.cells)]
+            genomes, rejected, lesson_rows = learner.screen(genomes, screen_rng, progress.generation,
+                                                             evaluator.fingerprint, evaluator.source)
+            if rejected:
+                strategy.observe(observations(session, [], rejected))
             origins: dict[str, str] = {g.key(): "init" if progress.generation == 0 else "search" for g in genomes}
+            origins.update({g.key(): "warm" for g in learner.seeds if g.key() in origins})
             parents: dict[str, str] = {}
             if llm is not None:
                 from evo.llm_step import llm_children
@@ -176,7 +187,7 @@ def _loop(session: Session, evaluator: Any) -> int:
                 kids, parents = llm_children(session, strategy, llm, progress.best, llm_rng, evaluator.ceiling_gbps)
                 genomes += [g for g in kids if g.key() not in origins]
                 origins.update({g.key(): "llm" for g in kids})
-            if not genomes:
+            if not genomes and not rejected:
                 stop = "search space exhausted"
                 break
             built = session.build(builder, genomes, progress.generation, origins, parents)
@@ -184,16 +195,23 @@ def _loop(session: Session, evaluator: Any) -> int:
             items = [EvalItem(by_key[k], session.templates[by_key[k].template], cell, b)
                      for k, pairs in built.items() for cell, b in pairs]
             evals = evaluator.evaluate(items)
+            bred = [g for g in genomes if origins.get(g.key()) == "search"]
             session.store.write(session.evaluation_rows(evals, progress.generation, evaluator.fingerprint,
-                                                        evaluator.ceiling_gbps, evaluator.source))
+                                                        evaluator.ceiling_gbps, evaluator.source)
+                                + lesson_rows + learner.bias_uses(bred))
             strategy.observe(observations(session, evals, genomes))
             improved = update_progress(progress, evals)
             progress.genomes += len(genomes)
             progress.stale = 0 if improved else progress.stale + 1
-            show(_line(progress, c))
+            show(_line(progress, c) + (f"  rejected {learner.rejected}" if learner.predict else ""))
             progress.generation += 1
+            if progress.generation % REFRESH_EVERY == 0:
+                learner.refresh()
     dispatch = write_dispatch(session, progress)
+    n_lessons = learner.refresh(final=True)
     session.store.finish_run(session.run_id, "done", stop)
+    session.log(f"lessons: {n_lessons} re-derived from the store; failure memory rejected {learner.rejected} "
+                f"candidates and let {learner.let_through} predicted failures through to check the rules")
     session.log(f"stopped: {stop}; best per cell over {len(progress.best)} cells, geomean speedup vs torch "
                 f"{progress.geomean_speedup():.3f}; dispatch table {dispatch}")
     return 0

@@ -346,12 +346,14 @@ def param_priors(
     floor: float = 0.05,
     min_usefulness: float = MIN_USEFULNESS,
 ) -> dict[str, dict[str, dict[Any, float]]]:
-    """template -> param -> value -> sampling weight (sums to 1), from the param-effect lessons.
+    """template -> param -> value -> sampling weight, from the param-effect lessons for these cells.
 
-    weight = floor + (1 - k*floor) * softmax(-effect / temperature) over a param's k values, where
-    effect is the value's mean log(time / cell best) against the other values, pooled over the lessons
-    (weighted by inverse variance, scaled by usefulness). Every value keeps at least `floor`, so the
-    search keeps exploring. Values in `space` that no lesson has seen get effect 0.
+    share = floor + (1 - k*floor) * softmax(-effect / temperature) over a param's k values, where effect
+    is the value's log(time / cell best) against the other values, pooled over the lessons (inverse
+    variance weighted, scaled by usefulness). Every value keeps at least `floor` of the odds, so the
+    search keeps exploring. Weights are k * share: they average 1, the neutral weight evo.operators.step
+    gives a value the prior does not know. Values in `space` that no lesson has seen get effect 0; pass
+    the run's space so every legal value is weighed together.
     """
     pooled: dict[tuple[str, str], dict[str, list[float]]] = {}
     values: dict[tuple[str, str], dict[str, Any]] = {}
@@ -380,14 +382,14 @@ def param_priors(
 
 
 def _floored_softmax(effects: Mapping[str, float], temperature: float, floor: float) -> dict[str, float]:
-    """Lower effect (faster) gets more weight; every value keeps at least floor (uniform if k*floor >= 1)."""
+    """Lower effect (faster) gets more weight; each value keeps at least floor of the odds; mean weight 1."""
     k = len(effects)
     if k * floor >= 1.0:
-        return {v: 1.0 / k for v in effects}
+        return {v: 1.0 for v in effects}
     lo = min(effects.values())
     exps = {v: math.exp(-(e - lo) / temperature) for v, e in effects.items()}
     total = sum(exps.values())
-    return {v: floor + (1.0 - k * floor) * x / total for v, x in exps.items()}
+    return {v: k * (floor + (1.0 - k * floor) * x / total) for v, x in exps.items()}
 
 
 def prior_sources(

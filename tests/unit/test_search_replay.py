@@ -50,6 +50,11 @@ min_blocks = [1, 2]
 weight_early = [true, false]
 load_hint = ["nc", "cg"]
 store_hint = ["wb", "cs"]
+[lessons]
+# priors and failure rules are re-derived from the store at resume; off here so resume is exact
+warm_start = false
+priors = false
+failure_memory = false
 [budget]
 max_evals = 2000
 generations = {{gens}}

@@ -1,0 +1,129 @@
+"""The search loop's use of the lesson store: warm start, failure memory, priors, credit, extraction.
+
+Each use can be switched off in `[lessons]` for ablations. Every use is recorded in `lesson_uses`
+(which lesson touched which genome, and how), and lessons are re-extracted from the whole store
+during and at the end of a run, so the next run starts from more evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from evo.genome import Genome
+from evo.status import Status
+from memory import lessons as L
+from memory import queries as Q
+from memory.rows import EvaluationRow
+
+LET_THROUGH = 0.1  # share of predicted failures evaluated anyway, to measure the rules' precision
+REFRESH_EVERY = 3  # generations between lesson re-extractions (and at the end of a run)
+
+
+@dataclass
+class Learner:
+    """What a run takes from the store at its start, and what it gives back."""
+
+    session: Any
+    seeds: list[Genome] = field(default_factory=list)
+    priors: dict | None = None
+    predict: Callable[[str, dict], tuple[str, str] | None] | None = None
+    rejected: int = 0
+    let_through: int = 0
+    _seed_lessons: dict[str, str] = field(default_factory=dict)
+    _prior_sources: dict = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, session: Any, fresh: bool) -> "Learner":
+        c = session.config.lessons
+        s, op, arch = session.store, session.op.name, session.config.run.arch
+        me = cls(session)
+        if c.warm_start and fresh:
+            k = max(1, session.config.search.population // 4)
+            for seed in Q.warm_start(s, op, arch, session.cells, k):
+                tdef = session.templates.get(seed.template)
+                if tdef is None or (seed.source_hash and seed.source_hash != tdef.source_hash):
+                    continue
+                params = dict(seed.params)
+                if any(params.get(p) not in vals for p, vals in tdef.space) or set(params) != set(tdef.param_names):
+                    continue  # outside this run's (possibly narrowed) space
+                g = Genome.make(op, tdef.name, tdef.source_hash, params)
+                if g.key() not in me._seed_lessons:
+                    me.seeds.append(g)
+                    me._seed_lessons[g.key()] = seed.lesson_id
+        if c.priors:
+            space = {name: dict(t.space) for name, t in session.templates.items()}
+            me.priors = Q.param_priors(s, op, arch, session.cells, space=space) or None
+            me._prior_sources = Q.prior_sources(s, op, arch, session.cells)
+        if c.failure_memory:
+            me.predict = Q.failure_predictor(s, op, arch)
+        return me
+
+    def seed_uses(self) -> list:
+        return L.record_uses(self.session.run_id, L.Use.SEEDED, list(self._seed_lessons.items()))
+
+    def screen(self, genomes: Sequence[Genome], rng: random.Random, generation: int,
+               fingerprint: dict, source: str) -> tuple[list[Genome], list[Genome], list]:
+        """Split proposals into (to evaluate, rejected); rows record rejections and checks."""
+        if self.predict is None:
+            return list(genomes), [], []
+        keep, rejected, rows = [], [], []
+        for g in genomes:
+            hit = self.predict(g.template, g.params_dict())
+            if hit is None:
+                keep.append(g)
+                continue
+            lesson_id, status = hit
+            if rng.random() < LET_THROUGH:
+                self.let_through += 1
+                keep.append(g)
+                rows += L.record_uses(self.session.run_id, L.Use.CHECKED, [(g.key(), lesson_id)])
+                continue
+            self.rejected += 1
+            rejected.append(g)
+            rows += L.record_uses(self.session.run_id, L.Use.REJECTED, [(g.key(), lesson_id)])
+            rows += self._rejection_rows(g, lesson_id, status, generation, fingerprint, source)
+        return keep, rejected, rows
+
+    def _rejection_rows(self, g: Genome, lesson_id: str, status: str, generation: int, fp: dict,
+                        source: str) -> list:
+        from evo.pipeline import fingerprint_class
+        from memory.rows import CandidateRow
+
+        ses = self.session
+        tdef = ses.templates[g.template]
+        rows: list = [CandidateRow(genome_key=g.key(), op=g.op, template=g.template, source_hash=g.source_hash,
+                                   params_json=g.params_json(), origin="search", parents_json="[]",
+                                   run_id=ses.run_id, generation=generation)]
+        for cell in ses.cells:
+            if tdef.is_valid(g.params_dict(), ses.arch, cell.dtypes_dict(), cell.dims_dict()):
+                rows.append(EvaluationRow(
+                    eval_id=uuid.uuid4().hex, run_id=ses.run_id, genome_key=g.key(), build_key=None, cell=cell.label(),
+                    dtypes_json=json.dumps(cell.dtypes_dict(), sort_keys=True),
+                    dims_json=json.dumps(cell.dims_dict(), sort_keys=True), status=Status.REJECTED.value,
+                    error=f"predicted {status} by lesson {lesson_id}", fingerprint_json=json.dumps(fp, sort_keys=True),
+                    fingerprint_class=fingerprint_class(fp), generation=generation, source=source))
+        return rows
+
+    def bias_uses(self, genomes: Sequence[Genome]) -> list:
+        """Bred genomes whose values a prior favoured (weight above average) credit that prior's lessons."""
+        if not self.priors:
+            return []
+        uses = []
+        for g in genomes:
+            for p, v in g.params:
+                w = self.priors.get(g.template, {}).get(p, {})
+                if w and w.get(v, 0.0) > 1.0:
+                    uses += [(g.key(), lid) for lid in self._prior_sources.get(g.template, {}).get(p, [])]
+        return L.record_uses(self.session.run_id, L.Use.BIASED, uses)
+
+    def refresh(self, final: bool = False) -> int:
+        """Re-extract lessons from the whole store; at the end also settle usefulness."""
+        ses = self.session
+        rows = L.refresh_lessons(ses.store, ses.op.name, ses.config.run.arch, ses.run_id)
+        if final:
+            L.update_usefulness(ses.store, ses.run_id)
+        return len(rows)
