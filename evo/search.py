@@ -12,7 +12,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -166,6 +166,7 @@ def _loop(session: Session, evaluator: Any) -> int:
         progress.genomes = len(history)
         session.log(f"resumed {session.run_id}: {len(history)} genomes, {len(past)} evaluations already recorded")
     done = session.store.evaluated_keys(session.run_id)
+    reuse = reusable(session, evaluator)
     stop = ""
     with Builder(c.build.workers) as builder:
         while True:
@@ -194,7 +195,9 @@ def _loop(session: Session, evaluator: Any) -> int:
             by_key = {g.key(): g for g in genomes}
             items = [EvalItem(by_key[k], session.templates[by_key[k].template], cell, b)
                      for k, pairs in built.items() for cell, b in pairs]
-            evals = evaluator.evaluate(items)
+            old = {(it.genome.key(), it.cell.label()): it for it in items if (it.genome.key(), it.cell.label()) in reuse}
+            evals = [replace(reuse[k], build_key=it.build.build_key) for k, it in old.items()]
+            evals += evaluator.evaluate([it for it in items if (it.genome.key(), it.cell.label()) not in old])
             bred = [g for g in genomes if origins.get(g.key()) == "search"]
             session.store.write(session.evaluation_rows(evals, progress.generation, evaluator.fingerprint,
                                                         evaluator.ceiling_gbps, evaluator.source)
@@ -225,6 +228,31 @@ def _display(session: Session) -> Any:
 
     console = Console(highlight=False, soft_wrap=True)
     return lambda line: console.print(line)
+
+
+def reusable(session: Session, evaluator: Any) -> dict[tuple[str, str], CellEval]:
+    """Results other runs measured under the same fingerprint class and source: never measured twice."""
+    from evo.pipeline import fingerprint_class
+
+    df = session.store.sql(
+        "SELECT e.genome_key, e.cell, e.status, e.median_us, e.p10_us, e.p90_us, e.samples, e.baseline_us, "
+        "e.run_id, c.template, c.params_json FROM evaluations e JOIN candidates c USING (genome_key) "
+        "WHERE e.fingerprint_class = ? AND e.source = ? AND e.run_id != ? "
+        "AND e.status NOT IN ('REJECTED', 'UNKNOWN', 'TIMEOUT', 'CRASH')",
+        [fingerprint_class(evaluator.fingerprint), evaluator.source, session.run_id])
+    by_label = {c.label(): c for c in session.cells}
+    out = {}
+    for r in df.itertuples(index=False):
+        t = session.templates.get(r.template)
+        if t is None or r.cell not in by_label or (r.genome_key, r.cell) in out:
+            continue
+        g = Genome.make(session.op.name, r.template, t.source_hash, json.loads(r.params_json))
+        if g.key() != r.genome_key:
+            continue  # another version of the template text
+        out[(r.genome_key, r.cell)] = CellEval(
+            g, by_label[r.cell], Status(r.status), "", _f(r.median_us), _f(r.p10_us), _f(r.p90_us),
+            int(r.samples or 0), _f(r.baseline_us), error=f"reused from run {r.run_id}")
+    return out
 
 
 def _budget_exhausted(c: Any, p: Progress) -> str:

@@ -1,0 +1,82 @@
+"""Lessons inside a run: failure memory rejects (and sometimes checks) predicted failures, warm start
+seeds from champions, and every use is recorded with the lesson behind it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evo.cli import main
+from memory.lessons import lesson_id
+from memory.rows import LessonRow
+from memory.store import Store
+from tests.unit.test_search_replay import SMALL
+
+
+def _config(tmp_path: Path, lessons: str) -> Path:
+    text = SMALL.replace("{gens}", "4")
+    text = text[: text.index("[lessons]")] + lessons + text[text.index("[budget]"):]
+    p = tmp_path / "learn.toml"
+    p.write_text(text)
+    return p
+
+
+def _rule(op="rmsnorm", arch="sm_90a"):
+    scope = {"template": "warp_row", "signature": "planted"}
+    structured = {"template": "warp_row", "condition": {"unroll": 4}, "predicts": "WRONG_ANSWER",
+                  "precision": 1.0, "support": 12}
+    return LessonRow(lesson_id=lesson_id("failure", op, arch, scope), kind="failure", op=op, arch=arch,
+                     scope_json=json.dumps(scope), text="warp_row with unroll=4 gives wrong answers (planted)",
+                     structured_json=json.dumps(structured), provenance_json="{}", created_run="planted", support=12)
+
+
+def test_failure_memory_rejects_predicted_failures_and_records_uses(tmp_path):
+    store = tmp_path / "s.duckdb"
+    with Store.open(store) as s:
+        s.write([_rule()])
+    lessons = "[lessons]\nwarm_start = false\npriors = false\nfailure_memory = true\n"
+    assert main(["run", str(_config(tmp_path, lessons)), "--store", str(store), "--run-id", "fm"]) == 0
+    with Store.open(store, read_only=True) as s:
+        rej = s.sql("SELECT e.genome_key, c.params_json, e.error FROM evaluations e JOIN candidates c USING (genome_key) "
+                    "WHERE e.run_id = 'fm' AND e.status = 'REJECTED'")
+        built_u4 = s.sql("SELECT count(*) AS n FROM builds b JOIN candidates c USING (genome_key) WHERE b.run_id = 'fm' "
+                         "AND c.template = 'warp_row' AND json_extract(c.params_json, '$.unroll')::INT = 4").n[0]
+        uses = s.sql("SELECT effect, count(*) AS n FROM lesson_uses WHERE run_id = 'fm' GROUP BY 1")
+        checked = s.sql("SELECT count(*) AS n FROM lesson_uses WHERE run_id = 'fm' AND effect = 'checked'").n[0]
+    assert len(rej) > 0
+    assert all(json.loads(p)["unroll"] == 4 for p in rej.params_json)
+    assert rej.error.str.contains("predicted WRONG_ANSWER by lesson").all()
+    effects = dict(zip(uses.effect, uses.n))
+    assert effects.get("rejected", 0) == rej.genome_key.nunique()
+    assert built_u4 == 0 or checked > 0  # an unroll=4 genome is built only when let through to check the rule
+
+
+def test_warm_start_seeds_from_a_previous_run(tmp_path):
+    store = tmp_path / "s.duckdb"
+    off = "[lessons]\nwarm_start = false\npriors = false\nfailure_memory = false\n"
+    assert main(["run", str(_config(tmp_path, off)), "--store", str(store), "--run-id", "first"]) == 0
+    on = "[lessons]\nwarm_start = true\npriors = true\nfailure_memory = true\n"
+    assert main(["run", str(_config(tmp_path, on)), "--store", str(store), "--run-id", "second"]) == 0
+    with Store.open(store, read_only=True) as s:
+        seeded = s.sql("SELECT u.genome_key, u.lesson_id, l.kind FROM lesson_uses u JOIN lessons l USING (lesson_id) "
+                       "WHERE u.run_id = 'second' AND u.effect = 'seeded'")
+        first_gen = s.sql("SELECT DISTINCT genome_key FROM evaluations WHERE run_id = 'second' AND generation = 0")
+        champs = s.sql("SELECT count(*) AS n FROM lessons WHERE kind = 'champion'").n[0]
+    assert champs > 0
+    assert len(seeded) > 0 and (seeded.kind == "champion").all()
+    assert set(seeded.genome_key) <= set(first_gen.genome_key)  # seeds are evaluated first
+
+
+def test_results_are_reused_across_runs_with_the_same_fingerprint(tmp_path):
+    store = tmp_path / "s.duckdb"
+    off = "[lessons]\nwarm_start = false\npriors = false\nfailure_memory = false\n"
+    cfg = _config(tmp_path, off)
+    assert main(["run", str(cfg), "--store", str(store), "--run-id", "one"]) == 0
+    assert main(["run", str(cfg), "--store", str(store), "--run-id", "two"]) == 0
+    with Store.open(store, read_only=True) as s:
+        two = s.sql("SELECT genome_key, cell, status, median_us, error FROM evaluations WHERE run_id = 'two'")
+        one = s.sql("SELECT genome_key, cell, median_us FROM evaluations WHERE run_id = 'one' AND status = 'OK'")
+    assert two.error.fillna("").str.startswith("reused from run one").any()
+    m = two.merge(one, on=["genome_key", "cell"], suffixes=("", "_one"))
+    m = m[m.status == "OK"]
+    assert len(m) > 0 and (m.median_us == m.median_us_one).all()
