@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from evo.config import Config, Runner, load_config, parse_config
+from evo.config import Backend, Config, Runner, load_config, parse_config
 from evo.pipeline import NoGpuError, Session, new_run_id, run_build_stage
 from memory.store import Store, StoreError
 
@@ -36,7 +36,7 @@ def _run(config: Config, store_path: Path, run_id: str) -> int:
         if config.run.runner is Runner.GPU:
             from evo.run import gpu_available
 
-            if not gpu_available():
+            if config.run.backend is Backend.LOCAL and not gpu_available():
                 run_build_stage(session)
                 store.finish_run(session.run_id, "stopped", "no NVIDIA GPU: built only")
                 raise NoGpuError(

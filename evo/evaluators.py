@@ -78,21 +78,32 @@ class GpuEvaluator:
         self._baseline: dict[str, float] = {}  # torch measured once per cell, in the same process
 
     def evaluate(self, items: Sequence[EvalItem]) -> list[CellEval]:
+        """One runner call per batch, so several devices work in parallel; torch is timed once per cell."""
+        jobs, ok_items = [], []
+        wants_baseline: set[str] = set()
+        for it in items:
+            if not it.build.status.ok:
+                continue
+            label = it.cell.label()
+            base = label not in self._baseline and label not in wants_baseline
+            wants_baseline.add(label)
+            self._n += 1
+            jobs.append(make_job(self.op, it.tdef, it.genome, it.build, it.cell, self.arch,
+                                 self.seed * 100003 + self._n, KINDS, self.timing, baseline=base))
+            ok_items.append(it)
+        verdicts = {}
+        for it, job, res in zip(ok_items, jobs, self.runner.run(jobs)):
+            v = judge(res, {k: t[2] for k, t in job.tolerances})
+            if math.isfinite(v.baseline_us):
+                self._baseline[it.cell.label()] = v.baseline_us
+            verdicts[id(it)] = v
         out = []
         for it in items:
             if not it.build.status.ok:
                 out.append(CellEval(it.genome, it.cell, it.build.status, it.build.build_key, error=it.build.error))
                 continue
-            self._n += 1
-            label = it.cell.label()
-            job = make_job(self.op, it.tdef, it.genome, it.build, it.cell, self.arch, self.seed * 100003 + self._n,
-                           KINDS, self.timing, baseline=label not in self._baseline)
-            res = self.runner.run([job])[0]
-            v = judge(res, {k: t[2] for k, t in job.tolerances})
-            if math.isfinite(v.baseline_us):
-                self._baseline[label] = v.baseline_us
-            ev = from_verdict(it, v)
-            out.append(replace(ev, baseline_us=self._baseline.get(label, math.inf)))
+            ev = from_verdict(it, verdicts[id(it)])
+            out.append(replace(ev, baseline_us=self._baseline.get(it.cell.label(), math.inf)))
         return out
 
 

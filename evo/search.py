@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from evo.build import Builder
-from evo.config import Runner, StrategyKind
+from evo.config import Backend, Runner, StrategyKind
 from evo.evaluators import CellEval, EvalItem, GpuEvaluator, ReplayEvaluator
 from evo.genome import Genome
 from evo.jobs import Timing
@@ -128,14 +128,44 @@ def update_progress(p: Progress, evals: Sequence[CellEval]) -> bool:
 def run_search(session: Session) -> int:
     """Run (or resume) the configured search; writes dispatch.json beside the store."""
     c = session.config
-    if c.run.runner is Runner.REPLAY:
-        evaluator: Any = ReplayEvaluator(c.run.replay_data)
-        return _loop(session, evaluator)
-    from evo.run import GpuRunner
+    if c.run.backend is not Backend.RAY:
+        return _run_search(session)
+    from evo.ray_backend import init_ray, shutdown_ray
 
-    with GpuRunner(timeout_s=c.eval.timeout_s) as runner:
+    init_ray(c.run.ray_address)
+    try:
+        return _run_search(session)
+    finally:
+        shutdown_ray()
+
+
+def _run_search(session: Session) -> int:
+    c = session.config
+    if c.run.runner is Runner.REPLAY:
+        return _loop(session, ReplayEvaluator(c.run.replay_data))
+    with make_runner(c) as runner:
         timing = Timing(min_samples=c.eval.min_samples, max_samples=c.eval.max_samples, warmup=c.eval.warmup)
         return _loop(session, GpuEvaluator(session.op, session.arch, runner, timing, c.run.seed))
+
+
+def make_builder(c: Any) -> Any:
+    """A process pool here, or Ray CPU tasks (the caller has called init_ray)."""
+    if c.run.backend is Backend.RAY:
+        from evo.ray_backend import RayBuilder
+
+        return RayBuilder()
+    return Builder(c.build.workers)
+
+
+def make_runner(c: Any) -> Any:
+    """One worker process per visible GPU here, or one Ray actor per GPU of the cluster."""
+    if c.run.backend is Backend.RAY:
+        from evo.ray_backend import RayRunner
+
+        return RayRunner(timeout_s=c.eval.timeout_s)
+    from evo.run import GpuRunner, visible_devices
+
+    return GpuRunner(devices=visible_devices(), timeout_s=c.eval.timeout_s)
 
 
 def _loop(session: Session, evaluator: Any) -> int:
@@ -168,7 +198,7 @@ def _loop(session: Session, evaluator: Any) -> int:
     done = session.store.evaluated_keys(session.run_id)
     reuse = reusable(session, evaluator)
     stop = ""
-    with Builder(c.build.workers) as builder:
+    with make_builder(c) as builder:
         while True:
             stop = _budget_exhausted(c, progress)
             if stop:
