@@ -216,6 +216,9 @@ def _loop(session: Session, evaluator: Any) -> int:
                 from evo.llm_step import llm_children
 
                 kids, parents = llm_children(session, strategy, llm, progress.best, llm_rng, evaluator.ceiling_gbps)
+                # an answer seen before gives the same template and genome: never evaluate it twice
+                kids = [g for g in kids if strategy.genome(g.key()) is None
+                        and not any((g.key(), x.label()) in done for x in session.cells)]
                 genomes += [g for g in kids if g.key() not in origins]
                 origins.update({g.key(): "llm" for g in kids})
             if not genomes and not rejected:
@@ -233,6 +236,7 @@ def _loop(session: Session, evaluator: Any) -> int:
                                                         evaluator.ceiling_gbps, evaluator.source)
                                 + lesson_rows + learner.bias_uses(bred))
             strategy.observe(observations(session, evals, genomes))
+            done |= {(ev.genome.key(), ev.cell.label()) for ev in evals}
             improved = update_progress(progress, evals)
             progress.genomes += len(genomes)
             progress.stale = 0 if improved else progress.stale + 1

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from evo.cli import main
+from memory.rows import LLMCallRow
 from memory.store import Store
 from tests.unit.fake_llm_server import FakeLLMServer, Reply, improved_warp_row, whole
 from tests.unit.test_search_replay import SMALL, SWEEP
@@ -58,11 +59,18 @@ def test_llm_operator_in_a_run_and_its_exact_replay(tmp_path, monkeypatch):
     for col in ("prompt", "response"):
         assert not calls[col].str.contains("sk-secret-in-search").any()
 
-    # Replay: the server is gone; answers come from the stored calls by prompt hash.
-    llm = '[llm]\nmodel = "openai/test-model"\napi_base = "http://127.0.0.1:9/v1"\nreplay_run = "live"\n'
-    store = tmp_path / "s.duckdb"
-    assert main(["run", str(_config(tmp_path, llm)), "--store", str(store), "--run-id", "again"]) == 0
-    with Store.open(store, read_only=True) as s:
+    # Replay from the same starting state (a store holding only the recorded calls): the server is
+    # gone; answers come from the stored calls by prompt hash, and the run comes out identical.
+    with Store.open(tmp_path / "s.duckdb", read_only=True) as s:
+        recorded = s.sql("SELECT * FROM llm_calls WHERE run_id = 'live'")
         a = s.sql("SELECT genome_key, cell, status FROM evaluations WHERE run_id = 'live' ORDER BY 1, 2")
+    store2 = tmp_path / "replay.duckdb"
+    with Store.open(store2) as s:
+        s.write([LLMCallRow(**{k: (None if v != v else v) for k, v in r.items()}) for r in recorded.to_dict("records")])
+    llm = '[llm]\nmodel = "openai/test-model"\napi_base = "http://127.0.0.1:9/v1"\nreplay_run = "live"\n'
+    assert main(["run", str(_config(tmp_path, llm)), "--store", str(store2), "--run-id", "again"]) == 0
+    with Store.open(store2, read_only=True) as s:
         b = s.sql("SELECT genome_key, cell, status FROM evaluations WHERE run_id = 'again' ORDER BY 1, 2")
+        kids = s.sql("SELECT count(*) AS n FROM candidates WHERE origin = 'llm'").n[0]
+    assert kids >= 1
     assert a.equals(b)
