@@ -72,7 +72,9 @@ class GpuEvaluator:
 
     def __init__(self, op: OpSpec, arch: int, runner: Any, timing: Timing, seed: int) -> None:
         self.op, self.arch, self.runner, self.timing, self.seed = op, arch, runner, timing, seed
-        self.fingerprint = dict(runner.fingerprint)
+        from evo.build import compiler_version
+
+        self.fingerprint = dict(runner.fingerprint, nvrtc_build=compiler_version())
         self.ceiling_gbps = runner.ceiling_gbps
         self._n = 0
         self._baseline: dict[str, float] = {}  # torch measured once per cell, in the same process

@@ -162,8 +162,8 @@ def _finite(x: Any) -> float | None:
 
 
 def fingerprint_class(fp: dict[str, str]) -> str:
-    """Measurements are comparable within a class: same GPU, arch and driver."""
-    return "|".join(fp.get(k, "?") for k in ("gpu", "arch", "driver"))
+    """Measurements are comparable within a class: same GPU, arch, driver and compiler of the cubins."""
+    return "|".join(fp.get(k, "?") for k in ("gpu", "arch", "driver", "nvrtc_build"))
 
 
 def new_run_id(config: Config) -> str:

@@ -93,8 +93,8 @@ class Worker:
         self.support = self._compile(SUPPORT.read_text())
         self.op_modules: dict[str, tuple[Any, Any]] = {}
         self.flush_buf = self.dev.allocate(FLUSH_BYTES, stream=self.stream)
-        self.fingerprint = self._fingerprint()
         self.ceiling_gbps = self._copy_ceiling()
+        self.fingerprint = self._fingerprint()  # after the copy, so the SM clock is read under load
 
     # ---- building blocks -------------------------------------------------------------------
     def _compile(self, src: str) -> Any:
