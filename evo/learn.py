@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -90,7 +89,7 @@ class Learner:
 
     def _rejection_rows(self, g: Genome, lesson_id: str, status: str, generation: int, fp: dict,
                         source: str) -> list:
-        from evo.pipeline import fingerprint_class
+        from evo.pipeline import eval_id, fingerprint_class
         from memory.rows import CandidateRow
 
         ses = self.session
@@ -101,7 +100,7 @@ class Learner:
         for cell in ses.cells:
             if tdef.is_valid(g.params_dict(), ses.arch, cell.dtypes_dict(), cell.dims_dict()):
                 rows.append(EvaluationRow(
-                    eval_id=uuid.uuid4().hex, run_id=ses.run_id, genome_key=g.key(), build_key=None, cell=cell.label(),
+                    eval_id=eval_id(ses.run_id, g.key(), cell.label()), run_id=ses.run_id, genome_key=g.key(), build_key=None, cell=cell.label(),
                     dtypes_json=json.dumps(cell.dtypes_dict(), sort_keys=True),
                     dims_json=json.dumps(cell.dims_dict(), sort_keys=True), status=Status.REJECTED.value,
                     error=f"predicted {status} by lesson {lesson_id}", fingerprint_json=json.dumps(fp, sort_keys=True),

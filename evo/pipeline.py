@@ -6,6 +6,7 @@ builds and evaluations included) is written to the store in one transaction per 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -141,7 +142,7 @@ class Session:
             ok = ev.status is Status.OK and math.isfinite(ev.median_us)
             has_base = math.isfinite(ev.baseline_us)
             rows.append(EvaluationRow(
-                eval_id=uuid.uuid4().hex, run_id=self.run_id, genome_key=ev.genome.key(),
+                eval_id=eval_id(self.run_id, ev.genome.key(), ev.cell.label()), run_id=self.run_id, genome_key=ev.genome.key(),
                 build_key=ev.build_key or None, cell=ev.cell.label(),
                 dtypes_json=json.dumps(ev.cell.dtypes_dict(), sort_keys=True),
                 dims_json=json.dumps(ev.cell.dims_dict(), sort_keys=True), status=ev.status.value,
@@ -155,6 +156,12 @@ class Session:
                 error=ev.error or None, fingerprint_json=fp_json, fingerprint_class=fp_class,
                 generation=generation, source=source))
         return rows
+
+
+def eval_id(run_id: str, genome_key: str, cell: str) -> str:
+    """Deterministic id: a (genome, cell) pair is evaluated at most once per run, and reruns of a seeded
+    run produce the same ids (lesson extraction orders by them, so ties break the same way)."""
+    return hashlib.sha256(f"{run_id}|{genome_key}|{cell}".encode()).hexdigest()[:32]
 
 
 def _finite(x: Any) -> float | None:

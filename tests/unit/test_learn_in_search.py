@@ -80,3 +80,28 @@ def test_results_are_reused_across_runs_with_the_same_fingerprint(tmp_path):
     m = two.merge(one, on=["genome_key", "cell"], suffixes=("", "_one"))
     m = m[m.status == "OK"]
     assert len(m) > 0 and (m.median_us == m.median_us_one).all()
+
+
+def test_warm_runs_are_deterministic(tmp_path):
+    """Same store, same seed, same run id: the same run, whatever the hash seed (ties break by stable ids)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    on = "[lessons]\nwarm_start = true\npriors = true\nfailure_memory = true\n"
+    cfg = _config(tmp_path, on)
+    base = tmp_path / "base.duckdb"
+    assert main(["run", str(cfg), "--store", str(base), "--run-id", "a"]) == 0
+    outs = []
+    for i, hashseed in enumerate(("1", "2")):
+        store = tmp_path / f"copy{i}.duckdb"
+        shutil.copy(base, store)
+        env = dict(os.environ, PYTHONHASHSEED=hashseed)
+        r = subprocess.run([sys.executable, "-m", "evo.cli", "run", str(cfg), "--store", str(store), "--run-id", "b"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        with Store.open(store, read_only=True) as s:
+            outs.append(s.sql("SELECT eval_id, genome_key, cell, status, generation FROM evaluations "
+                              "WHERE run_id = 'b' ORDER BY eval_id"))
+    assert len(outs[0]) > 0 and outs[0].equals(outs[1])
