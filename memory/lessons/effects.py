@@ -1,0 +1,53 @@
+"""(a) Parameter effects: how each value of a param moves time, per template, dtype and shape bucket."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import pandas as pd
+
+from memory import queries as q
+from memory.lessons.relative import _ok_sql, _row, effect_of, genome_rel, with_cells
+from memory.lessons.stats import _show
+from memory.rows import LessonRow
+
+
+def param_effect_lessons(
+    ok: pd.DataFrame, run_id: str, *, min_n: int = 3, edges: Mapping[str, tuple[int, int]] | None = None
+) -> list[LessonRow]:
+    """One lesson per (op, arch, template, dtype, shape bucket, param): how each value of the param moves time."""
+    if ok.empty:
+        return []
+    rows = with_cells(ok, edges)
+    as_of = rows.created_at.max()
+    out = []
+    for (op, arch, template, dtype, bucket_json), grp in rows.groupby(
+        ["op", "arch", "template", "dtype", "bucket_json"], sort=True
+    ):
+        per_genome = genome_rel(grp)
+        bucket = json.loads(bucket_json)
+        cells = sorted(grp.cell.unique())
+        for param in sorted({k for p in per_genome.params for k in p}):
+            eff = effect_of(per_genome, param, min_n)
+            if eff is None:
+                continue
+            best, runner = eff["values"][0], eff["values"][1]
+            text = (
+                f"{template} on {dtype} {q.bucket_label(bucket)}: {param}={_show(eff['best'])} is "
+                f"{eff['faster_pct']:.0f}% faster than {param}={_show(eff['runner_up'])} "
+                f"(n={best['n']}/{runner['n']} genomes, ±{eff['pm_pct']:.0f}%"
+                + ("" if eff["method"] == "adjusted" else ", unadjusted")
+                + ("" if eff["significant"] else ", not significant")
+                + ")"
+            )
+            scope = {"template": template, "param": param, "dtype": dtype, "bucket": bucket}
+            structured = {"template": template, "dtype": dtype, "bucket": bucket, "cells": cells, "min_n": min_n, **eff}
+            provenance = {
+                "sql": _ok_sql(op, arch, cells, as_of, f"WHERE ok.template = {q.sql_literal(template)}"),
+                "count": int(per_genome.n_evals.sum()),
+                "as_of": as_of.isoformat(sep=" "),
+                "recompute": "memory.lessons.effect_of(genome_rel(rows), param, min_n)",
+            }
+            out.append(_row(q.PARAM_EFFECT, op, arch, scope, text, structured, provenance, run_id, eff["n"]))
+    return out
