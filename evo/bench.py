@@ -22,7 +22,7 @@ from evo.space import repair
 from evo.status import Status
 from evo.template import TemplateDef, load_templates
 from evo.verify import judge
-from ops import get_op
+from ops import KNOWN, get_op
 from ops.spec import Cell, OpSpec, gbps
 
 KINDS = ("normal", "large", "normal")
@@ -145,10 +145,26 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
 
 
 def cmd_bench(args: Any) -> int:
+    from evo.cli import UnknownNameError
+
+    if args.op not in KNOWN:
+        raise UnknownNameError(f"unknown op {args.op!r}; known ops: {', '.join(KNOWN)}")
     op = get_op(args.op)
     tdefs = load_templates(op.name)
     names = args.template or sorted(tdefs)
+    unknown = [n for n in names if n not in tdefs]
+    if unknown:
+        raise UnknownNameError(f"no template(s) {unknown} for op {op.name} (have {sorted(tdefs)})")
     cands: list[tuple[str, TemplateDef, Genome | None]] = [(n, tdefs[n], None) for n in names]
+    if args.params:
+        if len(args.template) != 1:
+            raise UnknownNameError("--params needs exactly one --template")
+        t = tdefs[args.template[0]]
+        params = {**t.default_params(), **json.loads(args.params)}
+        bad = [k for k in params if k not in t.param_names]
+        if bad:
+            raise UnknownNameError(f"template {t.name} has no params {bad} (params: {list(t.param_names)})")
+        cands = [(t.name, t, Genome.make(op.name, t.name, t.source_hash, params))]
     if args.genome:
         from memory.store import Store
 
@@ -156,7 +172,7 @@ def cmd_bench(args: Any) -> int:
             for key in args.genome:
                 df = store.sql("SELECT template, params_json FROM candidates WHERE genome_key = ?", [key])
                 if df.empty:
-                    raise KeyError(f"no candidate with genome key {key} in {args.store}")
+                    raise UnknownNameError(f"no candidate with genome key {key} in {args.store}")
                 t = tdefs[df.template[0]]
                 cands.append((key[:10], t, Genome.make(op.name, t.name, t.source_hash, json.loads(df.params_json[0]))))
     if not gpu_available():

@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--template", action="append", default=[], help="template name (repeatable; default: all)")
     p.add_argument("--genome", action="append", default=[], help="genome key from the store (repeatable)")
+    p.add_argument("--params", default="", help='JSON params for the single --template, e.g. \'{"threads": 256, ...}\'')
     p.add_argument("--out", type=Path, default=Path("bench"), help="output prefix: writes PREFIX.csv and PREFIX.md")
     p.add_argument("--quick", action="store_true", help="first cell of each dtype only (smoke test)")
     _store_arg(p)
@@ -76,7 +77,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from evo.template import TemplateError
     from memory.store import StoreError
 
-    return (ConfigError, TemplateError, StoreError, NoGpuError, UnknownNameError)
+    from ops import UnknownOpError
+
+    return (ConfigError, TemplateError, StoreError, NoGpuError, UnknownNameError, UnknownOpError)
 
 
 class UnknownNameError(KeyError):

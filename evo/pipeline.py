@@ -22,7 +22,7 @@ from evo.config import Config
 from evo.evaluators import CellEval
 from evo.genome import Genome
 from evo.status import Status
-from evo.template import TemplateDef, load_templates
+from evo.template import TemplateDef, TemplateError, load_templates
 from memory.rows import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow
 from memory.store import Store
 from ops import get_op
@@ -74,10 +74,10 @@ class Session:
         wanted = self.config.run.templates or tuple(all_t)
         missing = [t for t in wanted if t not in all_t]
         if missing:
-            raise KeyError(f"run.templates: no template(s) {missing} for op {self.op.name} (have {sorted(all_t)})")
+            raise TemplateError(f"run.templates: no template(s) {missing} for op {self.op.name} (have {sorted(all_t)})")
         extra = sorted(set(self.config.search.space) - set(wanted))
         if extra:
-            raise KeyError(f"search.space: no template(s) {extra} in this run (have {sorted(wanted)})")
+            raise TemplateError(f"search.space: no template(s) {extra} in this run (have {sorted(wanted)})")
         self.templates = {
             k: all_t[k].restrict(self.config.search.space[k]) if k in self.config.search.space else all_t[k]
             for k in wanted
