@@ -22,6 +22,23 @@ LET_THROUGH = 0.1  # share of predicted failures evaluated anyway, to measure th
 REFRESH_EVERY = 3  # generations between lesson re-extractions (and at the end of a run)
 
 
+def _repaired_onto_cells(session: Any, g: Genome) -> list[Genome]:
+    """The nearest legal point of g on every target cell where g itself is illegal (deterministic)."""
+    from evo.space import repair
+
+    tdef = session.templates[g.template]
+    out: list[Genome] = []
+    for cell in session.cells:
+        if tdef.is_valid(g.params_dict(), session.arch, cell.dtypes_dict(), cell.dims_dict()):
+            continue
+        p = repair(tdef, g.params_dict(), random.Random(0), session.arch, [cell.dtypes_dict()], [cell.dims_dict()])
+        if p is not None:
+            moved = Genome.make(g.op, g.template, g.source_hash, p)
+            if moved.key() != g.key() and moved not in out:
+                out.append(moved)
+    return out
+
+
 @dataclass
 class Learner:
     """What a run takes from the store at its start, and what it gives back."""
@@ -49,10 +66,15 @@ class Learner:
                 params = dict(seed.params)
                 if any(params.get(p) not in vals for p, vals in tdef.space) or set(params) != set(tdef.param_names):
                     continue  # outside this run's (possibly narrowed) space
-                g = Genome.make(op, tdef.name, tdef.source_hash, params)
-                if g.key() not in me._seed_lessons:
-                    me.seeds.append(g)
-                    me._seed_lessons[g.key()] = seed.lesson_id
+                me._add_seed(Genome.make(op, tdef.name, tdef.source_hash, params), seed.lesson_id)
+            # A champion of a neighbouring shape may be illegal on the target cells (a CTA too wide
+            # for a shorter row): carry it over by repairing it onto each target cell it misses.
+            cap = max(1, session.config.search.population // 2)
+            for g in list(me.seeds):
+                for moved in _repaired_onto_cells(session, g):
+                    if len(me.seeds) >= cap:
+                        break
+                    me._add_seed(moved, me._seed_lessons[g.key()])
         if c.priors:
             space = {name: dict(t.space) for name, t in session.templates.items()}
             me.priors = Q.param_priors(s, op, arch, session.cells, space=space) or None
@@ -60,6 +82,11 @@ class Learner:
         if c.failure_memory:
             me.predict = Q.failure_predictor(s, op, arch)
         return me
+
+    def _add_seed(self, g: Genome, lesson_id: str) -> None:
+        if g.key() not in self._seed_lessons:
+            self.seeds.append(g)
+            self._seed_lessons[g.key()] = lesson_id
 
     def seed_uses(self) -> list:
         return L.record_uses(self.session.run_id, L.Use.SEEDED, list(self._seed_lessons.items()))
