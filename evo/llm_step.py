@@ -9,7 +9,7 @@ template (stored content-addressed with its parent and the call) whose default p
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from typing import Any
 
 from evo.build import prepare
 from evo.genome import Genome

@@ -14,7 +14,6 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evo.build import Builder, BuildInput, BuildResult, prepare

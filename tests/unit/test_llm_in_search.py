@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from evo.cli import main
 from memory.rows import LLMCallRow
 from memory.store import Store
 from tests.unit.fake_llm_server import FakeLLMServer, Reply, improved_warp_row, whole
-from tests.unit.test_search_replay import SMALL, SWEEP
+from tests.unit.test_search_replay import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,18 +9,11 @@ import pytest
 from evo.genome import Genome
 from evo.operators import crossover, mutate_tile, step, switch_template
 from evo.space import Space, neighbours, sample
-from evo.template import TemplateDef, load_templates, parse_template
-from ops.rmsnorm.spec import matrix
+from evo.template import TemplateDef, parse_template
 
-TEMPLATES = load_templates("rmsnorm")
-ARCH = 90
-BF16 = {"x": "bfloat16", "w": "bfloat16"}
-FP16 = {"x": "float16", "w": "float16"}
-FP32 = {"x": "float32", "w": "float32"}
-DTYPE_SETS = {"bf16": [BF16], "fp16": [FP16], "fp32": [FP32], "all": [BF16, FP16, FP32]}
-DIMS = list({tuple(c.dims_dict().items()): c.dims_dict() for c in matrix()}.values())
-CASES = [(t, d) for t in TEMPLATES for d in DTYPE_SETS]
-CASE_IDS = [f"{t}-{d}" for t, d in CASES]
+from tests.unit.search_fixtures import (  # noqa: E402
+    ARCH, BF16, CASE_IDS, CASES, DIMS, DTYPE_SETS, TEMPLATES,
+)
 
 TOY = """{#- kfactory
 [template]
