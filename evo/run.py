@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from evo.jobs import EvalJob, JobResult
 
@@ -24,14 +24,6 @@ class WorkerStartError(RuntimeError):
 
 class WorkerBugError(RuntimeError):
     """The worker raised an unexpected Python exception: a bug in the harness."""
-
-
-class Channel(Protocol):
-    """What the watchdog needs of a worker: a pipe end and a process."""
-
-    def send(self, obj: Any) -> None: ...
-    def poll(self, timeout: float) -> bool: ...
-    def recv(self) -> Any: ...
 
 
 @dataclass

@@ -34,7 +34,6 @@ class Progress:
     generation: int = 0
     evaluated: int = 0  # (genome, cell) evaluations, failures included
     failed: int = 0
-    genomes: int = 0
     best: dict[str, tuple[str, float, float]] = field(default_factory=dict)  # cell -> (genome key, us, baseline)
     stale: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -193,7 +192,6 @@ def _loop(session: Session, evaluator: Any) -> int:
         update_progress(progress, past)
         progress.generation = int(session.store.sql(
             "SELECT coalesce(max(generation), -1) + 1 AS g FROM evaluations WHERE run_id = ?", [session.run_id]).g[0])
-        progress.genomes = len(history)
         session.log(f"resumed {session.run_id}: {len(history)} genomes, {len(past)} evaluations already recorded")
     done = session.store.evaluated_keys(session.run_id)
     reuse = reusable(session, evaluator)
@@ -238,7 +236,6 @@ def _loop(session: Session, evaluator: Any) -> int:
             strategy.observe(observations(session, evals, genomes))
             done |= {(ev.genome.key(), ev.cell.label()) for ev in evals}
             improved = update_progress(progress, evals)
-            progress.genomes += len(genomes)
             progress.stale = 0 if improved else progress.stale + 1
             show(_line(progress, c) + (f"  rejected {learner.rejected}" if learner.predict else ""))
             progress.generation += 1

@@ -128,14 +128,6 @@ class TemplateDef:
     def kernel_names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(d.kernel for d in self.launches))
 
-    def dims_used(self) -> frozenset[str]:
-        """Names read by constraints that are not params or dtype facts: the cell dims."""
-        fixed = set(self.param_names) | {"arch"}
-        names: set[str] = set()
-        for _, e in self.constraints:
-            names |= {n for n in e.names if n not in fixed and not n.endswith(("_bytes", "_dtype"))}
-        return frozenset(names)
-
     def restrict(self, space: Mapping[str, Any]) -> "TemplateDef":
         """The same template with some params limited to a subset of their declared values.
 

@@ -173,10 +173,6 @@ class OpSpec:
         return vals
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 and math.isfinite(seconds) else 0.0
 
