@@ -76,7 +76,8 @@ class Learner:
                         break
                     me._add_seed(moved, me._seed_lessons[g.key()])
         if c.priors:
-            space = {name: dict(t.space) for name, t in session.templates.items()}
+            space: dict = {name: dict(t.space) for name, t in session.templates.items()}
+            space[Q.ANY_TEMPLATE] = {"template": sorted(session.templates)}  # the choice of template, too
             me.priors = Q.param_priors(s, op, arch, session.cells, space=space) or None
             me._prior_sources = Q.prior_sources(s, op, arch, session.cells)
         if c.failure_memory:
@@ -135,11 +136,13 @@ class Learner:
         return rows
 
     def bias_uses(self, genomes: Sequence[Genome]) -> list:
-        """Bred genomes whose values a prior favoured (weight above average) credit that prior's lessons."""
+        """Bred genomes whose template or values a prior favoured (weight above average) credit its lessons."""
         if not self.priors:
             return []
         uses = []
         for g in genomes:
+            if self.priors.get(Q.ANY_TEMPLATE, {}).get("template", {}).get(g.template, 0.0) > 1.0:
+                uses += [(g.key(), lid) for lid in self._prior_sources.get(Q.ANY_TEMPLATE, {}).get("template", [])]
             for p, v in g.params:
                 w = self.priors.get(g.template, {}).get(p, {})
                 if w and w.get(v, 0.0) > 1.0:

@@ -229,7 +229,7 @@ def _loop(session: Session, evaluator: Any) -> int:
             old = {(it.genome.key(), it.cell.label()): it for it in items if (it.genome.key(), it.cell.label()) in reuse}
             evals = [replace(reuse[k], build_key=it.build.build_key) for k, it in old.items()]
             evals += evaluator.evaluate([it for it in items if (it.genome.key(), it.cell.label()) not in old])
-            bred = [g for g in genomes if origins.get(g.key()) == "search"]
+            bred = [g for g in genomes if origins.get(g.key()) in ("init", "search")]  # drawn or bred under priors
             session.store.write(session.evaluation_rows(evals, progress.generation, evaluator.fingerprint,
                                                         evaluator.ceiling_gbps, evaluator.source)
                                 + lesson_rows + learner.bias_uses(bred))

@@ -142,13 +142,22 @@ class Space:
             self._legal[key] = hit
         return hit
 
-    def sample(self, rng: random.Random, tries: int = 1000) -> dict[str, Any] | None:
-        """A uniform draw from the declared space, redrawn until legal; None after `tries` draws."""
+    def sample(
+        self, rng: random.Random, tries: int = 1000, weights: Mapping[str, Mapping[Any, float]] | None = None
+    ) -> dict[str, Any] | None:
+        """A draw from the declared space, redrawn until legal; None after `tries` draws.
+
+        Uniform, or per param by `weights` (param -> value -> weight, as from a learned prior; a value
+        the weights do not name keeps weight 1, so every value stays reachable).
+        """
         for _ in range(tries):
-            params = {p: rng.choice(self._values[p]) for p in self.names}
+            params = {p: self._draw(p, rng, (weights or {}).get(p)) for p in self.names}
             if self.is_legal(params):
                 return params
         return None
+
+    def _draw(self, p: str, rng: random.Random, weights: Mapping[Any, float] | None) -> Any:
+        return weighted_choice(rng, self._values[p], weights)
 
     def normalize(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Drop unknown params, give missing ones their default, snap values outside the space.
@@ -227,6 +236,18 @@ def _distinct(items: list) -> list:
         if x not in out:
             out.append(x)
     return out
+
+
+def weighted_choice(rng: random.Random, options: Sequence[Any], weights: Mapping[Any, float] | None) -> Any:
+    """One of options, by weights (option -> weight; unnamed options weigh 1, none less than 1e-3).
+
+    Without weights, or when they weigh every option the same (an empty store's neutral prior), this
+    is rng.choice, so a run without evidence draws exactly as a run without priors.
+    """
+    w = [max(1e-3, float(weights.get(v, 1.0))) for v in options] if weights else []
+    if not w or max(w) == min(w):
+        return rng.choice(options)
+    return rng.choices(options, weights=w)[0]
 
 
 def sample(

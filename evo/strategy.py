@@ -22,8 +22,9 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from evo.deap_adapter import make_toolbox
 from evo.genome import Genome
-from evo.space import Space
+from evo.space import Space, weighted_choice
 from evo.template import TemplateDef
+from memory.queries import ANY_TEMPLATE
 from ops.spec import Cell
 
 SAMPLE_TRIES = 64  # rejected (already proposed) random draws before listing what is left of a template
@@ -54,6 +55,7 @@ class _Search:
         arch: int,
         dtype_sets: Sequence[Mapping[str, str]],
         cells: Sequence[Cell],
+        priors: Mapping[str, Mapping[str, Mapping[Any, float]]] | None = None,
     ):
         if not tdefs:
             raise ValueError("need at least one template")
@@ -66,6 +68,7 @@ class _Search:
         self.labels = [c.label() for c in self.cells]
         self._dims = [c.dims_dict() for c in self.cells]
         self._spaces = {name: Space(t, arch, self.dtype_sets, self._dims) for name, t in self.tdefs.items()}
+        self._priors = priors or {}
         self._seed = rng.getrandbits(64)
         self._proposed: set[str] = set()
         self._genomes: dict[str, Genome] = {}  # observed, in order of first observation
@@ -126,17 +129,25 @@ class _Search:
         t = self.tdefs[name]
         return Genome.make(t.op, t.name, t.source_hash, params)
 
+    def _pick_template(self, live: list[str], rng: random.Random) -> str:
+        """A template uniformly, or weighted by the learned template prior (unknown templates weigh 1)."""
+        return weighted_choice(rng, live, self._priors.get(ANY_TEMPLATE, {}).get("template"))
+
     def _fresh(self, n: int, rng: random.Random, taken: set[str]) -> list[Genome]:
-        """Up to n random legal genomes never proposed: a template uniformly, then a point uniformly."""
+        """Up to n random legal genomes never proposed: a template, then a point of it.
+
+        Uniform draws, or draws weighted by the priors (template prior, then per-param priors), which
+        keep a floor of odds for every value, so a warm run still explores.
+        """
         out: list[Genome] = []
         live = list(self.tdefs)
         rest: dict[str, list[Genome]] = {}  # what is left of a template, listed once rejection stalls
         while len(out) < n and live:
-            name = rng.choice(live)
+            name = self._pick_template(live, rng)
             g = None
             if name not in rest:
                 for _ in range(SAMPLE_TRIES):
-                    params = self._spaces[name].sample(rng)
+                    params = self._spaces[name].sample(rng, weights=self._priors.get(name))
                     if params is None:
                         break
                     cand = self._genome(name, params)
@@ -203,7 +214,7 @@ class GeneticSearch(_Search):
             raise ValueError(f"p_niche must be in [0, 1], got {p_niche}")
         if not 0 < max_template_share <= 1:
             raise ValueError(f"max_template_share must be in (0, 1], got {max_template_share}")
-        super().__init__(tdefs, rng, arch, dtype_sets, cells)
+        super().__init__(tdefs, rng, arch, dtype_sets, cells, priors)
         self.population_size = population
         self.elite = elite
         self.p_crossover = p_crossover

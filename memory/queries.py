@@ -20,6 +20,7 @@ from memory.store import Store
 
 PARAM_EFFECT, FAILURE, CHAMPION = "param_effect", "failure", "champion"
 KINDS = (PARAM_EFFECT, FAILURE, CHAMPION)
+ANY_TEMPLATE = "*"  # scope template of the lesson on the choice of template (param "template")
 
 # Outcomes that say something about a kernel. UNKNOWN (replay had no measurement) says nothing;
 # REJECTED (a lesson predicted the failure) is left out so that lessons cannot confirm themselves.

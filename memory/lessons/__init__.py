@@ -21,11 +21,11 @@ from memory.lessons.credit import (
     update_usefulness,
     usefulness_scores,
 )
-from memory.lessons.effects import param_effect_lessons
+from memory.lessons.effects import param_effect_lessons, template_effect_lessons
 from memory.lessons.extract import extract_lessons, refresh_lessons, write_lessons
 from memory.lessons.failures import MAX_PROVENANCE_IDS, best_condition, failure_lessons
 from memory.lessons.ids import lesson_id
-from memory.lessons.relative import effect_of, genome_rel, with_cells
+from memory.lessons.relative import effect_of, genome_rel, template_rel, with_cells
 from memory.lessons.signatures import MAX_SIGNATURE_CHARS, normalize_error, signature
 from memory.lessons.stats import Z95, params_text, wilson_lower
 
@@ -48,6 +48,8 @@ __all__ = [
     "normalize_error",
     "outcome_scores",
     "param_effect_lessons",
+    "template_effect_lessons",
+    "template_rel",
     "params_text",
     "rank_genomes",
     "record_uses",

@@ -8,7 +8,7 @@ from typing import Any
 
 from memory import queries as q
 from memory.lessons.champions import champion_lessons
-from memory.lessons.effects import param_effect_lessons
+from memory.lessons.effects import param_effect_lessons, template_effect_lessons
 from memory.lessons.failures import failure_lessons
 from memory.rows import LessonRow
 from memory.store import Store
@@ -21,6 +21,7 @@ def extract_lessons(
     ok = q.ok_evaluations(store, op, arch)
     return [
         *param_effect_lessons(ok, run_id, min_n=min_n, edges=edges),
+        *template_effect_lessons(ok, run_id, edges=edges),
         *failure_lessons(q.outcomes(store, op, arch), run_id),
         *champion_lessons(ok, run_id, edges=edges),
     ]

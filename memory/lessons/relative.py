@@ -60,6 +60,25 @@ def genome_rel(rows: pd.DataFrame) -> pd.DataFrame:
     return per_genome.assign(params=[json.loads(p) for p in per_genome.params_json])
 
 
+def template_rel(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (template, cell): the template's best log(time / cell best) there, as params {"template": name}.
+
+    The unit is a template's champion on a cell, so effect_of(template_rel(rows), "template") says how
+    much slower the best a template has shown is than the best of the others, cell by cell.
+    rows: as for genome_rel, plus template.
+    """
+    rel = np.log(rows["median_us"].to_numpy(float) / rows["cell_best_us"].to_numpy(float))
+    per_genome = (
+        rows.assign(rel=rel)
+        .groupby(["template", "genome_key", "cell", "fingerprint_class"], as_index=False)
+        .agg(rel=("rel", "mean"), n_evals=("rel", "size"))
+    )
+    per_template = per_genome.groupby(["template", "cell", "fingerprint_class"], as_index=False).agg(
+        rel=("rel", "min"), n_evals=("n_evals", "sum")
+    )
+    return per_template.assign(params=[{"template": t} for t in per_template.template])
+
+
 def _adjusted(
     per_genome: pd.DataFrame, rows: np.ndarray, param: str, keep: list[str], rel: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, float] | None:

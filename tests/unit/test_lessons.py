@@ -200,8 +200,9 @@ def test_provenance_reproduces_every_number(lessons_path: Path, extracted: pd.Da
             s, prov = r.s, r.prov
             if r.kind == q.PARAM_EFFECT:
                 rows = store.sql(prov["sql"])
-                assert int(L.genome_rel(rows).n_evals.sum()) == prov["count"]
-                again = L.effect_of(L.genome_rel(rows), s["param"], s["min_n"])
+                units = L.template_rel(rows) if r.scope["template"] == q.ANY_TEMPLATE else L.genome_rel(rows)
+                assert int(units.n_evals.sum()) == prov["count"]
+                again = L.effect_of(units, s["param"], s["min_n"])
                 assert again["ratio"] == pytest.approx(s["ratio"], rel=1e-9)
                 assert again["log_ratio_ci95"] == pytest.approx(s["log_ratio_ci95"], rel=1e-9)
                 assert [v["n"] for v in again["values"]] == [v["n"] for v in s["values"]]
@@ -371,6 +372,7 @@ def test_harmful_lessons_stop_being_used(store_copy: Store) -> None:
 
 def test_lessons_written_by_others_are_skipped(store_copy: Store) -> None:
     # e.g. evo.llm's failure analyst: a Jinja condition, not param=value; a lesson writer: text only
+    before = len(q.lessons_table(store_copy, fx.OP, fx.ARCH))
     store_copy.write(
         [
             LessonRow(
@@ -409,7 +411,7 @@ def test_lessons_written_by_others_are_skipped(store_copy: Store) -> None:
         ]
     )
     table = q.lessons_table(store_copy, fx.OP, fx.ARCH).set_index("lesson_id")
-    assert table.scope["llm-1"] == '{"cluster": "x"}' and len(table) == 47
+    assert table.scope["llm-1"] == '{"cluster": "x"}' and len(table) == before + 3
     assert {r.lesson_id for r in q.failure_predictor(store_copy, fx.OP, fx.ARCH, min_support=1).rules}.isdisjoint(
         {"llm-1"}
     )  # type: ignore[attr-defined]
@@ -440,7 +442,7 @@ def test_lessons_table(lessons_path: Path) -> None:
         "created_run",
         "confirmed_run",
     ]
-    assert set(table.kind) == set(q.KINDS) and len(table) == 44
+    assert set(table.kind) == set(q.KINDS) and len(table) == 45  # 41 param effects (1 on the template), 3 failures, champions
     assert set(failures.kind) == {"failure"} and len(failures) == 3
     assert failures.scope.iloc[0] in {"warp_row WRONG_ANSWER", "cta_row RESOURCE_ERROR", "warp_row TIMEOUT"}
 
@@ -452,3 +454,32 @@ def test_lessons_table(lessons_path: Path) -> None:
 )
 def test_arch_matching(stored: str, given: str, match: bool) -> None:
     assert q.arch_matches(stored, given) is match
+
+
+def test_template_effect_lesson(lessons_path: Path, extracted: pd.DataFrame) -> None:
+    # planted: on N <= 2048 every cta_row genome is 1.2x slower than the same warp_row point would be
+    t = extracted[extracted.scope.map(lambda s: s.get("template") == q.ANY_TEMPLATE)]
+    assert len(t) == 1
+    r = t.iloc[0]
+    assert r.kind == q.PARAM_EFFECT and r.scope["param"] == "template"
+    assert r.scope["dtype"] == "bf16" and r.scope["bucket"] == {"M": "medium", "N": "small"}
+    assert r.s["best"] == "warp_row" and r.s["runner_up"] == "cta_row"
+    assert [v["n"] for v in r.s["values"]] == [2, 2]  # units are cells, not genomes
+    with Store.open(lessons_path, read_only=True) as store:  # each template's best per cell, independently
+        best = store.sql(
+            "SELECT e.cell, c.template, min(e.median_us) AS us FROM evaluations e JOIN candidates c USING (genome_key) "
+            "WHERE e.status = 'OK' AND list_contains(?::VARCHAR[], e.cell) GROUP BY ALL", [r.s["cells"]])
+    per = best.pivot(index="cell", columns="template", values="us")
+    assert len(per) == 2 and (per.warp_row < per.cta_row).all()
+    assert r.s["log_ratio"] == pytest.approx(float(np.log(per.warp_row / per.cta_row).mean()), rel=1e-9)
+    assert "warp_row" in r.text and "cells" in r.text
+
+
+def test_template_prior_from_lessons(lessons_path: Path) -> None:
+    with Store.open(lessons_path, read_only=True) as store:
+        small = q.param_priors(store, fx.OP, fx.ARCH, [cell("bf16", 4096, 1024)],
+                               space={q.ANY_TEMPLATE: {"template": ["cta_row", "warp_row", "llm_new"]}})
+    w = small[q.ANY_TEMPLATE]["template"]
+    assert w["warp_row"] > w["cta_row"] and w["cta_row"] >= 3 * 0.05 - 1e-12  # floor keeps exploring
+    assert w["cta_row"] < w["llm_new"] < w["warp_row"]  # a template no lesson has seen stays neutral-ish
+    assert sum(w.values()) == pytest.approx(3.0)

@@ -247,3 +247,22 @@ def test_best_per_cell_keeps_the_fastest_finite_time() -> None:
     s.observe([Observation(g1, {LABELS[0]: 5.0, LABELS[1]: math.inf}), Observation(g2, {LABELS[0]: 6.0})])
     s.observe([Observation(g2, {LABELS[0]: 4.0})])  # a re-measurement replaces the earlier time
     assert s.best_per_cell() == {LABELS[0]: (g2, 4.0)}
+
+
+def test_priors_weigh_fresh_draws_and_neutral_priors_change_nothing() -> None:
+    from memory.queries import ANY_TEMPLATE
+
+    def first(priors, n=60):
+        return GeneticSearch(TEMPLATES, random.Random(5), ARCH, BF16, CELLS, population=n, priors=priors).propose(n)
+
+    plain = first(None)
+    neutral = {ANY_TEMPLATE: {"template": dict.fromkeys(TEMPLATES, 1.0)},
+               "cta_row": {"vec": {4: 1.0, 8: 1.0}}}
+    assert [g.key() for g in first(neutral)] == [g.key() for g in plain]  # no evidence: the cold draw exactly
+    strong = {ANY_TEMPLATE: {"template": {"cta_row": 1.9, "warp_row": 0.1}}, "cta_row": {"vec": {4: 0.1, 8: 1.9}}}
+    biased = first(strong)
+    share = Counter(g.template for g in biased)
+    assert share["cta_row"] >= 45 and share["warp_row"] >= 1  # favoured, and the floor still explores
+    vecs = Counter(g.params_dict()["vec"] for g in biased if g.template == "cta_row")
+    assert vecs[8] > 2 * vecs[4] and Counter(g.template for g in plain)["cta_row"] < 45
+    assert len({g.key() for g in biased}) == 60  # still never a repeat
