@@ -185,7 +185,9 @@ class GeneticSearch(_Search):
     p_niche of them within one template); a child is a template switch (p_switch), a crossover
     with a mate of the same template (p_crossover) or a tiling mutation of up to
     `mutation_params` params. A child already proposed is mutated once more; what breeding cannot
-    supply is filled with random legal genomes. Seeds are proposed first, before any breeding.
+    supply is filled with fresh legal genomes, drawn by the priors where there are any (a template
+    by the template prior, then each param by its prior; uniformly otherwise). Seeds are proposed
+    first, before any breeding or drawing.
     """
 
     def __init__(

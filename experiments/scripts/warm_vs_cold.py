@@ -170,10 +170,21 @@ def summarize(rows: list[dict], best: dict[str, float], reference: str, meta: di
             "median_wasted_share_until_target": med(k, "wasted_share_until_target")} for k in ("cold", "warm")}
     c, w = summary["cold"]["median_evals_all_cells_within_1pct"], summary["warm"]["median_evals_all_cells_within_1pct"]
     summary["warm_over_cold_evals"] = (w / c) if c and w else None
+    def at(k: int, kind: str, key: str) -> Any:
+        v = [r[kind]["at_evals"][str(k)][key] for r in runs if str(k) in r[kind]["at_evals"]]
+        v = [x for x in v if x is not None]
+        return statistics.median(v) if v else None
+
+    reached_k = [k for k in CHECKPOINTS if all(str(k) in r[kind]["at_evals"] for r in runs for kind in ("cold", "warm"))]
     summary["median_cells_within_1pct_at_evals"] = {
-        k: {kind: statistics.median(r[kind]["at_evals"][str(k)]["cells_within_1pct"] for r in runs
-                                    if str(k) in r[kind]["at_evals"]) if any(str(k) in r[kind]["at_evals"] for r in runs)
-            else None for kind in ("cold", "warm")} for k in CHECKPOINTS}
+        k: {kind: at(k, kind, "cells_within_1pct") for kind in ("cold", "warm")} for k in reached_k}
+    summary["median_geomean_best_over_reference_at_evals"] = {
+        k: {kind: at(k, kind, "geomean_best_over_reference") for kind in ("cold", "warm")} for k in reached_k}
+    summary["warm_more_cells_within_1pct_at_evals"] = {
+        k: {"warm_more": sum(r["warm"]["at_evals"][str(k)]["cells_within_1pct"]
+                             > r["cold"]["at_evals"][str(k)]["cells_within_1pct"] for r in runs),
+            "tied": sum(r["warm"]["at_evals"][str(k)]["cells_within_1pct"]
+                        == r["cold"]["at_evals"][str(k)]["cells_within_1pct"] for r in runs)} for k in reached_k}
     summary["warm_fewer_evals_on_seeds"] = sum(
         (r["warm"]["evals_all_cells_within_1pct"] or 10**9) < (r["cold"]["evals_all_cells_within_1pct"] or 10**9)
         for r in runs)
@@ -196,7 +207,9 @@ def main() -> int:
     if args.summarize:
         files = [json.loads(p.read_text()) for p in args.summarize]
         rows = sorted((r for f in files for r in f["rows"]), key=lambda r: r["seed"])
-        meta = {"budget": files[0]["budget"], "fingerprint": files[0]["fingerprint"], "traces": rows}
+        meta = {"budget": files[0]["budget"], "fingerprint": files[0]["fingerprint"],
+                "trace_files": [str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p)
+                                for p in args.summarize]}
         doc = summarize(rows, gpu_reference(rows), "median over B runs of each run's final best", meta)
     else:
         budget = GPU if args.gpu else REPLAY
@@ -211,7 +224,8 @@ def main() -> int:
                         fp = json.loads(s.sql("SELECT fingerprint_json FROM evaluations WHERE status = 'OK' "
                                               "LIMIT 1").fingerprint_json[0])
                     args.traces.parent.mkdir(parents=True, exist_ok=True)
-                    args.traces.write_text(json.dumps({"budget": {k: str(v) for k, v in budget.items()},
+                    shown = {k: str(Path(v).relative_to(ROOT)) if k == "config" else str(v) for k, v in budget.items()}
+                    args.traces.write_text(json.dumps({"budget": shown,
                                                        "fingerprint": fp, "rows": rows}))
                 print(f"seed {seed} done", flush=True)
         if args.gpu:

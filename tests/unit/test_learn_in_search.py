@@ -13,8 +13,8 @@ from memory.store import Store
 from tests.unit.test_search_replay import SMALL
 
 
-def _config(tmp_path: Path, lessons: str) -> Path:
-    text = SMALL.replace("{gens}", "4")
+def _config(tmp_path: Path, lessons: str, ns: str = "[1024, 8192]") -> Path:
+    text = SMALL.replace("{gens}", "4").replace("N = [1024, 8192]", f"N = {ns}")
     text = text[: text.index("[lessons]")] + lessons + text[text.index("[budget]"):]
     p = tmp_path / "learn.toml"
     p.write_text(text)
@@ -54,17 +54,28 @@ def test_failure_memory_rejects_predicted_failures_and_records_uses(tmp_path):
 def test_warm_start_seeds_from_a_previous_run(tmp_path):
     store = tmp_path / "s.duckdb"
     off = "[lessons]\nwarm_start = false\npriors = false\nfailure_memory = false\n"
-    assert main(["run", str(_config(tmp_path, off)), "--store", str(store), "--run-id", "first"]) == 0
+    ns = "[1024, 2048, 8192]"  # two cells in one bucket (N small): enough for a lesson on the template
+    assert main(["run", str(_config(tmp_path, off, ns)), "--store", str(store), "--run-id", "first"]) == 0
     on = "[lessons]\nwarm_start = true\npriors = true\nfailure_memory = true\n"
-    assert main(["run", str(_config(tmp_path, on)), "--store", str(store), "--run-id", "second"]) == 0
+    assert main(["run", str(_config(tmp_path, on, ns)), "--store", str(store), "--run-id", "second"]) == 0
     with Store.open(store, read_only=True) as s:
         seeded = s.sql("SELECT u.genome_key, u.lesson_id, l.kind FROM lesson_uses u JOIN lessons l USING (lesson_id) "
                        "WHERE u.run_id = 'second' AND u.effect = 'seeded'")
         first_gen = s.sql("SELECT DISTINCT genome_key FROM evaluations WHERE run_id = 'second' AND generation = 0")
         champs = s.sql("SELECT count(*) AS n FROM lessons WHERE kind = 'champion'").n[0]
+        by_template_prior = s.sql(
+            "SELECT u.genome_key, c.template, c.generation FROM lesson_uses u JOIN lessons l USING (lesson_id) "
+            "JOIN candidates c USING (genome_key) WHERE u.run_id = 'second' AND u.effect = 'biased' "
+            "AND json_extract_string(l.scope_json, '$.template') = '*'")
+        template_lessons = s.sql("SELECT structured_json FROM lessons WHERE json_extract_string(scope_json, "
+                                 "'$.template') = '*' AND created_run = 'first'")
     assert champs > 0
     assert len(seeded) > 0 and (seeded.kind == "champion").all()
     assert set(seeded.genome_key) <= set(first_gen.genome_key)  # seeds are evaluated first
+    # the first run taught which template wins; the second drew and bred under that prior, and says so
+    assert len(template_lessons) > 0 and len(by_template_prior) > 0
+    favoured = {json.loads(x)["best"] for x in template_lessons.structured_json}
+    assert set(by_template_prior.template) <= favoured
 
 
 def test_results_are_reused_across_runs_with_the_same_fingerprint(tmp_path):
