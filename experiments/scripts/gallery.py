@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.gpu.gallery_run import CASES, CELL, run_gallery  # noqa: E402
+from tests.gpu.gallery_run import CELL, run_gallery  # noqa: E402
 
 
 def main() -> int:
