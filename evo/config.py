@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from evo.llm_settings import LLMSettings
+
 
 class ConfigError(ValueError):
     """A config file is missing, malformed, or has a bad key or value."""
@@ -137,34 +139,23 @@ class LessonsSection:
 
 
 @dataclass(frozen=True)
-class LLMSection:
-    """The LLM mutation operator; model = "none" turns it off. Keys come only from the environment."""
+class LLMSection(LLMSettings):
+    """The LLM mutation operator: the client settings (evo.llm_settings; model = "none" turns it off;
+    keys come only from the environment) and what the search loop does with it."""
 
-    model: str = "none"
-    api_base: str = ""
-    budget_usd: float = 0.0
-    budget_tokens: int = 0
-    timeout_s: float = 120.0
-    tries: int = 3
-    backoff_s: float = 2.0
-    max_concurrency: int = 4
-    max_tokens: int = 8192
-    temperature: float = 0.7
     proposals_per_generation: int = 2
     prompt_lessons: int = 5
     prompt_failures: int = 5
     replay_run: str = ""  # answer from this run's stored llm_calls (by prompt hash) instead of the network
 
     def __post_init__(self) -> None:
-        if self.budget_usd < 0 or self.budget_tokens < 0:
-            raise ConfigError("llm.budget_usd / llm.budget_tokens: must be >= 0")
-        if self.timeout_s <= 0 or self.backoff_s < 0:
-            raise ConfigError("llm.timeout_s must be > 0 and llm.backoff_s >= 0")
-        for k in ("tries", "max_concurrency", "max_tokens"):
-            if getattr(self, k) < 1:
-                raise ConfigError(f"llm.{k}: must be >= 1")
-        if self.proposals_per_generation < 0:
-            raise ConfigError("llm.proposals_per_generation: must be >= 0")
+        try:
+            super().__post_init__()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        for k in ("proposals_per_generation", "prompt_lessons", "prompt_failures"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"llm.{k}: must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -24,52 +24,13 @@ from typing import Any, Callable, Protocol
 
 from evo.llm.prompts import Prompt
 from evo.llm.secrets import redact
+from evo.llm_settings import OFF, LLMSettings
 from evo.status import Status
 from memory.rows import LLMCallRow
 
 log = logging.getLogger(__name__)
 
-OFF = "none"
 MAX_ERROR_CHARS = 2000
-
-
-@dataclass(frozen=True)
-class LLMSettings:
-    """What a client needs from the experiment's [llm] section.
-
-    budget_usd is a hard cap (0: no paid calls; unpriced models cost $0); budget_tokens is a hard cap
-    on prompt + completion tokens (0: no token cap). tries bounds attempts per call; a retry waits
-    backoff_s * 2**attempt.
-    """
-
-    model: str = OFF
-    api_base: str = ""
-    budget_usd: float = 0.0
-    budget_tokens: int = 0
-    timeout_s: float = 120.0
-    tries: int = 3
-    backoff_s: float = 2.0
-    max_concurrency: int = 4
-    max_tokens: int = 8192
-    temperature: float = 0.7
-
-    def __post_init__(self) -> None:
-        if self.budget_usd < 0 or self.budget_tokens < 0:
-            raise ValueError("llm budgets must be >= 0")
-        if self.tries < 1 or self.max_concurrency < 1 or self.max_tokens < 1:
-            raise ValueError("llm.tries, llm.max_concurrency and llm.max_tokens must be >= 1")
-        if self.timeout_s <= 0 or self.backoff_s < 0:
-            raise ValueError("llm.timeout_s must be > 0 and llm.backoff_s >= 0")
-
-    @property
-    def enabled(self) -> bool:
-        return self.model != OFF
-
-    @classmethod
-    def of(cls, section: Any) -> "LLMSettings":
-        """Settings from a config section (an object with some of these fields as attributes)."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        return cls(**{n: getattr(section, n) for n in names if hasattr(section, n)})
 
 
 @dataclass(frozen=True)
