@@ -78,7 +78,8 @@ def template_effect_lessons(
         cells = sorted(grp.cell.unique())
         best, runner = eff["values"][0], eff["values"][1]
         text = (
-            f"on {dtype} {q.bucket_label(bucket)}: the best {eff['best']} is {eff['faster_pct']:.0f}% faster than "
+            f"choice of template on {dtype} {q.bucket_label(bucket)}: the best {eff['best']} is "
+            f"{eff['faster_pct']:.0f}% faster than "
             f"the best {eff['runner_up']} (n={best['n']}/{runner['n']} cells, ±{eff['pm_pct']:.0f}%"
             + ("" if eff["significant"] else ", not significant")
             + ")"
