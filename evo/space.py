@@ -151,13 +151,10 @@ class Space:
         the weights do not name keeps weight 1, so every value stays reachable).
         """
         for _ in range(tries):
-            params = {p: self._draw(p, rng, (weights or {}).get(p)) for p in self.names}
+            params = {p: weighted_choice(rng, self._values[p], (weights or {}).get(p)) for p in self.names}
             if self.is_legal(params):
                 return params
         return None
-
-    def _draw(self, p: str, rng: random.Random, weights: Mapping[Any, float] | None) -> Any:
-        return weighted_choice(rng, self._values[p], weights)
 
     def normalize(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Drop unknown params, give missing ones their default, snap values outside the space.

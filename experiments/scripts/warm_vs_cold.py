@@ -105,10 +105,10 @@ def measure(t: dict, best: dict[str, float]) -> dict:
                           "geomean_best_over_reference": statistics.geometric_mean(gaps) if gaps else None}
     n = len(t["status"])
     head = t["status"][: t_all or n]
-    bad = [s != "OK" for s in t["status"]]
+    wasted, wasted_head = sum(s != "OK" for s in t["status"]), sum(s != "OK" for s in head)
     return {"evaluations": n, "evals_all_cells_within_1pct": t_all, "evals_90pct_cells_within_1pct": t_90,
-            "wasted_share": sum(bad) / n if n else 0.0, "wasted_until_target": sum(s != "OK" for s in head),
-            "wasted_share_until_target": sum(s != "OK" for s in head) / len(head) if head else 0.0,
+            "wasted_share": wasted / n if n else 0.0, "wasted_until_target": wasted_head,
+            "wasted_share_until_target": wasted_head / len(head) if head else 0.0,
             "rejected": t["rejected"], "seeded": t["seeded"], "at_evals": at}
 
 

@@ -41,6 +41,17 @@ def with_cells(ok: pd.DataFrame, edges: Mapping[str, tuple[int, int]] | None = N
     )
 
 
+def _per_genome_cell(rows: pd.DataFrame, keys: list[str], **extra: tuple[str, str]) -> pd.DataFrame:
+    """log(time / cell best) averaged over repeated measurements of a genome on a cell (grouped by keys,
+    cell and fingerprint class), with the number of evaluations and any `extra` aggregations."""
+    rel = np.log(rows["median_us"].to_numpy(float) / rows["cell_best_us"].to_numpy(float))
+    return (
+        rows.assign(rel=rel)
+        .groupby([*keys, "cell", "fingerprint_class"], as_index=False)
+        .agg(rel=("rel", "mean"), n_evals=("rel", "size"), **extra)
+    )
+
+
 def genome_rel(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per genome: mean over its cells of log(time / cell best), params, evaluation count.
 
@@ -48,12 +59,7 @@ def genome_rel(rows: pd.DataFrame) -> pd.DataFrame:
     and the genome (not the evaluation) is the unit of the statistics: its cells are not independent.
     rows: OK evaluations with genome_key, cell, fingerprint_class, median_us, cell_best_us, params_json.
     """
-    rel = np.log(rows["median_us"].to_numpy(float) / rows["cell_best_us"].to_numpy(float))
-    per_cell = (
-        rows.assign(rel=rel)
-        .groupby(["genome_key", "cell", "fingerprint_class"], as_index=False)
-        .agg(rel=("rel", "mean"), n_evals=("rel", "size"), params_json=("params_json", "first"))
-    )
+    per_cell = _per_genome_cell(rows, ["genome_key"], params_json=("params_json", "first"))
     per_genome = per_cell.groupby("genome_key", as_index=False).agg(
         rel=("rel", "mean"), n_evals=("n_evals", "sum"), params_json=("params_json", "first")
     )
@@ -67,12 +73,7 @@ def template_rel(rows: pd.DataFrame) -> pd.DataFrame:
     much slower the best a template has shown is than the best of the others, cell by cell.
     rows: as for genome_rel, plus template.
     """
-    rel = np.log(rows["median_us"].to_numpy(float) / rows["cell_best_us"].to_numpy(float))
-    per_genome = (
-        rows.assign(rel=rel)
-        .groupby(["template", "genome_key", "cell", "fingerprint_class"], as_index=False)
-        .agg(rel=("rel", "mean"), n_evals=("rel", "size"))
-    )
+    per_genome = _per_genome_cell(rows, ["template", "genome_key"])
     per_template = per_genome.groupby(["template", "cell", "fingerprint_class"], as_index=False).agg(
         rel=("rel", "min"), n_evals=("n_evals", "sum")
     )
