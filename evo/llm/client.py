@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol
 
 from evo.llm.prompts import Prompt
 from evo.llm.secrets import redact
-from evo.llm_settings import OFF, LLMSettings
+from evo.llm_settings import LLMSettings
 from evo.status import Status
 from memory.rows import LLMCallRow
 
