@@ -136,6 +136,8 @@ class LessonsSection:
     warm_start: bool = True
     failure_memory: bool = True
     priors: bool = True
+    # Where a warm start's prediction for a cell misses, poll the neighbourhood of the cell's best there.
+    refine: bool = True
 
 
 @dataclass(frozen=True)

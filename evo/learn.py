@@ -39,6 +39,18 @@ def _repaired_onto_cells(session: Any, g: Genome) -> list[Genome]:
     return out
 
 
+def _targets(cells: Sequence[Any], sources: dict[str, tuple[str, dict]]) -> dict[str, list[str]]:
+    """Per cell, the seeds predicted fastest there: those from the nearest champion cells of its dtypes."""
+    out: dict[str, list[str]] = {}
+    for cell in cells:
+        here = Q.dtype_key(cell.dtypes_dict())
+        near = [(round(Q.dims_distance(cell.dims_dict(), dims), 9), k) for k, (dt, dims) in sources.items() if dt == here]
+        if near:
+            d = min(dist for dist, _ in near)
+            out[cell.label()] = [k for dist, k in near if dist == d]
+    return out
+
+
 @dataclass
 class Learner:
     """What a run takes from the store at its start, and what it gives back."""
@@ -47,9 +59,11 @@ class Learner:
     seeds: list[Genome] = field(default_factory=list)
     priors: dict | None = None
     predict: Callable[[str, dict], tuple[str, str] | None] | None = None
+    targets: dict[str, list[str]] = field(default_factory=dict)  # cell -> keys of the seeds predicted fastest
     rejected: int = 0
     let_through: int = 0
     _seed_lessons: dict[str, str] = field(default_factory=dict)
+    _seed_sources: dict[str, tuple[str, dict]] = field(default_factory=dict)  # key -> champion's (dtype, dims)
     _prior_sources: dict = field(default_factory=dict)
 
     @classmethod
@@ -66,7 +80,8 @@ class Learner:
                 params = dict(seed.params)
                 if any(params.get(p) not in vals for p, vals in tdef.space) or set(params) != set(tdef.param_names):
                     continue  # outside this run's (possibly narrowed) space
-                me._add_seed(Genome.make(op, tdef.name, tdef.source_hash, params), seed.lesson_id)
+                me._add_seed(Genome.make(op, tdef.name, tdef.source_hash, params), seed.lesson_id,
+                             (seed.dtype, dict(seed.dims)))
             # A champion of a neighbouring shape may be illegal on the target cells (a CTA too wide
             # for a shorter row): carry it over by repairing it onto each target cell it misses.
             cap = max(1, session.config.search.population // 2)
@@ -74,7 +89,9 @@ class Learner:
                 for moved in _repaired_onto_cells(session, g):
                     if len(me.seeds) >= cap:
                         break
-                    me._add_seed(moved, me._seed_lessons[g.key()])
+                    me._add_seed(moved, me._seed_lessons[g.key()], me._seed_sources[g.key()])
+            if c.refine:
+                me.targets = _targets(session.cells, me._seed_sources)
         if c.priors:
             space: dict = {name: dict(t.space) for name, t in session.templates.items()}
             space[Q.ANY_TEMPLATE] = {"template": sorted(session.templates)}  # the choice of template, too
@@ -84,10 +101,11 @@ class Learner:
             me.predict = Q.failure_predictor(s, op, arch)
         return me
 
-    def _add_seed(self, g: Genome, lesson_id: str) -> None:
+    def _add_seed(self, g: Genome, lesson_id: str, source: tuple[str, dict]) -> None:
         if g.key() not in self._seed_lessons:
             self.seeds.append(g)
             self._seed_lessons[g.key()] = lesson_id
+            self._seed_sources[g.key()] = source
 
     def seed_uses(self) -> list:
         return L.record_uses(self.session.run_id, L.Use.SEEDED, list(self._seed_lessons.items()))
@@ -148,6 +166,14 @@ class Learner:
                 if w and w.get(v, 0.0) > 1.0:
                     uses += [(g.key(), lid) for lid in self._prior_sources.get(g.template, {}).get(p, [])]
         return L.record_uses(self.session.run_id, L.Use.BIASED, uses)
+
+    def refine_uses(self, genomes: Sequence[Genome], cells_for: Callable[[Genome], Any]) -> list:
+        """Neighbours polled where a prediction missed credit the lessons behind the seeds that missed."""
+        uses = []
+        for g in genomes:
+            for label in sorted(cells_for(g) or ()):
+                uses += [(g.key(), self._seed_lessons[k]) for k in self.targets.get(label, [])]
+        return L.record_uses(self.session.run_id, L.Use.REFINED, uses)
 
     def refresh(self, final: bool = False) -> int:
         """Re-extract lessons from the whole store; at the end also settle usefulness."""

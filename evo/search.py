@@ -43,7 +43,8 @@ class Progress:
         return float(np.exp(np.mean(np.log(v)))) if v else 0.0
 
 
-def make_strategy(session: Session, seeds: Sequence[Genome] = (), priors: dict | None = None) -> Any:
+def make_strategy(session: Session, seeds: Sequence[Genome] = (), priors: dict | None = None,
+                  targets: dict | None = None) -> Any:
     c = session.config
     rng = random.Random(c.run.seed)
     ds = dtype_sets(session.cells)
@@ -52,7 +53,7 @@ def make_strategy(session: Session, seeds: Sequence[Genome] = (), priors: dict |
     s = c.search
     return GeneticSearch(session.templates, rng, session.arch, ds, session.cells, population=s.population,
                          elite=s.elite, tournament=s.tournament, p_crossover=s.p_crossover, p_switch=s.p_switch,
-                         max_template_share=s.max_template_share, seeds=seeds, priors=priors)
+                         max_template_share=s.max_template_share, seeds=seeds, priors=priors, targets=targets)
 
 
 def observations(session: Session, evals: Sequence[CellEval], genomes: Sequence[Genome]) -> list[Observation]:
@@ -173,7 +174,7 @@ def _loop(session: Session, evaluator: Any) -> int:
     llm_tdefs = load_llm_templates(session)
     history, past = stored_history(session)
     learner = Learner.start(session, fresh=not history)
-    strategy = make_strategy(session, learner.seeds, learner.priors)
+    strategy = make_strategy(session, learner.seeds, learner.priors, learner.targets)
     if learner.seeds:
         session.store.write(learner.seed_uses())
         session.log(f"warm start: {len(learner.seeds)} seeds from champions in the store")
@@ -225,14 +226,16 @@ def _loop(session: Session, evaluator: Any) -> int:
             built = session.build(builder, genomes, progress.generation, origins, parents)
             by_key = {g.key(): g for g in genomes}
             items = [EvalItem(by_key[k], session.templates[by_key[k].template], cell, b)
-                     for k, pairs in built.items() for cell, b in pairs]
+                     for k, pairs in built.items() for cell, b in pairs
+                     if cell.label() in (strategy.cells_for(by_key[k]) or (cell.label(),))]
             old = {(it.genome.key(), it.cell.label()): it for it in items if (it.genome.key(), it.cell.label()) in reuse}
             evals = [replace(reuse[k], build_key=it.build.build_key) for k, it in old.items()]
             evals += evaluator.evaluate([it for it in items if (it.genome.key(), it.cell.label()) not in old])
             bred = [g for g in genomes if origins.get(g.key()) in ("init", "search")]  # drawn or bred under priors
             session.store.write(session.evaluation_rows(evals, progress.generation, evaluator.fingerprint,
                                                         evaluator.ceiling_gbps, evaluator.source)
-                                + lesson_rows + learner.bias_uses(bred))
+                                + lesson_rows + learner.bias_uses(bred)
+                                + learner.refine_uses(genomes, strategy.cells_for))
             strategy.observe(observations(session, evals, genomes))
             done |= {(ev.genome.key(), ev.cell.label()) for ev in evals}
             improved = update_progress(progress, evals)

@@ -22,13 +22,14 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from evo.deap_adapter import make_toolbox
 from evo.genome import Genome
-from evo.space import Space, weighted_choice
+from evo.space import Space, neighbours, weighted_choice
 from evo.template import TemplateDef
 from memory.queries import ANY_TEMPLATE
 from ops.spec import Cell
 
 SAMPLE_TRIES = 64  # rejected (already proposed) random draws before listing what is left of a template
 BREED_TRIES = 20  # breeding attempts per wanted child before topping up with random genomes
+MISS = 0.02  # a warm start's prediction for a cell misses when it is this much slower than the best found there
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class Strategy(Protocol):
     def propose(self, n: int) -> list[Genome]: ...
 
     def observe(self, obs: Sequence[Observation]) -> None: ...
+
+    def cells_for(self, g: Genome) -> frozenset[str] | None: ...
 
 
 class _Search:
@@ -73,6 +76,7 @@ class _Search:
         self._proposed: set[str] = set()
         self._genomes: dict[str, Genome] = {}  # observed, in order of first observation
         self._times: dict[str, dict[str, float]] = {}
+        self._cells_for: dict[str, frozenset[str]] = {}  # genomes to evaluate on some cells only
 
     def add_template(self, tdef: TemplateDef) -> None:
         """Make a new template (e.g. written by the LLM operator) available to sampling and breeding."""
@@ -85,6 +89,10 @@ class _Search:
 
     def was_proposed(self, g: Genome) -> bool:
         return g.key() in self._proposed
+
+    def cells_for(self, g: Genome) -> frozenset[str] | None:
+        """The cell labels to evaluate g on; None for every cell where it is legal."""
+        return self._cells_for.get(g.key())
 
     def propose(self, n: int) -> list[Genome]:
         """n new genomes (fewer only when the legal space is exhausted)."""
@@ -188,6 +196,12 @@ class GeneticSearch(_Search):
     supply is filled with fresh legal genomes, drawn by the priors where there are any (a template
     by the template prior, then each param by its prior; uniformly otherwise). Seeds are proposed
     first, before any breeding or drawing.
+
+    `targets` (a warm start's predictions: cell label -> keys of the seeds expected to be fastest
+    there) turns on targeted refinement: the seeds form the first generation alone, and each later
+    generation starts with the one-step neighbours of the best genome on every cell where the
+    prediction missed (the predicted seeds more than MISS slower than the best found there; worst miss
+    first), each evaluated only on the missed cells that best leads (`cells_for`).
     """
 
     def __init__(
@@ -207,6 +221,7 @@ class GeneticSearch(_Search):
         p_niche: float = 0.3,
         seeds: Sequence[Genome] = (),
         priors: Mapping[str, Mapping[str, Mapping[Any, float]]] | None = None,
+        targets: Mapping[str, Sequence[str]] | None = None,
     ):
         if population < 1 or elite < 0 or tournament < 1 or mutation_params < 1:
             raise ValueError("population, tournament and mutation_params must be >= 1, elite >= 0")
@@ -223,6 +238,7 @@ class GeneticSearch(_Search):
         self.p_switch = p_switch
         self.max_template_share = max_template_share
         self._seeds = list(seeds)
+        self._targets = {lb: list(keys) for lb, keys in (targets or {}).items() if lb in self.labels and keys}
         self._toolbox = make_toolbox(
             self.tdefs, arch, self.dtype_sets, self._dims, mutation_params, tournament, p_niche, priors
         )
@@ -284,10 +300,67 @@ class GeneticSearch(_Search):
             if len(out) < n and s.key() not in self._proposed and s.key() not in taken:
                 out.append(s)
                 taken.add(s.key())
+        if self._targets:
+            if out and not self._genomes:
+                return out  # the seeds alone: refinement starts from what they measure
+            out += self._refine(n - len(out), rng, taken)
         pool = self.population()
         if pool and len(out) < n:
             out += self._breed(pool, n - len(out), rng, taken)
         return out + self._fresh(n - len(out), rng, taken)
+
+    def missed(self) -> dict[str, float]:
+        """Cells where the prediction missed: label -> (time of the fastest predicted seed) / (best time)."""
+        best = self.best_per_cell()
+        out = {}
+        for label, keys in self._targets.items():
+            if label in best:
+                predicted = min(self._times.get(k, {}).get(label, math.inf) for k in keys)
+                if predicted > (1 + MISS) * best[label][1]:
+                    out[label] = predicted / best[label][1]
+        return out
+
+    def _refine(self, want: int, rng: random.Random, taken: set[str]) -> list[Genome]:
+        """Up to `want` neighbours of the bests on missed cells, worst miss first, each for its cells only."""
+        missed = self.missed()
+        best = self.best_per_cell()
+        lead: dict[str, list[str]] = {}  # best genome key -> the missed cells it leads
+        parents: dict[str, Genome] = {}
+        for label in sorted(missed, key=lambda lb: (-missed[lb], lb)):
+            g = best[label][0]
+            if self._breedable(g):
+                lead.setdefault(g.key(), []).append(label)
+                parents[g.key()] = g
+        out: list[Genome] = []
+        for key, labels in lead.items():
+            for child in self._neighbours(parents[key], labels, rng, taken):
+                if len(out) >= want:
+                    return out
+                out.append(child)
+                taken.add(child.key())
+                self._cells_for[child.key()] = frozenset(labels)
+        return out
+
+    def _neighbours(self, g: Genome, labels: Sequence[str], rng: random.Random, taken: set[str]) -> list[Genome]:
+        """g's one-step neighbours legal on one of `labels` and never proposed, in a random order
+        weighted toward the values the priors favour."""
+        space, tdef = self._spaces[g.template], self.tdefs[g.template]
+        cells = [self.cells[self.labels.index(lb)] for lb in labels]
+        priors = self._priors.get(g.template, {})
+        params = space.normalize(g.params_dict())
+        keyed: list[tuple[float, Genome]] = []
+        for p in space.names:
+            for v in neighbours(tdef, p, params[p]):
+                cand = {**params, p: v}
+                if not any(tdef.is_valid(cand, self.arch, c.dtypes_dict(), c.dims_dict()) for c in cells):
+                    continue
+                child = self._genome(g.template, cand)
+                if child.key() in self._proposed or child.key() in taken:
+                    continue
+                w = max(1e-3, float(priors.get(p, {}).get(v, 1.0)))
+                keyed.append((rng.random() ** (1.0 / w), child))  # largest first: a weighted random order
+        keyed.sort(key=lambda kc: -kc[0])
+        return [c for _, c in keyed]
 
     def _breed(self, pool: list[Genome], want: int, rng: random.Random, taken: set[str]) -> list[Genome]:
         tb = self._toolbox

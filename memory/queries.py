@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -210,6 +210,8 @@ class Seed:
     cell: str
     same_dtype: bool
     distance: float
+    dtype: str = ""  # the champion's cell: dtype key and dims
+    dims: Mapping[str, int] = field(default_factory=dict)
 
 
 def warm_start(
@@ -232,7 +234,8 @@ def warm_start(
             same, dist = s["dtype"] == key, dims_distance(dims, s["dims"])
             for rank, g in enumerate(s["top"]):
                 seed = Seed(
-                    g["template"], g["params"], g["genome_key"], g.get("source_hash"), lesson_id, s["cell"], same, dist
+                    g["template"], g["params"], g["genome_key"], g.get("source_hash"), lesson_id, s["cell"], same, dist,
+                    s["dtype"], s["dims"],
                 )
                 options.append(((not same, round(dist, 9), rank, -usefulness, g["genome_key"]), seed))
         ranked.append([seed for seed in sorted(options, key=lambda o: o[0])])

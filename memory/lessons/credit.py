@@ -20,6 +20,7 @@ class Use(str, enum.Enum):
 
     SEEDED = "seeded"  # warm start put the genome in the population
     BIASED = "biased"  # a parameter prior steered the mutation that made it
+    REFINED = "refined"  # a neighbour polled where the champion predicted for a cell missed (targeted refinement)
     REJECTED = "rejected"  # predicted to fail, never built or run (not scored: nothing was observed)
     CHECKED = "checked"  # predicted to fail, evaluated anyway (scored: was the prediction right?)
 

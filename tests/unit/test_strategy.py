@@ -266,3 +266,56 @@ def test_priors_weigh_fresh_draws_and_neutral_priors_change_nothing() -> None:
     vecs = Counter(g.params_dict()["vec"] for g in biased if g.template == "cta_row")
     assert vecs[8] > 2 * vecs[4] and Counter(g.template for g in plain)["cta_row"] < 45
     assert len({g.key() for g in biased}) == 60  # still never a repeat
+
+
+def _one_step(a: Genome, b: Genome) -> bool:
+    pa, pb = a.params_dict(), b.params_dict()
+    return a.template == b.template and sum(pa[k] != pb[k] for k in pa) == 1
+
+
+def test_targeted_refinement_polls_the_neighbours_of_the_best_where_the_prediction_missed() -> None:
+    cta = TEMPLATES["cta_row"]
+    hit = Genome.make("rmsnorm", "cta_row", cta.source_hash, {**cta.default_params(), "threads": 512})
+    miss = hit.with_params(threads=1024, vec=4)  # predicted fastest on the largest cell, but slow there
+    big, small = LABELS[-1], LABELS[-2]
+    targets = {big: [miss.key()], small: [hit.key()]}
+    s = ga(0, seeds=[hit, miss], targets=targets)
+    assert [g.key() for g in s.propose(16)] == [hit.key(), miss.key()]  # the seeds alone, first
+    s.observe([Observation(hit, {big: 10.0, small: 5.0}), Observation(miss, {big: 30.0, small: 6.0})])
+    assert s.missed() == {big: pytest.approx(3.0)}  # small: the prediction was the best there
+    out = s.propose(16)
+    refined = [g for g in out if s.cells_for(g) is not None]
+    assert refined and out[: len(refined)] == refined  # refinement comes first in the generation
+    assert all(_one_step(g, hit) and s.cells_for(g) == frozenset({big}) for g in refined)
+    from evo.space import neighbours
+
+    cell = CELLS[-1]
+    legal = {hit.with_params(**{p: v}).key() for p in cta.param_names for v in neighbours(cta, p, hit.params_dict()[p])
+             if cta.is_valid({**hit.params_dict(), p: v}, ARCH, cell.dtypes_dict(), cell.dims_dict())}
+    legal -= {miss.key()}
+    assert {g.key() for g in refined} == legal and len(legal) >= 5  # the whole legal neighbourhood on that cell
+    assert all(s.cells_for(g) is None for g in out[len(refined):])  # bred and drawn genomes: every cell
+    assert len({g.key() for g in out}) == len(out) == 16
+
+
+def test_no_targets_no_refinement_and_the_cold_stream_is_unchanged() -> None:
+    cta = TEMPLATES["cta_row"]
+    seed = Genome.make("rmsnorm", "cta_row", cta.source_hash, cta.default_params())
+    plain, with_empty = ga(3, seeds=[seed]), ga(3, seeds=[seed], targets={})
+    a, b = plain.propose(16), with_empty.propose(16)
+    assert [g.key() for g in a] == [g.key() for g in b] and len(a) == 16 and a[0] == seed
+    assert all(plain.cells_for(g) is None for g in a)
+    times = {lb: 10.0 for lb in LABELS}
+    plain.observe([Observation(g, times) for g in a])
+    assert plain.missed() == {} and all(plain.cells_for(g) is None for g in plain.propose(16))
+
+
+def test_a_prediction_within_the_miss_margin_is_not_refined() -> None:
+    cta = TEMPLATES["cta_row"]
+    hit = Genome.make("rmsnorm", "cta_row", cta.source_hash, cta.default_params())
+    close = hit.with_params(threads=512)
+    s = ga(1, seeds=[hit, close], targets={LABELS[0]: [close.key()]})
+    s.propose(16)
+    s.observe([Observation(hit, {LABELS[0]: 10.0}), Observation(close, {LABELS[0]: 10.1})])  # 1% off: a hit
+    assert s.missed() == {}
+    assert all(s.cells_for(g) is None for g in s.propose(16))
