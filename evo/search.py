@@ -225,9 +225,10 @@ def _loop(session: Session, evaluator: Any) -> int:
                 break
             built = session.build(builder, genomes, progress.generation, origins, parents)
             by_key = {g.key(): g for g in genomes}
+            only = {k: strategy.cells_for(g) for k, g in by_key.items()}  # None: every legal cell
             items = [EvalItem(by_key[k], session.templates[by_key[k].template], cell, b)
                      for k, pairs in built.items() for cell, b in pairs
-                     if cell.label() in (strategy.cells_for(by_key[k]) or (cell.label(),))]
+                     if only[k] is None or cell.label() in only[k]]
             old = {(it.genome.key(), it.cell.label()): it for it in items if (it.genome.key(), it.cell.label()) in reuse}
             evals = [replace(reuse[k], build_key=it.build.build_key) for k, it in old.items()]
             evals += evaluator.evaluate([it for it in items if (it.genome.key(), it.cell.label()) not in old])

@@ -309,9 +309,9 @@ class GeneticSearch(_Search):
             out += self._breed(pool, n - len(out), rng, taken)
         return out + self._fresh(n - len(out), rng, taken)
 
-    def missed(self) -> dict[str, float]:
+    def missed(self, best: Mapping[str, tuple[Genome, float]] | None = None) -> dict[str, float]:
         """Cells where the prediction missed: label -> (time of the fastest predicted seed) / (best time)."""
-        best = self.best_per_cell()
+        best = self.best_per_cell() if best is None else best
         out = {}
         for label, keys in self._targets.items():
             if label in best:
@@ -322,8 +322,8 @@ class GeneticSearch(_Search):
 
     def _refine(self, want: int, rng: random.Random, taken: set[str]) -> list[Genome]:
         """Up to `want` neighbours of the bests on missed cells, worst miss first, each for its cells only."""
-        missed = self.missed()
         best = self.best_per_cell()
+        missed = self.missed(best)
         lead: dict[str, list[str]] = {}  # best genome key -> the missed cells it leads
         parents: dict[str, Genome] = {}
         for label in sorted(missed, key=lambda lb: (-missed[lb], lb)):
@@ -345,7 +345,7 @@ class GeneticSearch(_Search):
         """g's one-step neighbours legal on one of `labels` and never proposed, in a random order
         weighted toward the values the priors favour."""
         space, tdef = self._spaces[g.template], self.tdefs[g.template]
-        cells = [self.cells[self.labels.index(lb)] for lb in labels]
+        cells = [c for c in self.cells if c.label() in labels]
         priors = self._priors.get(g.template, {})
         params = space.normalize(g.params_dict())
         keyed: list[tuple[float, Genome]] = []
