@@ -25,8 +25,6 @@ from evo.verify import judge
 from ops import KNOWN, get_op
 from ops.spec import Cell, OpSpec, gbps
 
-KINDS = ("normal", "large", "normal")
-
 
 @dataclass(frozen=True)
 class BenchRow:
@@ -80,7 +78,7 @@ def bench(
                 if not b.status.ok:
                     rows.append(_row(label, tdef, g, cell, b.status, b.error, regs=b.regs))
                     continue
-                job = make_job(op, tdef, g, b, cell, arch_n, seed, KINDS, timing, baseline=True)
+                job = make_job(op, tdef, g, b, cell, arch_n, seed, timing, baseline=True)
                 res = runner.run([job])[0]
                 rel = {name: tol[2] for name, tol in job.tolerances}
                 v = judge(res, rel)

@@ -1,7 +1,9 @@
-"""Compile rendered CUDA C++ to cubins with NVRTC (through cuda.core), in a process pool.
+"""Compile rendered CUDA C++ to cubins with NVRTC (through cuda.core), in compile processes.
 
 No GPU is needed: NVRTC builds sm_90a and sm_100a cubins on any machine. The `ptxas -v` report gives
 registers, spills, stack and shared memory per kernel, a free filter before the GPU sees anything.
+Every compile runs in a child process with a wall-clock limit: a template that keeps NVRTC busy for
+minutes (exponential template instantiation, a huge unroll) is killed and recorded as COMPILE_ERROR.
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import multiprocessing as mp
 import re
 import time
-from concurrent.futures import ProcessPoolExecutor
+import traceback
+from collections import deque
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
@@ -26,6 +30,8 @@ REGS_PER_SM = 65536
 MAX_REGS_PER_THREAD = 255
 MAX_SMEM_PER_BLOCK = 232448
 NVRTC_STD = "c++17"
+DEFAULT_TIMEOUT_S = 60.0  # per compile; [build] timeout_s
+START_TIMEOUT_S = 120.0  # a fresh compile process imports cuda.core and loads NVRTC before its first input
 
 _ENTRY = re.compile(r"Compiling entry function '(?P<k>[^']+)' for '(?P<arch>[^']+)'")
 _FRAME = re.compile(r"(?P<stack>\d+) bytes stack frame, (?P<st>\d+) bytes spill stores, (?P<ld>\d+) bytes spill loads")
@@ -158,7 +164,9 @@ def prepare(
     r = render(tdef, genome.params_dict(), arch_n, dict(dt), consts)
     if not r.status.ok:
         return replace(bi, render_error=r.error)
-    if genome.text is not None:  # LLM-written: the rendered CUDA must still be device code only
+    # Keyed on the template, not the genome: a genome drawn fresh, switched to, or rebuilt from the
+    # store at resume carries no text, yet renders the LLM's template all the same.
+    if not tdef.trusted or genome.text is not None:  # the rendered CUDA must still be device code only
         from evo.llm.safety import cuda_problems
 
         problems = cuda_problems(r.source)
@@ -181,7 +189,7 @@ def _product(vals: Iterable[Any]) -> int:
 
 
 def compile_one(bi: BuildInput) -> BuildResult:
-    """Compile one prepared input; runs in a pool worker."""
+    """Compile one prepared input; runs in a compile process (or a Ray task)."""
     key = bi.key()
     version = compiler_version()
     if bi.render_error:
@@ -229,13 +237,69 @@ def _first_error(log: str) -> str:
     return log.strip().splitlines()[0][:500] if log.strip() else "compile failed with an empty log"
 
 
-class Builder:
-    """Compiles batches in a process pool, skipping what is already cached (by build key)."""
+def _serve(conn: Any) -> None:
+    """A compile process: answers each BuildInput with ("ok", BuildResult) until it reads None."""
+    try:
+        import cuda.core  # noqa: F401  (loaded before the first deadline starts)
 
-    def __init__(self, workers: int = 2, cached: Mapping[str, BuildResult] | None = None) -> None:
+        compiler_version()
+        include_dir()
+        conn.send(("ready", None))
+        while (bi := conn.recv()) is not None:
+            conn.send(("ok", compile_one(bi)))
+    except (EOFError, BrokenPipeError):
+        return  # the builder went away
+    except Exception:  # noqa: BLE001  (no headers, a bug: not the candidate's fault; the builder raises it)
+        conn.send(("bug", traceback.format_exc()))
+
+
+@dataclass
+class _Compiler:
+    """One compile process the builder can kill, and the input it is working on."""
+
+    proc: Any
+    conn: Any
+    deadline: float  # for starting, then for the current input
+    ready: bool = False
+    key: str = ""
+    job: BuildInput | None = None
+    sent: float = 0.0
+
+    @classmethod
+    def start(cls) -> _Compiler:
+        ctx = mp.get_context("spawn")  # a fresh interpreter: nothing of the parent's state is inherited
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+        proc.start()
+        child.close()
+        return cls(proc, parent, time.monotonic() + START_TIMEOUT_S)
+
+    @property
+    def waiting(self) -> bool:
+        return not self.ready or self.job is not None
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=10)
+        self.conn.close()
+
+
+class Builder:
+    """Compiles batches in `workers` compile processes, skipping what is already cached (by build key).
+
+    Each compile may take `timeout_s` of wall clock; past it, its process is killed (the input is a
+    COMPILE_ERROR) and a fresh one takes over the rest of the batch.
+    """
+
+    def __init__(self, workers: int = 2, cached: Mapping[str, BuildResult] | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        if not 0 < timeout_s < float("inf"):
+            raise ValueError(f"timeout_s must be > 0 and finite, got {timeout_s}")
         self.workers = max(1, workers)
+        self.timeout_s = timeout_s
         self._cache: dict[str, BuildResult] = dict(cached or {})
-        self._pool: ProcessPoolExecutor | None = None
+        self._procs: list[_Compiler] = []
 
     def __enter__(self) -> "Builder":
         return self
@@ -244,23 +308,99 @@ class Builder:
         self.close()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
+        idle = [c for c in self._procs if not c.waiting]  # the others are killed at once
+        for c in idle:
+            try:
+                c.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for c in idle:
+            c.proc.join(timeout=5)
+        for c in self._procs:
+            c.kill()
+        self._procs = []
 
     def build(self, inputs: Sequence[BuildInput]) -> list[BuildResult]:
         """Results in input order; identical inputs in one batch compile once."""
         keys = [bi.key() for bi in inputs]
         todo = {k: bi for k, bi in zip(keys, inputs) if k not in self._cache}
-        if todo:
-            if self.workers == 1 or len(todo) == 1:
-                results = [compile_one(bi) for bi in todo.values()]
+        pending: deque[tuple[str, BuildInput]] = deque()
+        for k, bi in todo.items():
+            if bi.render_error:  # nothing to compile
+                self._cache[k] = compile_one(bi)
             else:
-                if self._pool is None:
-                    import multiprocessing as mp
-
-                    self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
-                results = list(self._pool.map(compile_one, todo.values(), chunksize=4))
-            for r in results:
-                self._cache[r.build_key] = r
+                pending.append((k, bi))
+        if pending:
+            try:
+                self._compile(pending)
+            except BaseException:
+                self.close()  # its processes may hold inputs whose answers nobody will read
+                raise
         return [self._cache[k] for k in keys]
+
+    def _compile(self, pending: deque[tuple[str, BuildInput]]) -> None:
+        from multiprocessing.connection import wait
+
+        while pending or any(c.job is not None for c in self._procs):
+            busy = sum(c.job is not None for c in self._procs)
+            while len(self._procs) < min(self.workers, busy + len(pending)):
+                self._procs.append(_Compiler.start())
+            now = time.monotonic()
+            for c in list(self._procs):
+                if c.ready and c.job is None and pending:
+                    if not c.proc.is_alive():  # died while idle: replaced on the next pass
+                        self._drop(c)
+                        continue
+                    c.key, c.job = pending.popleft()
+                    try:
+                        c.conn.send(c.job)
+                    except (BrokenPipeError, OSError):  # it died before taking the input: give it to another
+                        pending.appendleft((c.key, c.job))
+                        self._drop(c)
+                        continue
+                    c.sent, c.deadline = now, now + self.timeout_s
+            waiting = [c for c in self._procs if c.waiting]
+            if not waiting:
+                continue
+            for conn in wait([c.conn for c in waiting], max(0.0, min(c.deadline for c in waiting) - now)):
+                self._answer(next(c for c in waiting if c.conn is conn))
+            now = time.monotonic()
+            for c in [c for c in self._procs if c.waiting and now >= c.deadline]:
+                if not c.ready:
+                    self._drop(c)
+                    raise RuntimeError(f"a compile process did not start within {START_TIMEOUT_S:.0f} s")
+                self._finish(c, BuildResult(c.key, Status.COMPILE_ERROR, error=f"NVRTC compile exceeded "
+                                            f"{self.timeout_s:g} s", compile_ms=(now - c.sent) * 1e3,
+                                            compiler=compiler_version()))
+                self._drop(c)
+
+    def _answer(self, c: _Compiler) -> None:
+        """Read what a compile process said: ready, a result, a bug, or nothing because it died."""
+        try:
+            tag, payload = c.conn.recv()
+        except (EOFError, OSError):
+            c.proc.join(timeout=2.0)  # reap it, so the exit code (or signal) is known
+            code = c.proc.exitcode
+            self._drop(c)
+            if c.job is None:
+                raise RuntimeError(f"a compile process died while starting (exit code {code})") from None
+            # NVRTC took its process down: the source's fault, like any other compile failure
+            self._finish(c, BuildResult(c.key, Status.COMPILE_ERROR, error=f"the compiler process died (exit code "
+                                        f"{code})", compile_ms=(time.monotonic() - c.sent) * 1e3,
+                                        compiler=compiler_version()))
+            return
+        if tag == "bug":
+            self._drop(c)
+            raise RuntimeError(f"a compile process failed (a bug, not the candidate):\n{payload}")
+        if tag == "ready":
+            c.ready = True
+        else:
+            self._finish(c, payload)
+
+    def _finish(self, c: _Compiler, r: BuildResult) -> None:
+        self._cache[c.key] = r
+        c.key, c.job = "", None
+
+    def _drop(self, c: _Compiler) -> None:
+        c.kill()
+        self._procs.remove(c)

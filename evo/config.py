@@ -108,10 +108,13 @@ class BudgetSection:
 @dataclass(frozen=True)
 class BuildSection:
     workers: int = 2
+    timeout_s: float = 60.0  # wall clock per NVRTC compile; past it the compile process is killed
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ConfigError("build.workers: must be >= 1")
+        if not 0 < self.timeout_s < float("inf"):
+            raise ConfigError("build.timeout_s: must be > 0 and finite")
 
 
 @dataclass(frozen=True)

@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from evo.build import BuildResult
 from evo.genome import Genome
-from evo.jobs import BufferDecl, EvalJob, LaunchJob, Timing
+from evo.jobs import BufferDecl, EvalJob, GateCell, LaunchJob, Timing
 from evo.template import TemplateDef
 from ops.spec import Cell, OpSpec
 
 
-def make_job(
-    op: OpSpec,
-    tdef: TemplateDef,
-    genome: Genome,
-    build: BuildResult,
-    cell: Cell,
-    arch: int,
-    seed: int,
-    kinds: tuple[str, ...],
-    timing: Timing | None,
-    baseline: bool = True,
-    job_id: str = "",
-) -> EvalJob:
-    """One job verifying (and timing, if `timing`) a built genome on one cell."""
+def bind_cell(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell,
+              arch: int) -> tuple[tuple[LaunchJob, ...], tuple[BufferDecl, ...], tuple[tuple[str, float], ...]]:
+    """The genome's launch plan on one cell, bound to the op's tensors, dims and scalars."""
     dims = cell.dims_dict()
-    dtypes = cell.dtypes_dict()
-    launches, workspaces = tdef.plan(genome.params_dict(), arch, dtypes, dims)
+    launches, workspaces = tdef.plan(genome.params_dict(), arch, cell.dtypes_dict(), dims)
     scalars = op.scalar_values(cell)
     buffers = [BufferDecl(t.name, t.resolve_dtype(cell).value, t.shape(cell), t.role.value) for t in op.tensors]
     buffers += [BufferDecl(name, "uint8", (nbytes,), "ws") for name, nbytes in workspaces.items()]
@@ -45,6 +35,30 @@ def make_job(
             else:
                 raise KeyError(f"template {tdef.name}: launch arg {name!r} is not a tensor, dim or scalar of {op.name}")
         jobs.append(LaunchJob(ln.kernel, ln.grid, ln.block, ln.smem, tuple(args)))
+    return tuple(jobs), tuple(buffers), tuple(sorted(scalars.items()))
+
+
+def make_job(
+    op: OpSpec,
+    tdef: TemplateDef,
+    genome: Genome,
+    build: BuildResult,
+    cell: Cell,
+    arch: int,
+    seed: int,
+    timing: Timing | None,
+    baseline: bool = True,
+    job_id: str = "",
+    gate_cells: Sequence[Cell] = (),
+    stress_launches: int = 4,
+) -> EvalJob:
+    """One job verifying (and timing, if `timing`) a built genome on one cell, with every input kind
+    the op declares, and on `gate_cells` (which must share the build) with the same cubin."""
+    launches, buffers, scalars = bind_cell(op, tdef, genome, cell, arch)
+    gate = []
+    for gc in gate_cells:
+        gl, gb, gs = bind_cell(op, tdef, genome, gc, arch)
+        gate.append(GateCell(gc.label(), tuple(sorted(gc.dims_dict().items())), gl, gb, gs))
     tols = tuple(
         (t.name, (tol.atol, tol.rtol, tol.rel_norm))
         for t in op.outputs()
@@ -53,15 +67,20 @@ def make_job(
     return EvalJob(
         job_id=job_id or f"{genome.key()[:12]}:{cell.label()}",
         op=op.name,
-        dims=tuple(sorted(dims.items())),
-        dtypes=tuple(sorted(dtypes.items())),
+        dims=tuple(sorted(cell.dims_dict().items())),
+        dtypes=tuple(sorted(cell.dtypes_dict().items())),
         cubin=build.cubin,
-        launches=tuple(jobs),
-        buffers=tuple(buffers),
-        scalars=tuple(sorted(scalars.items())),
-        kinds=kinds,
+        launches=launches,
+        buffers=buffers,
+        scalars=scalars,
+        kinds=op.gate_kinds(),
         tolerances=tols,
         seed=seed,
         timing=timing,
         baseline=baseline,
+        stress_launches=stress_launches,
+        fills=tuple((k, tuple(sorted(specs.items()))) for k, specs in op.fills.items()),
+        timing_kinds=op.timing_kinds,
+        bytes_moved=op.bytes_moved(cell),
+        gate=tuple(gate),
     )

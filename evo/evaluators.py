@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -22,8 +22,6 @@ from evo.status import Status
 from evo.template import TemplateDef
 from evo.verify import Verdict, judge
 from ops.spec import Cell, OpSpec
-
-KINDS = ("normal", "large", "normal")
 
 
 @dataclass(frozen=True)
@@ -65,8 +63,24 @@ def from_verdict(item: EvalItem, v: Verdict) -> CellEval:
                     v.samples, v.baseline_us, v.max_abs_err, v.rel_norm_err, v.error)
 
 
+def gate_cells_for(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell, arch: int) -> list[Cell]:
+    """The cells the genome's cubin for `cell` must also be right on: the op's gate cells (M = 1, odd M)
+    and every edge cell of the same dtypes that the template admits with the same build (runtime N)."""
+    params = genome.params_dict()
+    dtypes = cell.dtypes_dict()
+    out = []
+    for c in [*op.gate_cells(cell), *op.edge_cells()]:
+        if c == cell or c.dtypes_dict() != dtypes or c in out:
+            continue
+        if any(c.dim(d) != cell.dim(d) for d in tdef.specialize):
+            continue
+        if tdef.is_valid(params, arch, dtypes, c.dims_dict()):
+            out.append(c)
+    return out
+
+
 class GpuEvaluator:
-    """Verify and time on the GPU through the watchdog runner."""
+    """Verify and time on the GPU through the watchdog runner; the baseline is timed beside every candidate."""
 
     source = "gpu"
 
@@ -77,35 +91,27 @@ class GpuEvaluator:
         self.fingerprint = dict(runner.fingerprint, nvrtc_build=compiler_version())
         self.ceiling_gbps = runner.ceiling_gbps
         self._n = 0
-        self._baseline: dict[str, float] = {}  # torch measured once per cell, in the same process
 
     def evaluate(self, items: Sequence[EvalItem]) -> list[CellEval]:
-        """One runner call per batch, so several devices work in parallel; torch is timed once per cell."""
+        """One runner call per batch, so several devices work in parallel."""
         jobs, ok_items = [], []
-        wants_baseline: set[str] = set()
         for it in items:
             if not it.build.status.ok:
                 continue
-            label = it.cell.label()
-            base = label not in self._baseline and label not in wants_baseline
-            wants_baseline.add(label)
             self._n += 1
+            gates = gate_cells_for(self.op, it.tdef, it.genome, it.cell, self.arch)
             jobs.append(make_job(self.op, it.tdef, it.genome, it.build, it.cell, self.arch,
-                                 self.seed * 100003 + self._n, KINDS, self.timing, baseline=base))
+                                 self.seed * 100003 + self._n, self.timing, baseline=True, gate_cells=gates))
             ok_items.append(it)
         verdicts = {}
         for it, job, res in zip(ok_items, jobs, self.runner.run(jobs)):
-            v = judge(res, {k: t[2] for k, t in job.tolerances})
-            if math.isfinite(v.baseline_us):
-                self._baseline[it.cell.label()] = v.baseline_us
-            verdicts[id(it)] = v
+            verdicts[id(it)] = judge(res, {k: t[2] for k, t in job.tolerances})
         out = []
         for it in items:
             if not it.build.status.ok:
                 out.append(CellEval(it.genome, it.cell, it.build.status, it.build.build_key, error=it.build.error))
                 continue
-            ev = from_verdict(it, verdicts[id(it)])
-            out.append(replace(ev, baseline_us=self._baseline.get(it.cell.label(), math.inf)))
+            out.append(from_verdict(it, verdicts[id(it)]))
         return out
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ops.spec import FillSpec
+
 # An argument binding: ("buf", name) for a device pointer, ("i32"|"i64"|"f32", value) for a scalar.
 ArgBind = tuple[str, Any]
 
@@ -41,8 +43,26 @@ class Timing:
     max_samples: int = 400
     warmup: int = 10
     spread: float = 0.05  # keep sampling while (p90 - p10) / median exceeds this
-    graph_below_us: float = 10.0  # replay a CUDA graph for launches shorter than this
+    # Replay a CUDA graph when the cell's bytes at the copy ceiling take less than this: decided by the
+    # cell alone, the same for every candidate and the baseline, run after run (a probe of a kernel
+    # near the threshold would flip the mode between runs, and a candidate could steer it).
+    graph_below_us: float = 5.0
     graph_launches: int = 20
+
+
+@dataclass(frozen=True)
+class GateCell:
+    """Another cell the same cubin must also be right on (M = 1, odd M, N off the vector width)."""
+
+    label: str
+    dims: tuple[tuple[str, int], ...]
+    launches: tuple[LaunchJob, ...]
+    buffers: tuple[BufferDecl, ...]
+    scalars: tuple[tuple[str, float], ...]
+
+
+# kind -> ((tensor, FillSpec), ...): how the gate fills every input for one input kind.
+Fills = tuple[tuple[str, tuple[tuple[str, FillSpec], ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -57,12 +77,22 @@ class EvalJob:
     launches: tuple[LaunchJob, ...]
     buffers: tuple[BufferDecl, ...]
     scalars: tuple[tuple[str, float], ...]
-    kinds: tuple[str, ...]  # input kind of each check set, at least 3
+    kinds: tuple[str, ...]  # the input kinds checked before timing, in order (every kind in `fills`)
     tolerances: tuple[tuple[str, tuple[float, float, float]], ...]  # output -> (atol, rtol, rel_norm)
     seed: int
     timing: Timing | None = None
     baseline: bool = False
-    stress_launches: int = 0  # extra back-to-back launches before the last check, to expose races
+    stress_launches: int = 4  # repeats of a checked launch, each poisoned and compared, to expose races
+    fills: Fills = ()
+    timing_kinds: tuple[str, ...] = ("normal",)  # fresh values of these kinds fill the timed sets
+    bytes_moved: int = 0  # the op's bytes for the cell: a time implying more than the copy ceiling is SUSPECT
+    gate: tuple[GateCell, ...] = ()
+
+    def fill_of(self, kind: str) -> dict[str, FillSpec]:
+        for k, specs in self.fills:
+            if k == kind:
+                return dict(specs)
+        raise KeyError(f"job {self.job_id}: no fill for input kind {kind!r} (has {[k for k, _ in self.fills]})")
 
 
 @dataclass(frozen=True)
@@ -88,10 +118,12 @@ class JobResult:
     job_id: str
     error_kind: str = ""  # "", "launch" (refused launch), "crash" (sticky fault), or the parent's "timeout"
     error: str = ""
-    checks: tuple[tuple[int, tuple[CheckStats, ...]], ...] = ()  # (set index or -1 for last timed, stats)
+    checks: tuple[tuple[str, tuple[CheckStats, ...]], ...] = ()  # (which launch, e.g. "kind tiny", stats)
+    input_faults: tuple[str, ...] = ()  # inputs (or their private copies) a launch changed
     times_us: tuple[float, ...] = ()
     baseline_us: tuple[float, ...] = ()
     baseline_name: str = ""
     graph: bool = False
     fingerprint: tuple[tuple[str, str], ...] = ()
     ceiling_gbps: float = 0.0
+    bytes_moved: int = 0

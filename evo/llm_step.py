@@ -46,7 +46,8 @@ def _recent_failures(session: Any, k: int) -> tuple[str, ...]:
         return ()
     df = session.store.sql(
         "SELECT c.template, c.params_json, e.status, e.error FROM evaluations e JOIN candidates c USING (genome_key) "
-        "WHERE c.op = ? AND e.status NOT IN ('OK', 'UNKNOWN', 'REJECTED') ORDER BY e.created_at DESC LIMIT ?",
+        "WHERE c.op = ? AND e.status NOT IN ('OK', 'UNKNOWN', 'REJECTED', 'SUSPECT') "
+        "ORDER BY e.created_at DESC LIMIT ?",
         [session.op.name, k])
     return tuple(f"{r.template} {r.params_json}: {r.status} {str(r.error or '')[:200]}" for r in df.itertuples())
 

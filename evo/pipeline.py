@@ -168,8 +168,9 @@ def _finite(x: Any) -> float | None:
 
 
 def fingerprint_class(fp: dict[str, str]) -> str:
-    """Measurements are comparable within a class: same GPU, arch, driver and compiler of the cubins."""
-    return "|".join(fp.get(k, "?") for k in ("gpu", "arch", "driver", "nvrtc_build"))
+    """Measurements are comparable within a class: same GPU, arch, driver, compiler of the cubins, and
+    gate (a result an older gate accepted is not evidence under a stricter one)."""
+    return "|".join(fp.get(k, "?") for k in ("gpu", "arch", "driver", "nvrtc_build", "gate"))
 
 
 def new_run_id(config: Config) -> str:
@@ -204,7 +205,7 @@ def run_build_stage(session: Session) -> dict[str, list[tuple[Cell, BuildResult]
     """Render and compile the initial population; every build lands in the store."""
     rng = random.Random(session.config.run.seed)
     pop = initial_population(session, rng)
-    with Builder(session.config.build.workers) as builder:
+    with Builder(session.config.build.workers, timeout_s=session.config.build.timeout_s) as builder:
         built = session.build(builder, pop, generation=0)
     n_ok = sum(r.status is Status.OK for pairs in built.values() for _, r in pairs)
     n_all = len({r.build_key for pairs in built.values() for _, r in pairs})

@@ -154,7 +154,7 @@ def make_builder(c: Any) -> Any:
         from evo.ray_backend import RayBuilder
 
         return RayBuilder()
-    return Builder(c.build.workers)
+    return Builder(c.build.workers, timeout_s=c.build.timeout_s)
 
 
 def make_runner(c: Any) -> Any:

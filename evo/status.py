@@ -17,6 +17,8 @@ class Status(str, enum.Enum):
     CRASH = "CRASH"
     TIMEOUT = "TIMEOUT"
     WRONG_ANSWER = "WRONG_ANSWER"
+    INPUT_MODIFIED = "INPUT_MODIFIED"  # a launch wrote one of its inputs
+    SUSPECT = "SUSPECT"  # passed every check, but its time implies more than the copy ceiling: never ranked
     LLM_ERROR = "LLM_ERROR"
     REJECTED = "REJECTED"  # predicted to fail by a lesson, never built or run
     UNKNOWN = "UNKNOWN"  # replay has no recorded measurement

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
@@ -98,7 +98,11 @@ class Launch:
 
 @dataclass(frozen=True)
 class TemplateDef:
-    """A parsed template: its text plus the declarations in its header."""
+    """A parsed template: its text plus the declarations in its header.
+
+    `trusted`: read from template files by load_templates (written by people). Every other template
+    (LLM-written, read back from the store, built in code) has its rendered CUDA checked at build time.
+    """
 
     op: str
     name: str
@@ -110,6 +114,7 @@ class TemplateDef:
     launches: tuple[LaunchDecl, ...]
     workspaces: tuple[tuple[str, Expr], ...]
     specialize: tuple[str, ...]
+    trusted: bool = field(default=False, compare=False)
 
     @property
     def source_hash(self) -> str:
@@ -216,7 +221,7 @@ def _exprs(value: Any, where: str) -> tuple[Expr, ...]:
     return tuple(Expr(str(v)) for v in items)
 
 
-def parse_template(text: str, origin: str = "<string>") -> TemplateDef:
+def parse_template(text: str, origin: str = "<string>", trusted: bool = False) -> TemplateDef:
     """Parse a template's header; errors name the origin and the key."""
     m = HEADER.match(text)
     if not m:
@@ -278,6 +283,7 @@ def parse_template(text: str, origin: str = "<string>") -> TemplateDef:
         launches=tuple(launches),
         workspaces=tuple((k, Expr(str(v))) for k, v in doc.get("workspace", {}).items()),
         specialize=tuple(head.get("specialize", [])),
+        trusted=trusted,
     )
 
 
@@ -288,7 +294,7 @@ def load_templates(op: str, root: Path = TEMPLATES_ROOT) -> dict[str, TemplateDe
         raise TemplateError(f"no template folder for op {op!r} at {folder}")
     defs = {}
     for path in sorted(folder.glob("*.cu.j2")):
-        t = parse_template(path.read_text(), str(path))
+        t = parse_template(path.read_text(), str(path), trusted=True)
         if t.op != op:
             raise TemplateError(f"{path}: declares op {t.op!r}, but lives under {op!r}")
         defs[t.name] = t

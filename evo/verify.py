@@ -11,9 +11,13 @@ from typing import Mapping
 
 import numpy as np
 
+from evo.gate import failed
 from evo.jobs import CheckStats, JobResult
 from evo.run import CRASH, TIMEOUT
 from evo.status import Status
+
+# A time implying more than (1 + this) x the copy ceiling measured in the same process is SUSPECT.
+SUSPECT_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -56,28 +60,29 @@ def pattern(c: CheckStats) -> str:
     return "error norm too large"
 
 
-def failed(c: CheckStats, rel_norm: float) -> bool:
-    """NaN/Inf never passes; neither does any element outside atol/rtol, a canary hit, or the norm bound."""
-    return c.nonfinite > 0 or c.bad > 0 or c.canary_bad > 0 or not (c.rel_norm_err <= rel_norm)
+def judge(result: JobResult, rel_norms: Mapping[str, float], margin: float = SUSPECT_MARGIN) -> Verdict:
+    """The Status of one (candidate, cell) evaluation.
 
-
-def judge(result: JobResult, rel_norms: Mapping[str, float]) -> Verdict:
-    """The Status of one (candidate, cell) evaluation."""
+    In order: the worker's own errors; an input a launch changed (INPUT_MODIFIED); any failed check
+    (WRONG_ANSWER); a median implying more than the copy ceiling plus `margin` (SUSPECT, its time
+    kept only in the message, so it is never ranked); else OK.
+    """
     if result.error_kind == TIMEOUT:
         return Verdict(Status.TIMEOUT, result.error)
     if result.error_kind == CRASH:
         return Verdict(Status.CRASH, result.error)
     if result.error_kind:
         return Verdict(Status.LAUNCH_ERROR, result.error)
+    if result.input_faults:
+        return Verdict(Status.INPUT_MODIFIED, "; ".join(result.input_faults[:3]), "input modified")
     if not result.checks:
         return Verdict(Status.CRASH, "worker returned no checks")
     worst_abs, worst_rel = 0.0, 0.0
-    for idx, stats in result.checks:
+    for where, stats in result.checks:
         for c in stats:
             worst_abs = max(worst_abs, c.max_abs_err)
             worst_rel = max(worst_rel, c.rel_norm_err)
             if failed(c, rel_norms[c.output]):
-                where = "last timed launch" if idx < 0 else f"input set {idx}"
                 p = pattern(c)
                 msg = (f"{c.output} on {where}: {p} ({c.bad} bad, {c.nonfinite} non-finite, {c.canary_bad} canary bytes"
                        f" of {c.numel}; first bad index {c.first_bad}; max abs err {c.max_abs_err:.3g};"
@@ -87,5 +92,11 @@ def judge(result: JobResult, rel_norms: Mapping[str, float]) -> Verdict:
         return Verdict(Status.OK, max_abs_err=worst_abs, rel_norm_err=worst_rel)
     p10, p50, p90 = np.percentile(result.times_us, [10, 50, 90])
     base = float(np.median(result.baseline_us)) if result.baseline_us else math.inf
+    limit = result.ceiling_gbps * (1.0 + margin)
+    gbps = result.bytes_moved / (p50 * 1e3) if p50 > 0 else math.inf
+    if result.bytes_moved and result.ceiling_gbps > 0 and gbps > limit:
+        return Verdict(Status.SUSPECT, f"median {p50:.3f} us implies {gbps:.0f} GB/s, above {1 + margin:.2f} x the copy "
+                       f"ceiling {result.ceiling_gbps:.0f} GB/s measured in the same process; never ranked",
+                       "faster than the copy ceiling", baseline_us=base, max_abs_err=worst_abs, rel_norm_err=worst_rel)
     return Verdict(Status.OK, median_us=float(p50), p10_us=float(p10), p90_us=float(p90),
                    samples=len(result.times_us), baseline_us=base, max_abs_err=worst_abs, rel_norm_err=worst_rel)

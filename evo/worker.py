@@ -1,10 +1,11 @@
 """The GPU worker: one process per device, fed EvalJobs over a pipe by the parent (evo/run.py).
 
-It loads cubins, makes fresh random inputs on the device, poisons outputs, guards them with canary
-zones, compares every element against a float64 device reference, and times with CUDA events (L2
-flushed before every sample, or a CUDA graph for short kernels), interleaved with torch's baseline
-when torch is importable. A kernel that faults poisons the CUDA context: the worker reports it and
-exits, and the parent starts a new one. Imports: numpy and cuda.core/cuda.bindings (torch optional).
+It implements the gate's device interface (evo/gate.py) with cuda.core: buffers with canary zones,
+random fills of the op's input kinds, random poison, keyed checksums, comparison of every element
+against a float64 device reference, CUDA-event timing with the L2 flushed (or a CUDA graph), and the
+torch baseline on the same input buffers. A kernel that faults poisons the CUDA context: the worker
+reports it and exits, and the parent starts a new one. Imports: numpy and cuda.core/cuda.bindings
+(torch optional).
 """
 
 from __future__ import annotations
@@ -12,22 +13,26 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from evo.gate import GATE_VERSION, SLOTS, Gate
 from evo.jobs import CheckStats, EvalJob, JobResult
 
 GUARD = 4096  # bytes of canary before and after every buffer
 CANARY = 0xA5
 FLUSH_BYTES = 256 << 20  # > 4x the H200's 60 MB L2
-ROTATE_BYTES = 192 << 20  # rotating input sets cover at least this much in graph mode
-NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-NP_SCALAR = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64, "u64": np.uint64}
+SLOT = 128  # bytes of scratch per comparison: 2 doubles, 6 u64 stats, 1 u64 guard count
+AUDIT_AT = SLOTS * SLOT
+MAX_AUDIT = 256  # buffers audited in one read-back
+NP_SCALAR = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64,
+             "u64": np.uint64, "u8": np.uint8}
 SUPPORT = Path(__file__).with_name("cuda") / "support.cu"
 
 
@@ -92,7 +97,10 @@ class Worker:
         self.arch = "sm_" + "".join(map(str, self.dev.compute_capability))
         self.support = self._compile(SUPPORT.read_text())
         self.op_modules: dict[str, tuple[Any, Any]] = {}
+        self._numel = [0] * SLOTS  # elements compared in each scratch slot
         self.flush_buf = self.dev.allocate(FLUSH_BYTES, stream=self.stream)
+        # compare stats (SLOT bytes per slot), then checksums and guard counts (AUDIT_AT on)
+        self.scratch = DeviceBuffer(self.dev, self.stream, AUDIT_AT + 16 * MAX_AUDIT)
         self.ceiling_gbps = self._copy_ceiling()
         self.fingerprint = self._fingerprint()  # after the copy, so the SM clock is read under load
 
@@ -112,12 +120,14 @@ class Worker:
         return self.op_modules[op]
 
     def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple) -> None:
+        """Launch with bound args: (kind, value) pairs, ("ptr", address) for buffers."""
         from cuda.core import LaunchConfig, launch
         from cuda.core._utils.cuda_utils import CUDAError
 
+        vals = tuple(NP_SCALAR[k](v) for k, v in args)
         try:
             k = obj.get_kernel(kernel)
-            launch(self.stream, LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem)), k, *args)
+            launch(self.stream, LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem)), k, *vals)
         except CUDAError as e:
             sticky = _sticky_error()
             raise (CudaFault if sticky else LaunchFault)(f"{kernel}: {e}") from None
@@ -130,60 +140,170 @@ class Worker:
     def memset8(self, ptr: int, value: int, n: int) -> None:
         check(_drv().cuMemsetD8Async(ptr, value, n, int(self.stream.handle)), "cuMemsetD8Async")
 
-    def poison(self, buf: DeviceBuffer, dtype: str) -> None:
-        """Fill the data with NaN and the guards with the canary pattern."""
-        drv = _drv()
-        self.memset8(buf.base, CANARY, GUARD)
-        self.memset8(buf.ptr + buf.nbytes, CANARY, GUARD)
-        h = int(self.stream.handle)
-        if NBYTES[dtype] == 4:
-            check(drv.cuMemsetD32Async(buf.ptr, 0x7FFFFFFF, buf.nbytes // 4, h), "cuMemsetD32Async")
-        else:
-            check(drv.cuMemsetD16Async(buf.ptr, 0x7FFF, buf.nbytes // 2, h), "cuMemsetD16Async")
-
-    def flush_l2(self) -> None:
-        check(_drv().cuMemsetD32Async(int(self.flush_buf.handle), 0, FLUSH_BYTES // 4, int(self.stream.handle)), "flush")
-
     def to_host(self, ptr: int, nbytes: int, dtype: Any) -> np.ndarray:
         out = np.empty(nbytes // np.dtype(dtype).itemsize, dtype=dtype)
-        self.stream.sync()
+        self.sync("before a read-back")  # an asynchronous fault of the candidate surfaces here as CudaFault
         check(_drv().cuMemcpyDtoH(out.ctypes.data, ptr, nbytes), "cuMemcpyDtoH")
         return out
 
     def _grid_for(self, n: int) -> tuple[int, int, int]:
         return (max(1, min(132 * 16, (n + 255) // 256)), 1, 1)
 
-    def canary_bad(self, buf: DeviceBuffer, counter: DeviceBuffer) -> int:
-        self.memset8(counter.ptr, 0, 8)
-        for start in (buf.base, buf.ptr + buf.nbytes):
-            self.launch(self.support, "kf_canary", self._grid_for(GUARD), (256, 1, 1), 0,
-                        (np.uint64(start), np.int64(GUARD), np.uint8(CANARY), np.uint64(counter.ptr)))
-        return int(self.to_host(counter.ptr, 8, np.uint64)[0])
+    def _support(self, kernel: str, n: int, *args: tuple) -> None:
+        self.launch(self.support, kernel, self._grid_for(n), (256, 1, 1), 0, args)
 
-    # ---- events and timing -------------------------------------------------------------------
+    # ---- the gate's device interface (evo.gate.GateDevice) ------------------------------------
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        buf = DeviceBuffer(self.dev, self.stream, nbytes)
+        self.memset8(buf.base, CANARY, GUARD)
+        self.memset8(buf.ptr + buf.nbytes, CANARY, GUARD)
+        return buf
+
+    def free(self, buf: DeviceBuffer) -> None:
+        if not _sticky_error():
+            buf.close()
+
+    def fill(self, buf: DeviceBuffer, dtype: str, numel: int, row_len: int, spec: Any, seed: int) -> None:
+        self._support(f"kf_fill_{SHORT[dtype]}", numel, ("ptr", buf.ptr), ("i64", numel), ("u64", seed * 7919 + 17),
+                      ("f32", spec.mean), ("f32", spec.std), ("i32", max(1, row_len)), ("f32", spec.row_shift),
+                      ("f32", spec.zero_rows), ("i32", int(spec.constant_rows)), ("f32", spec.outlier))
+
+    def perturb(self, buf: DeviceBuffer, dtype: str, numel: int, every: int, amount: float, seed: int) -> None:
+        self._support(f"kf_perturb_{SHORT[dtype]}", numel, ("ptr", buf.ptr), ("i64", numel), ("u64", seed),
+                      ("i32", every), ("f32", amount))
+
+    def poison(self, buf: DeviceBuffer, seed: int) -> None:
+        """A fresh random pattern over the data, then the canary pattern over both guard zones."""
+        words = (buf.nbytes + 3) // 4
+        self._support("kf_poison", words, ("ptr", buf.ptr), ("i64", words), ("u64", seed))
+        self.memset8(buf.base, CANARY, GUARD)
+        self.memset8(buf.ptr + buf.nbytes, CANARY, GUARD)
+
+    def copy(self, dst: DeviceBuffer, src: DeviceBuffer) -> None:
+        check(_drv().cuMemcpyDtoDAsync(dst.ptr, src.ptr, src.nbytes, int(self.stream.handle)), "cuMemcpyDtoDAsync")
+
+    def _guards(self, buf: DeviceBuffer, counter: int) -> None:
+        for start in (buf.base, buf.ptr + buf.nbytes):
+            self._support("kf_canary", GUARD, ("ptr", start), ("i64", GUARD), ("u8", CANARY), ("ptr", counter))
+
+    def audit(self, bufs: Sequence[DeviceBuffer], key: int) -> list[tuple[int, int]]:
+        """(keyed checksum, guard-zone bytes hit) per buffer, with one read-back."""
+        out: list[tuple[int, int]] = []
+        for start in range(0, len(bufs), MAX_AUDIT):
+            chunk = bufs[start:start + MAX_AUDIT]
+            area = self.scratch.ptr + AUDIT_AT
+            self.memset8(area, 0, 16 * len(chunk))
+            for i, buf in enumerate(chunk):
+                words = (buf.nbytes + 3) // 4
+                self._support("kf_checksum", words, ("ptr", buf.ptr), ("i64", words), ("u64", key),
+                              ("ptr", area + 16 * i))
+                self._guards(buf, area + 16 * i + 8)
+            got = self.to_host(area, 16 * len(chunk), np.uint64)
+            out += [(int(got[2 * i]), int(got[2 * i + 1])) for i in range(len(chunk))]
+        return out
+
+    def compare(self, out: DeviceBuffer, ref: DeviceBuffer, dtype: str, numel: int, row_len: int, tail: int,
+                atol: float, rtol: float, slot: int) -> None:
+        st = self.scratch.ptr + SLOT * slot
+        self.memset8(st, 0, SLOT)
+        check(_drv().cuMemsetD32Async(st + 16 + 32, 0xFFFFFFFF, 2, int(self.stream.handle)), "memset")
+        self._support(f"kf_compare_{SHORT[dtype]}", numel, ("ptr", out.ptr), ("ptr", ref.ptr), ("i64", numel),
+                      ("i32", row_len), ("i32", tail), ("f64", atol), ("f64", rtol), ("ptr", st), ("ptr", st + 16))
+        self._guards(out, st + 64)
+        self._numel[slot] = numel
+
+    def collect(self, n: int) -> list[CheckStats]:
+        raw = self.to_host(self.scratch.ptr, SLOT * n, np.uint64).reshape(n, SLOT // 8)
+        out = []
+        for i in range(n):
+            d = raw[i, :2].view(np.float64)
+            u = raw[i, 2:9]
+            rel = math.sqrt(d[0] / d[1]) if d[1] > 0 else (0.0 if d[0] == 0 else math.inf)
+            out.append(CheckStats("", self._numel[i], int(u[0]), int(u[1]), int(u[2]), int(u[3]),
+                                  int(u[4]) if u[4] != np.uint64(2**64 - 1) else -1,
+                                  float(u[5:6].view(np.float64)[0]), rel, int(raw[i, 8])))
+        return out
+
+    def reset_l2(self) -> None:
+        """Persisting L2 lines back to normal, then every line evicted by a 256 MB memset."""
+        check(_drv().cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
+        check(_drv().cuMemsetD32Async(int(self.flush_buf.handle), 0, FLUSH_BYTES // 4, int(self.stream.handle)), "flush")
+
     def _events(self, n: int) -> list:
         from cuda.core import EventOptions
 
         return [self.dev.create_event(options=EventOptions(timing_enabled=True)) for _ in range(n)]
 
-    def time_samples(self, fns: list[Callable[[int], None]], n: int, flush: bool, per: int = 1) -> list[list[float]]:
-        """n interleaved samples of each fn (alternating order), in microseconds per call."""
+    def time(self, fns: Sequence[Callable[[int], None]], preps: Sequence[Callable[[int], None]], n: int, per: int,
+             after: Callable[[int], None]) -> list[list[float]]:
+        """n interleaved samples of each fn (alternating order), each after its prep, in us per call."""
         out: list[list[float]] = [[] for _ in fns]
         evs = self._events(2 * len(fns))
         for i in range(n):
             order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
             for j in order:
-                if flush:
-                    self.flush_l2()
+                preps[j](i)
                 self.stream.record(evs[2 * j])
                 fns[j](i)
                 self.stream.record(evs[2 * j + 1])
             self.stream.sync()
             for j in range(len(fns)):
                 out[j].append((evs[2 * j + 1] - evs[2 * j]) * 1e3 / per)
+            after(i)
         self.sync("timing")
         return out
 
+    def capture(self, fn: Callable[[], None]) -> Callable[[int], None]:
+        """fn's launches captured into one CUDA graph; returns a replay."""
+        drv = _drv()
+        h = int(self.stream.handle)
+        check(drv.cuStreamBeginCapture(h, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture")
+        fn()
+        graph = check(drv.cuStreamEndCapture(h), "cuStreamEndCapture")
+        exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        return lambda _i: check(drv.cuGraphLaunch(exe, h), "cuGraphLaunch")
+
+    def baseline(self, job: EvalJob, sets: Sequence[dict[str, DeviceBuffer]]) -> tuple[str, Callable[[int], None]] | None:
+        """The op's torch baseline reading the candidate's own input buffers (set i), or None."""
+        mod, _ = self._op(job.op)
+        if self.torch is None or not hasattr(mod, "baseline"):
+            return None
+        torch = self.torch
+        name, fn = mod.baseline(torch)
+        ins = [b for b in job.buffers if b.role == "in"]
+        views = [{b.name: _torch_view(torch, s[b.name], b.dtype, b.shape) for b in ins} for s in sets]
+        scalars = dict(job.scalars)
+        kept: list[Any] = [None] * len(sets)
+
+        def raw(i: int) -> None:  # no stream switch here: graph capture needs that
+            # Keep each set's result alive, so the baseline writes a distinct output per set as the
+            # candidate does (a reused output stays in L2 across graph launches and flatters it).
+            kept[i] = fn(views[i], scalars)
+
+        def run(i: int) -> None:
+            with torch.cuda.stream(self.torch_stream):
+                raw(i)
+
+        run.raw = raw  # type: ignore[attr-defined]
+        return name, run
+
+    def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]:
+        """The baseline over the sets in `order`, captured into one torch CUDA graph."""
+        torch = self.torch
+        raw = fn.raw  # type: ignore[attr-defined]
+        self.stream.sync()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):  # captures on torch's own side stream
+            for j in order:
+                raw(j)
+
+        def replay(_i: int) -> None:
+            with torch.cuda.stream(self.torch_stream):
+                g.replay()
+
+        return replay
+
+    # ---- the copy ceiling and the fingerprint ----------------------------------------------------
     def _copy_ceiling(self) -> float:
         """Device-to-device copy bandwidth (bytes read + written), median of 20."""
         n = 2 << 30
@@ -195,7 +315,7 @@ class Worker:
             check(_drv().cuMemcpyDtoDAsync(int(b.handle), int(a.handle), n, h), "cuMemcpyDtoDAsync")
 
         self.memset8(int(a.handle), 1, n)
-        (t,) = self.time_samples([copy], 20, flush=True)
+        (t,) = self.time([copy], [lambda i: self.reset_l2()], 20, 1, lambda i: None)
         a.close()
         b.close()
         return 2 * n / (float(np.median(t)) * 1e-6) / 1e9
@@ -211,6 +331,7 @@ class Worker:
             "numpy": np.__version__,
             "torch": getattr(self.torch, "__version__", "absent"),
             "python": sys.version.split()[0],
+            "gate": GATE_VERSION,
         }
         try:
             from cuda.bindings import nvrtc
@@ -231,189 +352,27 @@ class Worker:
             obj = ObjectCode.from_cubin(job.cubin)
         except Exception as e:  # a cubin the driver rejects (wrong arch) is a launch error
             return JobResult(job.job_id, "launch", f"cubin rejected: {e}", fingerprint=self.fingerprint)
-        dims = dict(job.dims)
-        dtypes = dict(job.dtypes)
-        bufs: dict[str, DeviceBuffer] = {}
+        # Host randomness the kernel cannot see: launch order, poison, checked samples, checksum key.
+        rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        gate = Gate(self, job, obj, ref_obj, mod, rng, self.fingerprint, self.ceiling_gbps)
         try:
-            return self._run(job, mod, ref_obj, obj, dims, dtypes, bufs)
+            return gate.run()
         except LaunchFault as e:
+            gate.close()
             return JobResult(job.job_id, "launch", str(e), fingerprint=self.fingerprint)
-        finally:
-            if not _sticky_error():
-                for b in bufs.values():
-                    b.close()
-
-    def _run(self, job, mod, ref_obj, obj, dims, dtypes, bufs) -> JobResult:
-        ins = [b for b in job.buffers if b.role == "in"]
-        outs = [b for b in job.buffers if b.role == "out"]
-        wss = [b for b in job.buffers if b.role == "ws"]
-        in_bytes = sum(b.numel * NBYTES[b.dtype] for b in ins)
-        scalars = dict(job.scalars)
-        nsets = len(job.kinds)
-        if job.timing is not None:
-            nsets = max(nsets, min(32, math.ceil(ROTATE_BYTES / max(1, in_bytes))))
-        kinds = [job.kinds[i] if i < len(job.kinds) else job.kinds[0] for i in range(nsets)]
-        sets = []
-        for s in range(nsets):
-            one = {}
-            for b in ins:
-                one[b.name] = bufs[f"{b.name}#{s}"] = DeviceBuffer(self.dev, self.stream, b.numel * NBYTES[b.dtype])
-            sets.append(one)
-            self._fill(mod, kinds[s], dims, ins, one, job.seed * 1000 + s)
-        for b in outs + wss:
-            bufs[b.name] = DeviceBuffer(self.dev, self.stream, max(1, b.numel * NBYTES.get(b.dtype, 1)))
-        for b in outs:
-            bufs[f"ref:{b.name}"] = DeviceBuffer(self.dev, self.stream, b.numel * 8)
-        bufs["stats"] = DeviceBuffer(self.dev, self.stream, 64)
-
-        def bind(args: tuple, s: int) -> tuple:
-            vals = []
-            for kind, v in args:
-                if kind == "buf":
-                    b = sets[s].get(v) if v in sets[s] else bufs[v]
-                    vals.append(np.uint64(b.ptr))
-                else:
-                    vals.append(NP_SCALAR[kind](v))
-            return tuple(vals)
-
-        bound = [[bind(lj.args, s) for lj in job.launches] for s in range(nsets)]
-
-        last_set = [0]  # the input set the most recent candidate launch read
-
-        def candidate(i: int) -> None:
-            s = i % nsets
-            last_set[0] = s
-            for lj, args in zip(job.launches, bound[s]):
-                self.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
-
-        checks = []
-        for s in range(len(job.kinds)):
-            for b in outs:
-                self.poison(bufs[b.name], b.dtype)
-            candidate(s)
-            self.sync("candidate")
-            checks.append((s, self._check(job, mod, ref_obj, outs, bufs, sets, s, dims, dtypes, scalars, bind)))
-        result = JobResult(job.job_id, checks=tuple(checks), fingerprint=self.fingerprint, ceiling_gbps=self.ceiling_gbps)
-        if job.timing is None or any(_failed(c, job) for _, cs in checks for c in cs):
-            return result
-        return self._time(job, mod, candidate, last_set, nsets, outs, bufs, sets, dims, dtypes, scalars, bind, result,
-                          ref_obj)
-
-    def _fill(self, mod, kind, dims, ins, one, seed) -> None:
-        spec = mod.fills(kind, dims)
-        for i, b in enumerate(ins):
-            mean, std, row_len, shift = spec[b.name]
-            n = b.numel
-            self.launch(self.support, f"kf_fill_{SHORT[b.dtype]}", self._grid_for(n), (256, 1, 1), 0,
-                        (np.uint64(one[b.name].ptr), np.int64(n), np.uint64(seed * 7919 + i),
-                         np.float32(mean), np.float32(std), np.int32(row_len), np.float32(shift)))
-
-    def _check(self, job, mod, ref_obj, outs, bufs, sets, s, dims, dtypes, scalars, bind) -> tuple[CheckStats, ...]:
-        for kernel, grid, block, args in mod.reference(dims, dtypes, scalars):
-            self.launch(ref_obj, kernel, grid, block, 0, bind(args, s))
-        stats = []
-        tol = dict(job.tolerances)
-        for b in outs:
-            st = bufs["stats"]
-            self.memset8(st.ptr, 0, 64)
-            check(_drv().cuMemsetD32Async(st.ptr + 16 + 32, 0xFFFFFFFF, 2, int(self.stream.handle)), "memset")
-            atol, rtol, _ = tol[b.name]
-            row_len = b.shape[-1]
-            self.launch(self.support, f"kf_compare_{SHORT[b.dtype]}", self._grid_for(b.numel), (256, 1, 1), 0,
-                        (np.uint64(bufs[b.name].ptr), np.uint64(bufs[f"ref:{b.name}"].ptr), np.int64(b.numel),
-                         np.int32(row_len), np.int32(mod.tail_width(dims)), np.float64(atol), np.float64(rtol),
-                         np.uint64(st.ptr), np.uint64(st.ptr + 16)))
-            d = self.to_host(st.ptr, 16, np.float64)
-            u = self.to_host(st.ptr + 16, 48, np.uint64)
-            canary = self.canary_bad(bufs[b.name], bufs["stats"])
-            rel = math.sqrt(d[0] / d[1]) if d[1] > 0 else (0.0 if d[0] == 0 else math.inf)
-            stats.append(CheckStats(b.name, b.numel, int(u[0]), int(u[1]), int(u[2]), int(u[3]),
-                                    int(u[4]) if u[4] != np.uint64(2**64 - 1) else -1,
-                                    float(np.array([u[5]], dtype=np.uint64).view(np.float64)[0]), rel, canary))
-        return tuple(stats)
-
-    def _time(self, job, mod, candidate, last_set, nsets, outs, bufs, sets, dims, dtypes, scalars, bind, result, ref_obj) -> JobResult:
-        t = job.timing
-        for i in range(t.warmup):
-            candidate(i % nsets)
-        self.sync("warmup")
-        base_fn = self._baseline(mod, job, dims)
-        probe = self.time_samples([candidate], 5, flush=True)[0]
-        graph = float(np.median(probe)) < t.graph_below_us
-        fns = [candidate] + ([base_fn] if base_fn else [])
-        per = 1
-        if graph:
-            fns = [self._graph(candidate, nsets, t.graph_launches)] + (
-                [self._torch_graph(t.graph_launches)] if base_fn else [])
-            per = t.graph_launches
-        samples = self.time_samples(fns, t.min_samples, flush=True, per=per)
-        while len(samples[0]) < t.max_samples and _spread(samples[0]) > t.spread:
-            more = self.time_samples(fns, 50, flush=True, per=per)
-            samples = [a + b for a, b in zip(samples, more)]
-        # The output of the last timed launch must match the reference of the set it read.
-        # (in graph mode every replay ends with the set of the last captured launch)
-        final = self._check(job, mod, ref_obj, outs, bufs, sets, last_set[0], dims, dtypes, scalars, bind)
-        return JobResult(
-            job.job_id, checks=result.checks + ((-1, final),), times_us=tuple(samples[0]),
-            baseline_us=tuple(samples[1]) if base_fn else (), baseline_name=self._baseline_name if base_fn else "",
-            graph=graph, fingerprint=self.fingerprint, ceiling_gbps=self.ceiling_gbps,
-        )
-
-    def _graph(self, candidate: Callable[[int], None], nsets: int, launches: int) -> Callable[[int], None]:
-        """Capture `launches` candidate launches (rotating input sets) into one CUDA graph."""
-        drv = _drv()
-        h = int(self.stream.handle)
-        check(drv.cuStreamBeginCapture(h, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture")
-        for i in range(launches):
-            candidate(i % nsets)
-        graph = check(drv.cuStreamEndCapture(h), "cuStreamEndCapture")
-        exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-        return lambda _i: check(drv.cuGraphLaunch(exe, h), "cuGraphLaunch")
-
-    def _baseline(self, mod: Any, job: EvalJob, dims: dict) -> Callable[[int], None] | None:
-        if not job.baseline or self.torch is None or not hasattr(mod, "baseline"):
-            return None
-        torch = self.torch
-        name, fn = mod.baseline(torch)
-        self._baseline_name = name
-        tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-        ins = [b for b in job.buffers if b.role == "in"]
-        nbytes = sum(b.numel * NBYTES[b.dtype] for b in ins)
-        nsets = max(3, min(32, math.ceil(ROTATE_BYTES / max(1, nbytes))))
-        sets = [{b.name: torch.randn(b.shape, device="cuda", dtype=tdt[b.dtype]) for b in ins} for _ in range(nsets)]
-        scalars = dict(job.scalars)
-        self._base_raw = lambda i: fn(sets[i % nsets], scalars)  # no stream switch: graph capture needs that
-
-        def run(i: int) -> None:
-            with torch.cuda.stream(self.torch_stream):
-                self._base_raw(i)
-
-        return run
-
-    def _torch_graph(self, launches: int) -> Callable[[int], None]:
-        torch = self.torch
-        fn = self._base_raw
-        self.stream.sync()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):  # captures on torch's own side stream
-            for i in range(launches):
-                fn(i)
-
-        def replay(_i: int) -> None:
-            with torch.cuda.stream(self.torch_stream):
-                g.replay()
-
-        return replay
 
 
-def _failed(c: CheckStats, job: EvalJob) -> bool:
-    rel = dict(job.tolerances)[c.output][2]
-    return c.bad > 0 or c.nonfinite > 0 or c.canary_bad > 0 or not (c.rel_norm_err <= rel)
+def _torch_view(torch: Any, buf: DeviceBuffer, dtype: str, shape: tuple[int, ...]) -> Any:
+    """A torch tensor over a worker buffer (no copy): the baseline reads the candidate's inputs."""
+    raw = {"float32": ("<f4", torch.float32), "float16": ("<f2", torch.float16), "bfloat16": ("<i2", torch.bfloat16),
+           "int32": ("<i4", torch.int32)}
+    typestr, tdt = raw[dtype]
 
+    class _Cai:
+        __cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (buf.ptr, False), "version": 3,
+                                    "strides": None, "stream": None}
 
-def _spread(xs: list[float]) -> float:
-    p10, p50, p90 = np.percentile(xs, [10, 50, 90])
-    return (p90 - p10) / p50 if p50 > 0 else math.inf
+    return torch.as_tensor(_Cai(), device="cuda").view(tdt)
 
 
 def _try_torch() -> Any:

@@ -32,7 +32,10 @@ FAILURE_STATUSES = (
     "CRASH",
     "TIMEOUT",
     "WRONG_ANSWER",
+    "INPUT_MODIFIED",
 )
+# SUSPECT (faster than the copy ceiling) is neither a success nor a lesson: it is counted in reports,
+# never ranked, never shown to the LLM.
 OUTCOME_STATUSES = ("OK", *FAILURE_STATUSES)
 
 # Shape buckets: a dim is small up to the first edge, medium up to the second, else large.

@@ -87,6 +87,49 @@ class ScalarSpec:
 
 
 @dataclass(frozen=True)
+class FillSpec:
+    """How the gate fills one input tensor for one input kind; the device fill and `sample` agree.
+
+    Each row (the last dim) is: mean + std * N(0, 1) per element + row_shift * (+-1 per row); with
+    `constant_rows` one N(0, 1) draw per row instead of per element; a `zero_rows` fraction of rows
+    all zero; with `outlier` one element per row (at a random column) set to +-outlier.
+    """
+
+    mean: float = 0.0
+    std: float = 1.0
+    row_shift: float = 0.0
+    zero_rows: float = 0.0
+    constant_rows: bool = False
+    outlier: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.zero_rows <= 1.0:
+            raise ValueError(f"FillSpec.zero_rows must be in [0, 1], got {self.zero_rows}")
+        if self.std < 0:
+            raise ValueError(f"FillSpec.std must be >= 0, got {self.std}")
+
+    def magnitude(self) -> float:
+        """A typical |value|: how far the gate moves an element when it perturbs inputs."""
+        return max(abs(self.mean) + self.std + abs(self.row_shift), abs(self.outlier), 1e-3)
+
+    def sample(self, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+        """Float64 values with this distribution (the numpy mirror of the device fill)."""
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        n = shape[-1] if shape else 1
+        if self.constant_rows:
+            v = self.mean + self.std * np.repeat(rng.standard_normal((rows, 1)), n, axis=1)
+        else:
+            v = self.mean + self.std * rng.standard_normal((rows, n))
+        sign = rng.choice([-1.0, 1.0], size=(rows, 1))
+        v = v + sign * self.row_shift
+        if self.outlier:
+            v[np.arange(rows), rng.integers(0, n, size=rows)] = sign[:, 0] * self.outlier
+        if self.zero_rows:
+            v[rng.random(rows) < self.zero_rows] = 0.0
+        return v.reshape(shape)
+
+
+@dataclass(frozen=True)
 class Tolerance:
     """Per-dtype acceptance: elementwise |a-b| <= atol + rtol*|b|, and ||a-b||/||b|| <= rel_norm."""
 
@@ -151,6 +194,16 @@ class OpSpec:
     matrix: Callable[[], list["Cell"]]
     edge_cells: Callable[[], list["Cell"]]
     flops: Callable[["Cell"], int] = field(default=lambda cell: 0)
+    # The gate: kind -> tensor -> FillSpec for every input kind the device fills (checked in order),
+    # the kinds timed sets are filled with, and the cells derived from a cell that a genome entering
+    # a dispatch table must also pass (M = 1, odd M, ...).
+    fills: Mapping[str, Mapping[str, FillSpec]] = field(default_factory=dict)
+    timing_kinds: tuple[str, ...] = ("normal",)
+    gate_cells: Callable[["Cell"], list["Cell"]] = field(default=lambda cell: [])
+
+    def gate_kinds(self) -> tuple[str, ...]:
+        """The input kinds every checked candidate sees, in order."""
+        return tuple(self.fills)
 
     def inputs(self) -> tuple[TensorSpec, ...]:
         return tuple(t for t in self.tensors if t.role is Role.IN)

@@ -28,13 +28,33 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-// v = mean + std * N(0,1) + row_shift * (+-1 per row).
+// One input kind (ops.spec.FillSpec): v = mean + std * N(0,1) + row_shift * (+-1 per row); with
+// constant_rows one draw per row; a zero_rows fraction of rows all zero; with outlier != 0 one element
+// per row (at a hashed column) set to +-outlier.
 template <typename T>
-__device__ void fill(T* out, long long n, unsigned long long seed, float mean, float stdev, int row_len, float row_shift) {
+__device__ void fill(T* out, long long n, unsigned long long seed, float mean, float stdev, int row_len,
+                     float row_shift, float zero_rows, int constant_rows, float outlier) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const long long row = i / row_len;
-    const float sign = (mix(seed + 0x5151ull + (unsigned long long)row) & 1ull) ? 1.0f : -1.0f;
-    out[i] = from_float<T>(mean + stdev * normal(seed, i) + sign * row_shift);
+    const unsigned long long h = mix(seed + 0x5151ull + (unsigned long long)row);
+    const float sign = (h & 1ull) ? 1.0f : -1.0f;
+    float v = mean + stdev * normal(seed, constant_rows ? -1 - row : i) + sign * row_shift;
+    if (outlier != 0.0f && (i % row_len) == (long long)((h >> 24) % (unsigned long long)row_len)) v = sign * outlier;
+    if ((float)((h >> 8) & 0xFFFFull) < zero_rows * 65536.0f) v = 0.0f;
+    out[i] = from_float<T>(v);
+  }
+}
+
+// Move about one element in `every` far from where it was (by +-amount), so a result cached from the
+// old values (keyed by pointer and a few sampled elements) goes stale.
+template <typename T>
+__device__ void perturb(T* p, long long n, unsigned long long seed, int every, float amount) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const unsigned long long h = mix(seed ^ mix((unsigned long long)i));
+    if (h % (unsigned long long)every == 0ull) {
+      const float old = (float)to_double(p[i]);
+      p[i] = from_float<T>(-old + ((h >> 40) & 1ull ? amount : -amount));
+    }
   }
 }
 
@@ -91,9 +111,32 @@ __device__ void compare(const T* out, const double* ref, long long n, int row_le
 
 }  // namespace
 
-extern "C" __global__ void kf_fill_f32(float* o, long long n, unsigned long long s, float m, float sd, int r, float sh) { fill(o, n, s, m, sd, r, sh); }
-extern "C" __global__ void kf_fill_f16(__half* o, long long n, unsigned long long s, float m, float sd, int r, float sh) { fill(o, n, s, m, sd, r, sh); }
-extern "C" __global__ void kf_fill_bf16(__nv_bfloat16* o, long long n, unsigned long long s, float m, float sd, int r, float sh) { fill(o, n, s, m, sd, r, sh); }
+#define KF_FILL(S, T) \
+  extern "C" __global__ void kf_fill_##S(T* o, long long n, unsigned long long s, float m, float sd, int r, float sh, \
+                                         float z, int c, float ol) { fill(o, n, s, m, sd, r, sh, z, c, ol); } \
+  extern "C" __global__ void kf_perturb_##S(T* p, long long n, unsigned long long s, int every, float amount) { \
+    perturb(p, n, s, every, amount); }
+KF_FILL(f32, float)
+KF_FILL(f16, __half)
+KF_FILL(bf16, __nv_bfloat16)
+
+// A fresh random pattern (not a fixed NaN) over a buffer: a kernel cannot tell a poisoned output
+// from one it wrote, nor a checked launch from a timed one.
+extern "C" __global__ void kf_poison(unsigned int* p, long long words, unsigned long long seed) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < words; i += (long long)gridDim.x * blockDim.x)
+    p[i] = (unsigned int)mix(seed ^ mix((unsigned long long)i));
+}
+
+// Keyed, order-independent checksum of a buffer (the key is random per job, so no kernel can aim
+// for a collision): sum over 4-byte words of mix(key, index, word).
+extern "C" __global__ void kf_checksum(const unsigned int* p, long long words, unsigned long long key,
+                                       unsigned long long* out) {
+  unsigned long long c = 0;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < words; i += (long long)gridDim.x * blockDim.x)
+    c += mix(key ^ mix(((unsigned long long)i << 32) | p[i]));
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, c);
+}
 
 extern "C" __global__ void kf_compare_f32(const float* o, const double* r, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, n, rl, t, a, rt, d, u); }
 extern "C" __global__ void kf_compare_f16(const __half* o, const double* r, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, n, rl, t, a, rt, d, u); }

@@ -39,6 +39,7 @@ PREDICTABLE = (
     Status.CRASH,
     Status.TIMEOUT,
     Status.WRONG_ANSWER,
+    Status.INPUT_MODIFIED,
 )
 _LESSON = re.compile(
     r"^\s*\**LESSON\**\s*:\s*(?P<text>.+?)(?=^\s*```|\n\s*\n|\Z)", re.IGNORECASE | re.DOTALL | re.MULTILINE

@@ -3,12 +3,15 @@
 The sandbox already refuses attribute access to Python internals when rendering, and generated code
 is only ever compiled by NVRTC, never run on the host. These checks reject an answer before it gets
 that far, so an injection attempt is an LLM_ERROR with a reason instead of a RENDER_ERROR (or a
-header file's contents in a compile log that is later fed back into a prompt).
+header file's contents in a compile log that is later fed back into a prompt). The CUDA checks read
+the text as NVRTC's preprocessor does (normalize_cuda), and the build runs them again on every
+rendered point of a template that did not come from this repository's files.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Iterable
 
 from jinja2 import TemplateSyntaxError, nodes
@@ -45,20 +48,46 @@ MACRO_PATH = re.compile(r"_macros/[A-Za-z0-9_][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_][A-
 
 CUDA_HEADERS = frozenset({"cuda_fp16.h", "cuda_bf16.h", "cuda_runtime.h", "cuda_runtime_api.h"})
 CUDA_STD_HEADER = re.compile(r"cuda/std/[A-Za-z0-9_]+(?:/[A-Za-z0-9_]+)*(?:\.h)?")
-_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b[ \t]*(?P<arg>.*)$", re.MULTILINE)
-_INCLUDE_ARG = re.compile(r'[<"](?P<name>[^>"]+)[>"][ \t]*(?://.*)?')
-HOST_CODE = (
-    (re.compile(r"^[ \t]*#[ \t]*embed\b", re.MULTILINE), "#embed"),
-    (re.compile(r"\bsystem\s*\("), "system("),
-    (re.compile(r"\bpopen\b"), "popen"),
-    (re.compile(r"\bfopen\b"), "fopen"),
-    (re.compile(r"\bdlopen\b"), "dlopen"),
-    (re.compile(r"\bexec[lv]p?e?\s*\("), "exec*("),
-    (re.compile(r"\bfork\s*\("), "fork("),
-    (re.compile(r"\bsyscall\b"), "syscall"),
-    (re.compile(r"\b__host__\b"), "__host__"),
-    (re.compile(r"\bmain\s*\("), "main("),
+_INCLUDE_ARG = re.compile(r'<(?P<a>[^<>"]+)>|"(?P<q>[^<>"]+)"')
+# Directives device code needs; anything else (#include_next, #embed, #import, #line, `# 1 "file"`...)
+# is refused: an allow-list cannot miss a directive some preprocessor grows later.
+DIRECTIVES = frozenset({"define", "undef", "if", "ifdef", "ifndef", "elif", "else", "endif", "include", "pragma",
+                        "error", "warning"})
+# The only pragmas the templates use. `#pragma unroll`'s argument is a constant expression: no strings,
+# so no file names (`#pragma GCC dependency "..."`, `#pragma message(...)` writes into the log).
+_PRAGMA_OK = re.compile(r"(?:no)?unroll(?![\w$])[\w$ \t\f\v()+\-*/%<>=!&|^~?:.,]*")
+# Identifiers that make the preprocessor probe files or run a pragma from inside an expression.
+PREPROCESSOR_OPERATORS = ("__has_include", "__has_include_next", "__has_embed", "_Pragma", "__pragma")
+HOST_NAMES = ("system", "popen", "fopen", "freopen", "dlopen", "dlsym", "execl", "execlp", "execle", "execv",
+              "execvp", "execvpe", "execve", "fork", "vfork", "syscall", "__host__", "main")
+_NAMES = re.compile(r"(?<![\w$])(?:" + "|".join(PREPROCESSOR_OPERATORS + HOST_NAMES) + r")(?![\w$])")
+# `extern "C" int system(const char*);` or inside `extern "C" { ... }` (read with literals emptied).
+_EXTERN_HOST = re.compile(r'(?<![\w$])extern(?![\w$])\s*(?:""\s*\{[^}]*?|[^;{}]*?)(?<![\w$])(?P<name>'
+                          + "|".join(HOST_NAMES) + r")(?![\w$])")
+
+# C translation phases 1-3 as NVRTC runs them, so checks see what the preprocessor sees.
+TRIGRAPHS = {"??=": "#", "??/": "\\", "??'": "^", "??(": "[", "??)": "]", "??!": "|", "??<": "{", "??>": "}",
+             "??-": "~"}
+DIGRAPHS = {"%:%:": "##", "%:": "#", "<:": "[", ":>": "]", "<%": "{", "%>": "}"}
+_TRIGRAPH = re.compile(r"\?\?[=/'()!<>-]")
+_SPLICE = re.compile(r"\\\n")
+_BAD_SPLICE = re.compile(r"\\[ \t\f\v]+\n")
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]|\r(?!\n)")
+# Stands in for a comment that spans lines: NVRTC takes a `#` right after one as a directive
+# (`int a; /*\n*/ #include "f"` includes f), while `#/*\n*/include "f"` is one directive too.
+_LINE_START = "\x1e"
+_TOKEN = re.compile(
+    r"(?P<lc>//[^\n]*)"
+    r"|(?P<bc>/\*.*?(?:\*/|\Z))"
+    r"|(?P<raw>(?:u8|[uUL])?R\")"
+    r"|(?P<lit>(?:u8|[uUL])?(?P<q>[\"'])(?:(?!(?P=q))[^\\\n]|\\.)*(?P<close>(?P=q))?)"
+    r"|(?P<num>\.?[0-9](?:[eEpP][+-]|'[0-9A-Za-z_]|[0-9A-Za-z_.])*)"  # pp-number: 1'000 has no char literal
+    r"|(?P<id>[A-Za-z_$][0-9A-Za-z_$]*)"
+    r"|(?P<dig>%:%:|%:|<:(?!:[^:>])|:>|<%|%>)"  # `<::x` is `<` `::x` (C++11), not `[:x`
+    r"|(?P<bs>\\)",
+    re.DOTALL,
 )
+_DIRECTIVE = re.compile(r"[ \t\f\v\x1e]*(?P<hash>#)[ \t\f\v\x1e]*(?P<name>[A-Za-z_$][\w$]*)?(?P<rest>[^\n]*)")
 _COMMENT = re.compile(r"\{#.*?#\}", re.DOTALL)
 _EXPR = re.compile(r"\{\{.*?\}\}", re.DOTALL)
 _STMT = re.compile(r"\{%.*?%\}", re.DOTALL)
@@ -118,19 +147,105 @@ def _header_exprs(tdef: TemplateDef) -> list[str]:
     return out
 
 
-def cuda_problems(source: str) -> list[str]:
-    """Why CUDA text is more than device code: disallowed #include, host calls, syscalls ([] if none)."""
-    code = _COMMENT.sub("", source)
+@dataclass(frozen=True)
+class _Scan:
+    text: str  # comments gone (a space, or _LINE_START for one that spans lines), digraphs spelled out
+    code: str  # the same with every string and character literal emptied
+    problems: tuple[str, ...]  # what makes the text mean different things to different readers
+
+
+def _scan(source: str) -> _Scan:
+    """Phases 1-3: CRLF, trigraphs, line splices, then comments and digraphs outside literals."""
+    text = _SPLICE.sub("", _TRIGRAPH.sub(lambda m: TRIGRAPHS[m.group()], source.replace("\r\n", "\n")))
+    out: list[str] = []
+    code: list[str] = []
     bad: list[str] = []
-    for m in _INCLUDE.finditer(code):
-        arg = m.group("arg").strip()
-        am = _INCLUDE_ARG.fullmatch(arg)
-        name = am.group("name") if am else ""
-        if not (name in CUDA_HEADERS or (CUDA_STD_HEADER.fullmatch(name) and ".." not in name)):
-            bad.append(f"#include {arg} (allowed: {sorted(CUDA_HEADERS)} and <cuda/std/...>)")
-    for pattern, what in HOST_CODE:
-        if pattern.search(code):
-            bad.append(f"host-side code: {what}")
+    pos = 0
+    for m in _TOKEN.finditer(text):
+        gap = text[pos:m.start()]
+        out.append(gap)
+        code.append(gap)
+        pos = m.end()
+        kind, tok = m.lastgroup, m.group()
+        if kind == "lc":
+            tok = " "
+        elif kind == "bc":
+            if len(tok) < 4 or not tok.endswith("*/"):
+                bad.append("unterminated /* comment")
+            tok = _LINE_START if "\n" in tok else " "
+        elif kind == "raw":
+            bad.append("raw string literal")  # its own splice and comment rules; kernels do not need one
+        elif kind == "lit":
+            if m.group("close") is None:
+                bad.append(f"unterminated literal {tok[:20]!r}")
+            out.append(tok)
+            code.append(tok[: tok.index(m.group("q"))] + m.group("q") * 2)
+            continue
+        elif kind == "dig":
+            tok = DIGRAPHS[tok]
+        elif kind == "bs":
+            bad.append("backslash outside a literal (a universal character name can spell any identifier)")
+        out.append(tok)
+        code.append(tok)
+    out.append(text[pos:])
+    code.append(text[pos:])
+    return _Scan("".join(out), "".join(code), tuple(bad))
+
+
+def normalize_cuda(source: str) -> str:
+    """CUDA text as the preprocessor sees it: trigraphs and digraphs spelled out, splices joined, comments a space."""
+    return _scan(source).text.replace(_LINE_START, " ")
+
+
+def _directive_problems(text: str) -> list[str]:
+    bad: list[str] = []
+    seen: set[int] = set()
+    # A directive starts a line, or follows a comment that spans lines; each may be checked from
+    # several starts (`\x1e\x1e#`), so each `#` is judged once.
+    starts = [0] + [m.end() for m in re.finditer("[\n\x1e]", text)]
+    for p in starts:
+        m = _DIRECTIVE.match(text, p)
+        if m is None or m.start("hash") in seen:
+            continue
+        seen.add(m.start("hash"))
+        name, rest = m.group("name"), " ".join(m.group("rest").replace(_LINE_START, " ").split())
+        if name is None:
+            if rest:
+                bad.append(f"preprocessor directive '# {rest[:40]}'")
+        elif name not in DIRECTIVES:
+            bad.append(f"preprocessor directive #{name} {rest[:60]}".rstrip())
+        elif name == "include":
+            am = _INCLUDE_ARG.fullmatch(rest)
+            header = (am.group("a") or am.group("q")) if am else ""
+            if not (header in CUDA_HEADERS or (CUDA_STD_HEADER.fullmatch(header) and ".." not in header)):
+                bad.append(f"#include {rest} (allowed: {sorted(CUDA_HEADERS)} and <cuda/std/...>)")
+        elif name == "pragma" and not _PRAGMA_OK.fullmatch(rest):
+            bad.append(f"#pragma {rest[:40]} (allowed: unroll, nounroll)")
+    return bad
+
+
+def cuda_problems(source: str) -> list[str]:
+    """Why CUDA text is more than device code: disallowed directives, file probes, host calls ([] if none).
+
+    The checks read the text as the preprocessor does (normalize_cuda), so comments, line splices,
+    trigraphs and digraphs cannot hide a directive or split a name.
+    """
+    code = _COMMENT.sub("", source)
+    bad = [f"trigraph {t}" for t in dict.fromkeys(_TRIGRAPH.findall(code))]
+    bad += [f"control character {c!r}" for c in dict.fromkeys(_CONTROL.findall(code))]
+    if _BAD_SPLICE.search(code):
+        bad.append("backslash followed by spaces at a line end")
+    scan = _scan(code)
+    bad += list(dict.fromkeys(scan.problems))
+    bad += _directive_problems(scan.text)
+    # No `##` at all: pasting is the one way to build a refused name (`CAT(sys, tem)`) from
+    # harmless pieces, and no template needs it.
+    if "##" in scan.code:
+        bad.append("token pasting ## (build names without the preprocessor)")
+    for name in dict.fromkeys(_NAMES.findall(scan.text)):
+        bad.append(f"{'preprocessor operator' if name in PREPROCESSOR_OPERATORS else 'host-side code:'} {name}")
+    for name in dict.fromkeys(m.group("name") for m in _EXTERN_HOST.finditer(scan.code)):
+        bad.append(f"extern declaration of host function {name}")
     return bad
 
 

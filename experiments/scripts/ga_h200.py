@@ -30,11 +30,24 @@ def main() -> int:
                        "WHERE e.run_id = ?", [run_id])
         ev.to_parquet(args.out / "evaluations.parquet", index=False)
         builds = store.sql("SELECT status, count(*) AS n FROM builds WHERE run_id = ? GROUP BY 1", [run_id])
+        fingerprint = json.loads(ev.fingerprint_json.dropna().iloc[0]) if ev.fingerprint_json.notna().any() else {}
     shutil.copy(args.store.parent / "runs" / run_id / "dispatch.json", args.out / "dispatch.json")
-    (args.out / "summary.json").write_text(json.dumps({"run_id": run_id, "evaluations": len(ev),
-                                                       "builds": builds.to_dict("records")}, indent=2))
+    dispatch = json.loads((args.out / "dispatch.json").read_text())
+    picked = {(e["genome_key"], e["cell"]) for e in _entries(dispatch)}
+    status_of = {(r.genome_key, r.cell): r.status for r in ev.itertuples()}
+    (args.out / "summary.json").write_text(json.dumps({
+        "run_id": run_id, "evaluations": len(ev), "fingerprint": fingerprint,
+        "evaluations_by_status": ev.status.value_counts().to_dict(), "builds": builds.to_dict("records"),
+        "dispatch_entries": len(picked),
+        "dispatch_statuses": sorted({status_of.get(p, "missing") for p in picked}),
+        "suspect_in_dispatch": sum(status_of.get(p) == "SUSPECT" for p in picked)}, indent=2))
     print(f"exported {len(ev)} evaluations of {run_id} to {args.out}")
     return 0
+
+
+def _entries(dispatch: dict) -> list[dict]:
+    """Dispatch entries as {genome_key, cell}."""
+    return [dict(v, cell=k) for k, v in dispatch["dispatch"].items()]
 
 
 if __name__ == "__main__":

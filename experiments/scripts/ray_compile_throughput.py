@@ -1,7 +1,7 @@
 """Compile throughput (candidates per second) of the build stage as Ray CPU tasks, 1 and 2 CPU workers.
 
 For each CPU count n: a fresh local Ray instance (127.0.0.1, num_cpus = n) with one RayBuilder, then,
-for comparison under the same conditions, the local Builder(workers=n) (1: in-process, 2: spawn pool).
+for comparison under the same conditions, the local Builder(workers=n) (spawned compile processes).
 Each compiles the same batches of distinct RMSNorm genomes (bf16, sm_90a, never cached): a cold batch
 (Ray workers and pool processes import cuda.core/NVRTC on their first task) and `--repeats` warm
 batches, whose median is reported (the machine is shared, so one batch is noisy). Ray start-up is

@@ -35,7 +35,6 @@ from evo.verify import judge  # noqa: E402
 from ops import get_op  # noqa: E402
 from ops.spec import gbps  # noqa: E402
 
-KINDS = ("normal", "large", "normal")
 
 
 def main() -> int:
@@ -93,7 +92,7 @@ def main() -> int:
                            fingerprint_json=fp_json)
                 if b.status.ok:
                     base = c.label() not in done_baseline
-                    job = make_job(op, tdef, g, b, c, arch_n, seed=1000 + n_jobs, kinds=KINDS, timing=timing,
+                    job = make_job(op, tdef, g, b, c, arch_n, seed=1000 + n_jobs, timing=timing,
                                    baseline=base)
                     n_jobs += 1
                     res = runner.run([job])[0]

@@ -1,4 +1,4 @@
-"""RMSNorm's hooks for the GPU worker: input fills, the float64 device reference, the torch baseline.
+"""RMSNorm's hooks for the GPU worker: the float64 device reference and the torch baseline.
 
 Standard library only, so the worker stays light.
 """
@@ -10,20 +10,6 @@ from typing import Any, Callable, Mapping
 
 SOURCE = Path(__file__).with_name("device.cu")
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-
-# (mean, std, row_shift) per input tensor and kind; mirrors make_inputs in spec.py.
-FILLS = {
-    "normal": {"x": (0.0, 1.0, 0.0), "w": (1.0, 0.1, 0.0)},
-    "large": {"x": (0.0, 300.0, 200.0), "w": (1.0, 0.1, 0.0)},
-}
-
-
-def fills(kind: str, dims: Mapping[str, int]) -> dict[str, tuple[float, float, int, float]]:
-    """tensor -> (mean, std, row_len, row_shift) for the worker's random fill."""
-    if kind not in FILLS:
-        raise ValueError(f"rmsnorm has no input kind {kind!r}; expected one of {sorted(FILLS)}")
-    n = dims["N"]
-    return {name: (m, s, n, sh) for name, (m, s, sh) in FILLS[kind].items()}
 
 
 def reference(dims: Mapping[str, int], dtypes: Mapping[str, str], scalars: Mapping[str, float]) -> list[tuple]:

@@ -5,12 +5,29 @@ from __future__ import annotations
 import numpy as np
 
 from ops.rmsnorm.reference import rmsnorm_fwd
-from ops.spec import Cell, DType, OpSpec, Role, ScalarSpec, TensorSpec, Tolerance, quantize
+from ops.spec import Cell, DType, FillSpec, OpSpec, Role, ScalarSpec, TensorSpec, Tolerance, quantize
 
 DTYPES = (DType.BF16, DType.FP16, DType.FP32)
 MATRIX_M = (4096, 32768)
 MATRIX_N = (1024, 2048, 4096, 8192, 16384, 32768)
-INPUT_KINDS = ("normal", "large")
+
+# The gate's input kinds: each exercises one part of the contract, so a kernel that skips part of
+# the formula fails at least one of them on every cell (tests/unit/test_gate_kinds.py proves it).
+_W = FillSpec(mean=1.0, std=0.1)
+FILLS = {
+    "normal": {"x": FillSpec(), "w": _W},
+    # |x| in the hundreds: x^2 overflows fp16 (max 65504) unless accumulated in fp32; rms is not ~1.
+    "large": {"x": FillSpec(std=300.0, row_shift=200.0), "w": _W},
+    # half the rows all zero: y = 0 there, and 0 * rsqrt(0) is NaN for a kernel that drops eps.
+    "zero_rows": {"x": FillSpec(zero_rows=0.5), "w": _W},
+    # mean(x^2) ~ 1e-7, ten times below eps: eps decides the result.
+    "tiny": {"x": FillSpec(std=3e-4), "w": _W},
+    # one element per row at +-1000 dominates the mean square: a partial reduction misses it.
+    "outlier": {"x": FillSpec(outlier=1000.0), "w": _W},
+    # every element of a row equal: y = +-w; a kernel that centres the row (LayerNorm) writes 0.
+    "constant": {"x": FillSpec(std=2.0, constant_rows=True), "w": _W},
+}
+INPUT_KINDS = tuple(FILLS)
 
 TOLERANCES = {
     DType.FP32: Tolerance(atol=1e-5, rtol=1e-5, rel_norm=1e-5),
@@ -20,19 +37,12 @@ TOLERANCES = {
 
 
 def make_inputs(cell: Cell, kind: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Float64 arrays already rounded to the cell's dtypes.
-
-    normal: x ~ N(0, 1), w ~ 1 + 0.1 N(0, 1).
-    large: |x| in the hundreds, so x^2 overflows fp16 (max 65504) unless accumulated in fp32.
-    """
-    m, n = cell.dim("M"), cell.dim("N")
-    if kind == "normal":
-        x = rng.standard_normal((m, n))
-    elif kind == "large":
-        x = rng.standard_normal((m, n)) * 300.0 + rng.choice([-1.0, 1.0], size=(m, 1)) * 200.0
-    else:
+    """Float64 arrays of one input kind (FILLS), already rounded to the cell's dtypes."""
+    if kind not in FILLS:
         raise ValueError(f"rmsnorm has no input kind {kind!r}; expected one of {INPUT_KINDS}")
-    w = 1.0 + 0.1 * rng.standard_normal(n)
+    m, n = cell.dim("M"), cell.dim("N")
+    x = FILLS[kind]["x"].sample((m, n), rng)
+    w = FILLS[kind]["w"].sample((n,), rng)
     return {"x": quantize(x, cell.dtype("x")), "w": quantize(w, cell.dtype("w"))}
 
 
@@ -66,6 +76,11 @@ def edge_cells() -> list[Cell]:
     return cells
 
 
+def gate_cells(c: Cell) -> list[Cell]:
+    """Same dtypes and N with M = 1, a small odd M and an odd M past one wave of CTAs."""
+    return [Cell.make(c.dtypes_dict(), {"M": m, "N": c.dim("N")}) for m in (1, 37, 1059) if m != c.dim("M")]
+
+
 SPEC = OpSpec(
     name="rmsnorm",
     tensors=(
@@ -83,4 +98,7 @@ SPEC = OpSpec(
     matrix=matrix,
     edge_cells=edge_cells,
     flops=lambda c: 4 * c.dim("M") * c.dim("N"),
+    fills=FILLS,
+    timing_kinds=("normal", "large"),
+    gate_cells=gate_cells,
 )

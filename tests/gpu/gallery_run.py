@@ -1,9 +1,14 @@
-"""Run the adversarial gallery through the real runner; used by tests/gpu and the committed script."""
+"""Run the adversarial gallery through the real runner; used by tests/gpu and the committed script.
+
+Every kernel of gallery.cu runs on two cells: a small one the baseline puts in CUDA-graph timing and a
+large one timed launch by launch, so each cheat meets both timing modes. Each case names the statuses
+it may get; every cheat must be rejected (or SUSPECT), every honest control OK.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from evo.build import BuildInput, compile_one
@@ -13,33 +18,60 @@ from evo.run import GpuRunner
 from evo.status import Status
 from evo.verify import judge
 from ops.rmsnorm.spec import SPEC, cell
+from ops.spec import Cell
 
 SOURCE = Path(__file__).with_name("gallery.cu")
-# (name, expected status); GOOD runs first and last to show the runner survives everything between.
-CASES = (
-    ("GOOD", Status.OK),
-    ("ZEROS", Status.WRONG_ANSWER),
-    ("SKIP_TAIL", Status.WRONG_ANSWER),
-    ("UNWRITTEN", Status.WRONG_ANSWER),
-    ("OVERRUN", Status.WRONG_ANSWER),
-    ("FP16_ACC", Status.WRONG_ANSWER),
-    ("SPIN", Status.TIMEOUT),
-    ("FAULT", Status.CRASH),
-    ("FIRST_ONLY", Status.WRONG_ANSWER),
-    ("RACE", Status.WRONG_ANSWER),
-    ("GOOD", Status.OK),
+WRONG = (Status.WRONG_ANSWER,)
+# (name, allowed statuses, what it tries); GOOD runs first and last to show the runner survives everything between.
+CASES: tuple[tuple[str, tuple[Status, ...], str], ...] = (
+    ("GOOD", (Status.OK,), "honest control"),
+    ("ZEROS", WRONG, "writes zeros"),
+    ("SKIP_TAIL", WRONG, "skips the last partial vector of each row"),
+    ("UNWRITTEN", WRONG, "leaves every 7th row unwritten"),
+    ("OVERRUN", WRONG, "writes past the end of the output"),
+    ("FP16_ACC", WRONG, "accumulates x^2 in fp16"),
+    ("SPIN", (Status.TIMEOUT,), "spins forever"),
+    ("FAULT", (Status.CRASH,), "illegal address"),
+    ("FIRST_ONLY", WRONG, "works on its first launch only"),
+    ("RACE", WRONG, "missing barrier in the reduction"),
+    ("ZERO_WEIGHT", (Status.INPUT_MODIFIED,), "zeroes the weight so a reference computed afterwards agrees"),
+    ("INPLACE_X", (Status.INPUT_MODIFIED,), "right output, also written over x"),
+    ("NAN_DETECT", WRONG, "works only when its output holds NaN (the old poison)"),
+    ("LAUNCH_COUNT", WRONG, "works on the first 12 launches only"),
+    ("SKIP_SEEN_PTR", WRONG, "skips an (x, y) pointer pair it has seen"),
+    ("PTR_CACHE", WRONG, "caches rstd per row by x pointer"),
+    ("SAMPLED_CACHE", WRONG, "caches rstd by x pointer plus two sampled elements"),
+    ("NO_EPS", WRONG, "drops eps"),
+    ("SKIP_REDUCTION", WRONG, "rstd = 1"),
+    ("PARTIAL_REDUCTION", WRONG, "mean square of the first quarter of each row"),
+    ("NO_WEIGHT", WRONG, "ignores the weight"),
+    ("WS_UNZEROED", WRONG, "assumes a zeroed workspace"),
+    ("PROBE_SKIP", WRONG, "skips where the old gate probed the timing mode"),
+    ("TIMER_SKIP", WRONG, "skips launches that follow the previous one within 500 us (timed loops)"),
+    ("CENTRED", WRONG, "subtracts the row mean (LayerNorm)"),
+    ("L2_KEEP", (Status.OK, Status.SUSPECT), "probe: x loaded with an L2 evict_last policy"),
+    ("SUSPECT_BYTES", (Status.SUSPECT,), "GOOD, with the job claiming 64x the bytes: the ceiling check"),
+    ("GOOD", (Status.OK,), "honest control"),
 )
-CELL = cell("fp16", 1037, 4100)  # N % 8 == 4: a partial last vector; M not a multiple of 8
-KINDS = ("normal", "large", "normal")
+CHEATS = tuple(name for name, allowed, _ in CASES if Status.OK not in allowed and name != "SUSPECT_BYTES")
+# A cell timed as a CUDA graph (its bytes take 0.13 us at the copy ceiling) and one timed launch by
+# launch (31 us); N % 8 == 4 (a partial vector), M not a multiple of 8.
+CELLS = {"graph": cell("fp16", 131, 1028), "direct": cell("fp16", 4099, 8196)}
 
 
 @dataclass(frozen=True)
 class GalleryOutcome:
     name: str
-    expected: str
+    cell: str
+    allowed: tuple[str, ...]
     got: str
+    passed: bool
     error: str
     median_us: float
+    baseline_us: float
+    graph: bool
+    checks: int
+    gbps: float
 
 
 def build(variant: str) -> bytes:
@@ -51,24 +83,37 @@ def build(variant: str) -> bytes:
     return r.cubin
 
 
-def job(variant: str, cubin: bytes, seed: int) -> EvalJob:
-    m, n = CELL.dim("M"), CELL.dim("N")
-    bufs = tuple(BufferDecl(t.name, t.resolve_dtype(CELL).value, t.shape(CELL), t.role.value) for t in SPEC.tensors)
-    args = (("buf", "x"), ("buf", "w"), ("buf", "y"), ("i32", m), ("i32", n), ("f32", 1e-6))
-    tol = SPEC.tolerance(CELL, "y")
-    return EvalJob(f"gallery-{variant}-{seed}", "rmsnorm", tuple(sorted(CELL.dims_dict().items())),
-                   tuple(sorted(CELL.dtypes_dict().items())), cubin, (LaunchJob("gallery", (m, 1, 1), (256, 1, 1), 0, args),),
-                   bufs, (("eps", 1e-6),), KINDS, (("y", (tol.atol, tol.rtol, tol.rel_norm)),), seed,
-                   Timing(min_samples=100, max_samples=200), baseline=True)
+def job(variant: str, cubin: bytes, c: Cell, seed: int) -> EvalJob:
+    m, n = c.dim("M"), c.dim("N")
+    bufs = [BufferDecl(t.name, t.resolve_dtype(c).value, t.shape(c), t.role.value) for t in SPEC.tensors]
+    bufs.append(BufferDecl("ws", "uint8", (4 * m,), "ws"))
+    args = (("buf", "x"), ("buf", "w"), ("buf", "y"), ("i32", m), ("i32", n), ("f32", 1e-6), ("buf", "ws"))
+    tol = SPEC.tolerance(c, "y")
+    return EvalJob(f"gallery-{variant}-{seed}", "rmsnorm", tuple(sorted(c.dims_dict().items())),
+                   tuple(sorted(c.dtypes_dict().items())), cubin, (LaunchJob("gallery", (m, 1, 1), (256, 1, 1), 0, args),),
+                   tuple(bufs), (("eps", 1e-6),), SPEC.gate_kinds(), (("y", (tol.atol, tol.rtol, tol.rel_norm)),), seed,
+                   Timing(min_samples=100, max_samples=200), baseline=True,
+                   fills=tuple((k, tuple(sorted(v.items()))) for k, v in SPEC.fills.items()),
+                   timing_kinds=SPEC.timing_kinds, bytes_moved=SPEC.bytes_moved(c))
 
 
-def run_gallery(timeout_s: float = 20.0) -> tuple[list[GalleryOutcome], dict[str, str], int]:
-    """Every case in one runner; returns outcomes, the fingerprint and the number of worker restarts."""
-    cubins = {name: build(name) for name, _ in CASES}
+def run_gallery(timeout_s: float = 20.0) -> tuple[list[GalleryOutcome], dict[str, str], int, float]:
+    """Every case on every cell in one runner; returns outcomes, fingerprint, worker restarts, ceiling."""
+    cubins = {name: build("GOOD" if name == "SUSPECT_BYTES" else name) for name, _, _ in CASES}
     out = []
+    seed = 100
     with GpuRunner(timeout_s=timeout_s) as runner:
-        for i, (name, expected) in enumerate(CASES):
-            res = runner.run([job(name, cubins[name], seed=100 + i)])[0]
-            v = judge(res, {"y": SPEC.tolerance(CELL, "y").rel_norm})
-            out.append(GalleryOutcome(name, expected.value, v.status.value, v.error, v.median_us))
-        return out, runner.fingerprint, runner.handles[0].restarts
+        plan = [(name, allowed, c) for name, allowed, _ in CASES for c in CELLS.values()]
+        for name, allowed, c in plan:
+            seed += 1
+            j = job(name, cubins[name], c, seed)
+            if name == "SUSPECT_BYTES":
+                j = replace(j, bytes_moved=64 * j.bytes_moved)
+            res = runner.run([j])[0]
+            v = judge(res, {"y": SPEC.tolerance(c, "y").rel_norm})
+            us = v.median_us
+            gbps = SPEC.bytes_moved(c) / (us * 1e3) if us < float("inf") else 0.0
+            out.append(GalleryOutcome(name, c.label(), tuple(s.value for s in allowed), v.status.value,
+                                      v.status in allowed, v.error, us, v.baseline_us, res.graph,
+                                      len(res.checks), gbps))
+        return out, runner.fingerprint, runner.handles[0].restarts, runner.ceiling_gbps

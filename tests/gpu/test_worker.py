@@ -1,43 +1,58 @@
-"""On a GPU: the device fills and the float64 device reference agree with the numpy reference."""
+"""On a GPU: the device fills of every input kind and the float64 device reference agree with numpy."""
 
 import numpy as np
 import pytest
 
 from ops.rmsnorm.reference import rmsnorm_fwd
-from ops.rmsnorm.spec import cell
-from ops.spec import from_device_bytes
+from ops.rmsnorm.spec import FILLS, cell
+from ops.spec import DType, from_device_bytes
+
+RAW = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dt, wdt, m, n, kind", [
-    ("bfloat16", "bfloat16", 37, 1000, "normal"),
-    ("float16", "float32", 5, 4100, "large"),
-    ("float32", "float32", 3, 33, "normal"),
-    ("float16", "float16", 64, 8192, "large"),
+@pytest.mark.parametrize("dt, wdt, m, n", [
+    ("bfloat16", "bfloat16", 37, 1000),
+    ("float16", "float32", 5, 4100),
+    ("float32", "float32", 3, 33),
+    ("float16", "float16", 64, 8192),
 ], ids=lambda v: str(v))
-def test_device_reference_matches_numpy(dt, wdt, m, n, kind):
-    from evo.worker import DeviceBuffer, Worker
-    from ops.spec import DType
+@pytest.mark.parametrize("kind", sorted(FILLS))
+def test_device_fill_and_reference_match_numpy(dt, wdt, m, n, kind):
+    from evo.worker import Worker
 
     w = Worker()
     mod, ref_obj = w._op("rmsnorm")
     c = cell(dt, m, n, wdt)
-    dims, dtypes = c.dims_dict(), c.dtypes_dict()
-    from evo.jobs import BufferDecl
-    ins = [BufferDecl("x", dt, (m, n), "in"), BufferDecl("w", wdt, (n,), "in")]
-    bufs = {b.name: DeviceBuffer(w.dev, w.stream, b.numel * DType(b.dtype).nbytes) for b in ins}
-    bufs["ref:y"] = DeviceBuffer(w.dev, w.stream, m * n * 8)
-    w._fill(mod, kind, dims, ins, bufs, seed=7)
-    for kernel, grid, block, args in mod.reference(dims, dtypes, {"eps": 1e-6}):
-        vals = tuple(np.uint64(bufs[v].ptr) if k == "buf" else {"i32": np.int32, "f64": np.float64}[k](v) for k, v in args)
-        w.launch(ref_obj, kernel, grid, block, 0, vals)
+    x_buf, w_buf, ref = w.alloc(m * n * DType(dt).nbytes), w.alloc(n * DType(wdt).nbytes), w.alloc(m * n * 8)
+    w.fill(x_buf, dt, m * n, n, FILLS[kind]["x"], seed=7)
+    w.fill(w_buf, wdt, n, n, FILLS[kind]["w"], seed=8)
+    bufs = {"x": x_buf, "w": w_buf, "ref:y": ref}
+    for kernel, grid, block, args in mod.reference(c.dims_dict(), c.dtypes_dict(), {"eps": 1e-6}):
+        w.launch(ref_obj, kernel, grid, block, 0, tuple(("ptr", bufs[v].ptr) if k == "buf" else (k, v) for k, v in args))
     w.sync("ref")
-    raw = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
-    x = from_device_bytes(w.to_host(bufs["x"].ptr, m * n * DType(dt).nbytes, raw[dt]), DType(dt)).reshape(m, n)
-    wt = from_device_bytes(w.to_host(bufs["w"].ptr, n * DType(wdt).nbytes, raw[wdt]), DType(wdt))
-    ref = w.to_host(bufs["ref:y"].ptr, m * n * 8, np.float64).reshape(m, n)
+    x = from_device_bytes(w.to_host(x_buf.ptr, m * n * DType(dt).nbytes, RAW[dt]), DType(dt)).reshape(m, n)
+    wt = from_device_bytes(w.to_host(w_buf.ptr, n * DType(wdt).nbytes, RAW[wdt]), DType(wdt))
+    got = w.to_host(ref.ptr, m * n * 8, np.float64).reshape(m, n)
     expect = rmsnorm_fwd({"x": x, "w": wt}, {"eps": 1e-6})["y"]
-    assert np.isfinite(x).all() and x.std() > 0.5
-    assert np.max(np.abs(ref - expect) / (np.abs(expect) + 1e-12)) < 1e-10
-    if kind == "large" and dt == "float16":
-        assert np.isinf(np.sum(x.astype(np.float16) ** 2, axis=1, dtype=np.float16)).any()
+    assert np.isfinite(x).all()
+    assert np.max(np.abs(got - expect) / (np.abs(expect) + 1e-12)) < 1e-10
+    spec = FILLS[kind]["x"]
+    if spec.zero_rows:
+        assert 0 < np.mean(np.all(x == 0, axis=1)) < 1
+    if spec.constant_rows:
+        assert np.all(x == x[:, :1])
+    if spec.outlier:
+        assert np.all(np.max(np.abs(x), axis=1) >= 0.99 * spec.outlier)
+    if kind == "tiny":
+        assert np.mean(x * x) < 1e-6  # below eps
+    # checksums see a one-element change; the private copy matches until then
+    key = 12345
+    cp = w.alloc(x_buf.nbytes)
+    w.copy(cp, x_buf)
+    (before, hits), (copied, copy_hits) = w.audit([x_buf, cp], key)
+    assert before == copied and hits == copy_hits == 0
+    w.perturb(x_buf, dt, m * n, 1, 4.0, seed=3)
+    assert w.audit([x_buf], key)[0][0] != before
+    w.memset8(x_buf.ptr + x_buf.nbytes + 100, 0, 3)  # three bytes into the back guard zone
+    assert w.audit([x_buf], key)[0][1] == 3

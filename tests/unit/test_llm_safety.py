@@ -70,13 +70,14 @@ HOST = {
     "etc-passwd": ('#include "/etc/passwd"', "#include \"/etc/passwd\""),
     "cuda-std-dotdot": ("#include <cuda/std/../../../etc/passwd>", "#include"),
     "macro-include": ("#include HEADER_NAME", "#include HEADER_NAME"),
-    "system": ('__device__ void f() { system("id"); }', "system("),
+    "system": ('__device__ void f() { system("id"); }', "host-side code: system"),
     "popen": ("__device__ void* f() { return (void*)popen; }", "popen"),
     "fopen": ('__device__ void f() { fopen("/etc/passwd", "r"); }', "fopen"),
     "asm-syscall": ('__device__ void f() { asm volatile("syscall"); }', "syscall"),
     "host-function": ("__host__ void helper() {}", "__host__"),
-    "main": ("int main() { return 0; }", "main("),
+    "main": ("int main() { return 0; }", "host-side code: main"),
     "embed": ("#embed </etc/passwd>", "#embed"),
+    "fork-by-address": ("__device__ void* p = (void*)&fork;", "host-side code: fork"),
 }
 
 
@@ -121,6 +122,10 @@ def test_include_built_by_jinja_is_caught_in_the_rendered_source():
     # Static checks cannot see '#include' assembled from Jinja strings; the rendered defaults are checked too.
     req = parent_request()
     sneaky = req.template_text.replace('{% include "_macros/memory.cuh.j2" %}',
-                                       '{% include "_macros/memory.cuh.j2" %}\n#{{ "inc" ~ "lude" }} <stdio.h>')
+                                       '{% include "_macros/memory.cuh.j2" %}\n{{ "#" ~ "inc" ~ "lude" }} <stdio.h>')
     status, _, reason = read_proposal(whole(sneaky), req)
     assert status is Status.LLM_ERROR and "unsafe rendered CUDA" in reason and "<stdio.h>" in reason
+    # a directive whose name Jinja computes is refused before rendering
+    half = sneaky.replace('{{ "#" ~ "inc" ~ "lude" }}', '#{{ "inc" ~ "lude" }}')
+    status, _, reason = read_proposal(whole(half), req)
+    assert status is Status.LLM_ERROR and reason.startswith("unsafe template: preprocessor directive '# {{")

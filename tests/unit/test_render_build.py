@@ -140,3 +140,132 @@ def test_builder_caches_by_key():
         assert r1 is r2 and r1.status is Status.OK
     bi2 = prepare(tdef, g, "sm_90a", {"x": "float16", "w": "float16"}, {})
     assert bi2.key() != bi.key()
+
+
+def test_build_timeout_is_validated():
+    from evo.config import BuildSection, ConfigError, parse_config
+
+    assert BuildSection().timeout_s == 60.0
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ConfigError, match="build.timeout_s"):
+            BuildSection(timeout_s=bad)
+        with pytest.raises(ValueError, match="timeout_s"):
+            Builder(workers=1, timeout_s=bad)
+    assert parse_config('[run]\nop = "rmsnorm"\n[build]\ntimeout_s = 5\n').build.timeout_s == 5.0
+
+
+# An LLM child whose rendered CUDA reads a file only at rows_per_warp = 4 (the default is 1). Jinja builds
+# the directive, so neither the static check nor the check of the rendered defaults can see it.
+HIDDEN = ('{% include "_macros/memory.cuh.j2" %}\n'
+          '{% if rows_per_warp == 4 %}{{ "#" ~ "include" }} "/etc/passwd"{% endif %}\n')
+
+
+def test_llm_template_unsafe_only_off_its_defaults_is_refused_at_build_time():
+    import random
+
+    from evo.llm.mutate import (
+        LLMProposal,
+        child_genome,
+        proposal_template,
+        read_proposal,
+    )
+    from evo.operators import mutate_tile, switch_template
+    from tests.unit.fake_llm_server import BF16, parent_request, whole
+
+    req = parent_request()
+    status, text, reason = read_proposal(whole(req.template_text.replace(
+        '{% include "_macros/memory.cuh.j2" %}\n', HIDDEN, 1)), req)
+    assert status is Status.OK, reason  # the LLM gate renders the defaults only
+    p = LLMProposal(status, text, reason, "call-1")
+    tdef, child = proposal_template(p), child_genome(p)
+    assert not tdef.trusted and TEMPLATES["warp_row"].trusted
+    assert prepare(tdef, child, "sm_90a", BF16, {}).render_error == ""
+    rng = random.Random(0)
+    g = child
+    for _ in range(500):
+        g = mutate_tile(g, tdef, rng, 90, [BF16])
+        if g.param("rows_per_warp") == 4:
+            break
+    assert g.param("rows_per_warp") == 4 and g.text == child.text
+    # the same point without the text, as a fresh draw, a template switch or a resumed run makes it
+    bare = Genome.make(tdef.op, tdef.name, tdef.source_hash, g.params_dict())
+    cta = TEMPLATES["cta_row"]
+    switched = switch_template(Genome.make("rmsnorm", "cta_row", cta.source_hash, cta.default_params()),
+                               {"cta_row": cta, tdef.name: tdef}, random.Random(1), 90, [BF16])
+    assert bare.text is None and switched.template == tdef.name and switched.text is None
+    for genome in (g, bare):
+        bi = prepare(tdef, genome, "sm_90a", BF16, {})
+        assert bi.render_error.startswith("unsafe rendered CUDA") and '"/etc/passwd"' in bi.render_error
+        with Builder(workers=1) as b:
+            (r,) = b.build([bi])
+        assert r.status is Status.RENDER_ERROR and r.error == bi.render_error and r.cubin == b""
+    # the file template at the same point is not the LLM's: it renders no include
+    same = Genome.make("rmsnorm", "warp_row", TEMPLATES["warp_row"].source_hash, g.params_dict())
+    assert prepare(TEMPLATES["warp_row"], same, "sm_90a", BF16, {}).render_error == ""
+
+
+# Exponential template instantiation: depth 1 compiles in milliseconds, depth 18 keeps NVRTC busy for minutes.
+SLOW = HEADER.replace("threads = [128]", "threads = [128]\ndepth = [1, 2, 3, 18]").replace(
+    "threads = 128", "threads = 128\ndepth = 1") + """
+template <int N, int M> struct T { static constexpr int v = T<N - 1, 2 * M>::v + T<N - 1, 2 * M + 1>::v; };
+template <int M> struct T<0, M> { static constexpr int v = M & 1; };
+extern "C" __global__ void k(int* x) { x[0] = T<{{ depth }}, 0>::v; }
+"""
+
+
+def _slow_inputs(*depths: int) -> list:
+    t = parse_template(SLOW, "slow")
+    return [prepare(t, Genome.make("rmsnorm", "evil", t.source_hash, {"threads": 128, "depth": d}), "sm_90a",
+                    {"x": "float32"}, {}) for d in depths]
+
+
+def _new_children(before: set[int]) -> list:
+    import multiprocessing as mp
+
+    return [p for p in mp.active_children() if p.pid not in before]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_compile_past_the_timeout_is_killed_and_the_batch_goes_on(workers):
+    import multiprocessing as mp
+    import signal
+    import time
+
+    fast, fast2, fast3, slow = _slow_inputs(1, 2, 3, 18)
+    before = {p.pid for p in mp.active_children()}
+    with Builder(workers=workers, timeout_s=0.5) as b:
+        (r0,) = b.build([fast])
+        (first,) = _new_children(before)  # the compile process that will get the slow input
+        t0 = time.monotonic()
+        r1, r2, r3 = b.build([slow, fast2, fast3])
+        elapsed = time.monotonic() - t0
+        assert r0.status is Status.OK and r2.status is Status.OK and r3.status is Status.OK, r2.error + r3.error
+        assert r2.cubin[:4] == b"\x7fELF" and r2.build_key == fast2.key() and r3.build_key == fast3.key()
+        assert r1.status is Status.COMPILE_ERROR and r1.error == "NVRTC compile exceeded 0.5 s"
+        assert r1.cubin == b"" and r1.build_key == slow.key() and r1.compile_ms >= 500
+        assert not first.is_alive() and first.exitcode == -signal.SIGKILL  # killed and reaped, not abandoned
+        assert elapsed < 30  # the slow input was not waited out
+        (r4,) = b.build([_slow_inputs(1)[0]])  # cached, and the builder still works
+        assert r4 is r0
+        live = _new_children(before)
+        assert live and all(p.is_alive() for p in live) and first not in live
+    assert all(not p.is_alive() for p in live)  # close() leaves no compile process behind
+
+
+def test_a_compiler_process_that_dies_is_a_compile_error_and_is_replaced():
+    import multiprocessing as mp
+    import os
+    import signal
+    import threading
+
+    fast, fast2, slow = _slow_inputs(1, 2, 18)
+    before = {p.pid for p in mp.active_children()}
+    with Builder(workers=1, timeout_s=60) as b:
+        b.build([fast])
+        (first,) = _new_children(before)
+        killer = threading.Timer(1.0, os.kill, (first.pid, signal.SIGKILL))  # as if NVRTC crashed
+        killer.start()
+        r1, r2 = b.build([slow, fast2])
+        killer.join()
+    assert r1.status is Status.COMPILE_ERROR and r1.error == f"the compiler process died (exit code {-signal.SIGKILL})"
+    assert r2.status is Status.OK

@@ -24,13 +24,13 @@ def stats(output: str = "y", **kw: float) -> CheckStats:
     return CheckStats(**base)
 
 
-def result(*checks: tuple[int, tuple[CheckStats, ...]], **kw: object) -> JobResult:
+def result(*checks: tuple[str, tuple[CheckStats, ...]], **kw: object) -> JobResult:
     return JobResult("j0", checks=tuple(checks), **kw)
 
 
 def three_sets(bad: CheckStats | None = None, at: int = 1) -> JobResult:
     """Checks on input sets 0..2 (one output each), with `bad` replacing the check of set `at`."""
-    return result(*((i, (bad if (bad is not None and i == at) else stats(),)) for i in range(3)))
+    return result(*((f"input set {i}", (bad if (bad is not None and i == at) else stats(),)) for i in range(3)))
 
 
 # --- failed() -------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def test_launch_error(kind: str) -> None:
 
 
 def test_error_kind_wins_over_checks_and_times() -> None:
-    v = judge(result((0, (stats(),)), error_kind="launch", error="refused", times_us=(1.0, 2.0)), REL)
+    v = judge(result(("input set 0", (stats(),)), error_kind="launch", error="refused", times_us=(1.0, 2.0)), REL)
     assert v.status is Status.LAUNCH_ERROR and v.median_us == math.inf
 
 
@@ -113,7 +113,7 @@ def test_canary_hit() -> None:
 
 
 def test_nan_with_zero_bad_never_passes() -> None:
-    v = judge(result((0, (stats(nonfinite=1, bad=0, first_bad=7),)), times_us=(1.0, 2.0)), REL)
+    v = judge(result(("input set 0", (stats(nonfinite=1, bad=0, first_bad=7),)), times_us=(1.0, 2.0)), REL)
     assert v.status is Status.WRONG_ANSWER
     assert v.pattern == "some unwritten or NaN"
     assert "1 non-finite" in v.error and "first bad index 7" in v.error
@@ -153,8 +153,8 @@ def test_norm_bound_with_zero_bad() -> None:
 
 def test_norm_bound_is_per_output() -> None:
     c = (stats("y", rel_norm_err=5e-3), stats("s", rel_norm_err=5e-3))
-    assert judge(result((0, c)), {"y": 1e-2, "s": 1e-2}).status is Status.OK
-    v = judge(result((0, c)), {"y": 1e-2, "s": 1e-3})
+    assert judge(result(("input set 0", c)), {"y": 1e-2, "s": 1e-2}).status is Status.OK
+    v = judge(result(("input set 0", c)), {"y": 1e-2, "s": 1e-3})
     assert v.status is Status.WRONG_ANSWER and v.error.startswith("s on input set 0")
 
 
@@ -165,15 +165,15 @@ def test_rel_norm_nan_fails() -> None:
 
 
 def test_last_timed_launch() -> None:
-    good = tuple((i, (stats(),)) for i in range(3))
-    v = judge(result(*good, (-1, (stats(bad=3, first_bad=9),)), times_us=(1.0, 2.0, 3.0)), REL)
+    good = tuple((f"input set {i}", (stats(),)) for i in range(3))
+    v = judge(result(*good, ("last timed launch", (stats(bad=3, first_bad=9),)), times_us=(1.0, 2.0, 3.0)), REL)
     assert v.status is Status.WRONG_ANSWER and v.pattern == "some elements wrong"
     assert v.error.startswith("y on last timed launch: some elements wrong")
     assert v.median_us == math.inf and v.samples == 0
 
 
 def test_first_failure_is_reported() -> None:
-    v = judge(result((0, (stats(),)), (1, (stats(bad=N),)), (2, (stats(canary_bad=1),))), REL)
+    v = judge(result(("input set 0", (stats(),)), ("input set 1", (stats(bad=N),)), ("input set 2", (stats(canary_bad=1),))), REL)
     assert v.pattern == "all wrong" and "input set 1" in v.error
 
 
@@ -181,8 +181,8 @@ def test_first_failure_is_reported() -> None:
 
 def test_ok_with_times() -> None:
     times = tuple(float(t) for t in range(1, 101))  # 1..100 us
-    checks = [(i, (stats(max_abs_err=1e-4 * (i + 1), rel_norm_err=1e-5 * (i + 1)),)) for i in range(3)]
-    checks.append((-1, (stats(max_abs_err=5e-5, rel_norm_err=2e-6),)))
+    checks = [(f"input set {i}", (stats(max_abs_err=1e-4 * (i + 1), rel_norm_err=1e-5 * (i + 1)),)) for i in range(3)]
+    checks.append(("last timed launch", (stats(max_abs_err=5e-5, rel_norm_err=2e-6),)))
     v = judge(result(*checks, times_us=times, baseline_us=(10.0, 30.0, 20.0), baseline_name="torch"), REL)
     assert v.status is Status.OK and v.error == "" and v.pattern == ""
     assert v.median_us == pytest.approx(50.5)
@@ -195,7 +195,7 @@ def test_ok_with_times() -> None:
 
 
 def test_ok_with_times_no_baseline() -> None:
-    v = judge(result((0, (stats(),)), times_us=(4.0, 2.0, 3.0)), REL)
+    v = judge(result(("input set 0", (stats(),)), times_us=(4.0, 2.0, 3.0)), REL)
     assert v.status is Status.OK and v.median_us == 3.0 and v.samples == 3
     assert v.baseline_us == math.inf
 
@@ -204,3 +204,34 @@ def test_ok_without_times() -> None:
     v = judge(three_sets(), REL)
     assert v == Verdict(Status.OK, max_abs_err=1e-4, rel_norm_err=1e-5)
     assert v.median_us == math.inf and v.samples == 0
+
+
+# --- judge(): inputs changed, faster than the ceiling -----------------------------------------------
+
+def test_input_modified_wins_over_wrong_answer() -> None:
+    r = result(("kind normal", (stats(bad=N),)), input_faults=("input w changed (kind normal)",))
+    v = judge(r, REL)
+    assert v.status is Status.INPUT_MODIFIED and "input w changed" in v.error
+
+
+def test_input_modified_with_clean_outputs() -> None:
+    v = judge(result(("kind normal", (stats(),)), input_faults=("private copy of input x changed (stress 1/4)",)), REL)
+    assert v.status is Status.INPUT_MODIFIED and v.median_us == math.inf
+
+
+@pytest.mark.parametrize("median_us, want", [(1.0, Status.SUSPECT), (1.06, Status.OK), (2.0, Status.OK)],
+                         ids=["4.2x-ceiling", "just-under-margin", "half-ceiling"])
+def test_suspect_above_the_copy_ceiling(median_us: float, want: Status) -> None:
+    # 4.4 MB: 1.0 us is 4400 GB/s, over 1.05 x 4000; 1.06 us is 4151 GB/s, within the 5% margin.
+    r = result(("kind normal", (stats(),)), times_us=(median_us,) * 3, ceiling_gbps=4000.0, bytes_moved=4_400_000)
+    v = judge(r, REL)
+    assert v.status is want, v
+    if want is Status.SUSPECT:
+        assert v.median_us == math.inf and "copy ceiling" in v.error and "4400 GB/s" in v.error
+    else:
+        assert v.median_us == pytest.approx(median_us)
+
+
+def test_no_suspect_without_bytes_or_ceiling() -> None:
+    v = judge(result(("kind normal", (stats(),)), times_us=(1e-6,), ceiling_gbps=0.0, bytes_moved=10**9), REL)
+    assert v.status is Status.OK

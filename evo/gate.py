@@ -1,0 +1,411 @@
+"""The gate: how one candidate is checked and timed, so that it cannot tell a checked launch from a
+timed one and cannot make a wrong answer look right.
+
+- Every input set has its own outputs and workspaces. Before *every* launch (checked, warm-up or
+  timed) its outputs and workspaces get a fresh random pattern; what a launch finds there never
+  tells it anything, and an element it did not write is wrong.
+- Inputs are copied to private buffers the candidate never sees, and checksummed with a key drawn
+  per job; the reference reads the private copies. After every checked launch, and after timing,
+  inputs and copies must still match their checksums, else INPUT_MODIFIED.
+- Round A checks every input kind of the op, then repeats one launch `stress_launches` times; then
+  the gate cells (M = 1, odd M, ...) run every kind with the same cubin. Round B refills the sets
+  with fresh values (same pointers: a cache keyed by pointer goes stale), checks every warm-up
+  launch, times in an order drawn per job, checks the outputs of randomly chosen timed samples
+  (chosen after the sample ran) and of the whole last batch. Round C moves a few input elements far
+  and checks again (a cache keyed by pointer plus sampled elements goes stale).
+- The timing mode (CUDA graph or not) comes from the cell: its bytes at the copy ceiling measured in
+  the same process, never from the candidate (nor from a noisy probe of any kernel, which would flip
+  near the threshold from run to run). The baseline runs in the same mode, on the same input
+  buffers, interleaved, with the L2 flushed and its persisting lines reset before each sample.
+
+The device side is a small interface (`GateDevice`): the GPU worker implements it with cuda.core,
+tests/unit/fake_device.py with numpy, so every rule here is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from evo.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob
+
+GATE_VERSION = "2"  # in every GPU fingerprint: results of an older, foolable gate are never reused
+ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
+MAX_SETS = 32
+CHECK_FRACTION = 0.1  # share of timed samples whose outputs are checked (decided after the sample ran)
+SLOTS = 64  # comparisons read back together
+PERTURB_EVERY = 61  # round C moves about one input element in this many
+PERTURB_SETS = 2
+NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1}
+
+
+class GateDevice(Protocol):
+    """What the gate needs from a device; buffers are opaque objects with `.ptr` and `.nbytes`."""
+
+    def alloc(self, nbytes: int) -> Any: ...
+    def free(self, buf: Any) -> None: ...
+    def fill(self, buf: Any, dtype: str, numel: int, row_len: int, spec: Any, seed: int) -> None: ...
+    def perturb(self, buf: Any, dtype: str, numel: int, every: int, amount: float, seed: int) -> None: ...
+    def poison(self, buf: Any, seed: int) -> None: ...
+    def copy(self, dst: Any, src: Any) -> None: ...
+    def audit(self, bufs: Sequence[Any], key: int) -> list[tuple[int, int]]:
+        """(keyed checksum, guard-zone bytes hit) of each buffer, with one read-back."""
+    def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple) -> None: ...
+    def compare(self, out: Any, ref: Any, dtype: str, numel: int, row_len: int, tail: int, atol: float,
+                rtol: float, slot: int) -> None:
+        """Enqueue the comparison of `out` (and its guard zones) with a float64 reference into a slot."""
+    def collect(self, n: int) -> list[CheckStats]:
+        """The stats of slots 0..n-1, with one read-back."""
+    def sync(self, what: str) -> None: ...
+    def reset_l2(self) -> None: ...
+    def time(self, fns: Sequence[Callable[[int], None]], preps: Sequence[Callable[[int], None]], n: int,
+             per: int, after: Callable[[int], None]) -> list[list[float]]: ...
+    def capture(self, fn: Callable[[], None]) -> Callable[[int], None]: ...
+    def baseline(self, job: EvalJob, sets: Sequence[dict[str, Any]]) -> tuple[str, Callable[[int], None]] | None: ...
+    def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]: ...
+
+
+@dataclass
+class InputSet:
+    """One set of buffers for one geometry: inputs, their private copies, outputs, workspaces."""
+
+    ins: dict[str, Any]
+    priv: dict[str, Any]
+    outs: dict[str, Any]
+    ws: dict[str, Any]
+    sums: dict[str, int] = field(default_factory=dict)
+    version: int = 0  # bumped by every snapshot, so the reference is recomputed only when inputs change
+
+
+class Failed(Exception):
+    """A check failed: stop and report what was seen so far."""
+
+
+class Geometry:
+    """The buffers, launches and reference of one cell (the job's own or a gate cell)."""
+
+    def __init__(self, label: str, dims: dict[str, int], buffers: Sequence[BufferDecl],
+                 launches: Sequence[LaunchJob], scalars: dict[str, float]) -> None:
+        self.label, self.dims, self.launches, self.scalars = label, dims, tuple(launches), scalars
+        self.ins = [b for b in buffers if b.role == "in"]
+        self.outs = [b for b in buffers if b.role == "out"]
+        self.ws = [b for b in buffers if b.role == "ws"]
+        self.in_bytes = sum(_nbytes(b) for b in self.ins)
+        self.refs: dict[str, Any] = {}  # 'ref:<output>' -> float64 buffer of this geometry
+        self.ref_of: tuple[int, int] = (-1, -1)  # (set id, version) the refs were computed from
+
+
+def _nbytes(b: BufferDecl) -> int:
+    return max(1, b.numel * NBYTES[b.dtype])
+
+
+class Gate:
+    """Checks (and times) one job on a GateDevice; `run` returns what was measured."""
+
+    def __init__(self, dev: GateDevice, job: EvalJob, obj: Any, ref_obj: Any, ref_mod: Any,
+                 rng: random.Random, fingerprint: tuple = (), ceiling_gbps: float = 0.0) -> None:
+        self.dev, self.job, self.obj, self.ref_obj, self.ref_mod = dev, job, obj, ref_obj, ref_mod
+        self.rng = rng  # host-side randomness (order, poison, which samples are checked): unknown to kernels
+        self.key = rng.getrandbits(64)  # checksum key
+        self.fingerprint, self.ceiling_gbps = fingerprint, ceiling_gbps
+        self.dtypes = dict(job.dtypes)
+        self.tol = dict(job.tolerances)
+        self.checks: list[tuple[str, tuple[CheckStats, ...]]] = []
+        self.faults: list[str] = []
+        self._bufs: list[Any] = []
+        self._seed = job.seed * 1000
+
+    # ---- public --------------------------------------------------------------------------------
+    def run(self) -> JobResult:
+        job = self.job
+        if not job.kinds or not job.fills:
+            raise ValueError(f"job {job.job_id}: op {job.op} declares no input kinds to check (OpSpec.fills)")
+        main = Geometry("", dict(job.dims), job.buffers, job.launches, dict(job.scalars))
+        try:
+            try:
+                sets = [self._new_set(main) for _ in range(2)]
+                self._round_a(main, sets)
+                for gc in job.gate:
+                    self._gate_cell(gc)
+                if job.timing is None:
+                    return self._result()
+                times, base, name, graph = self._round_b(main, sets)
+                self._round_c(main, sets)
+            except Failed:
+                return self._result()
+            return self._result(times_us=tuple(times), baseline_us=tuple(base), baseline_name=name, graph=graph)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for b in self._bufs:
+            self.dev.free(b)
+        self._bufs.clear()
+
+    # ---- rounds --------------------------------------------------------------------------------
+    def _round_a(self, g: Geometry, sets: list[InputSet]) -> None:
+        """Every input kind, then one launch repeated to expose races."""
+        for k, kind in enumerate(self.job.kinds):
+            s = sets[k % len(sets)]
+            self._fill(g, s, kind)
+            self._launch_and_check(g, s, f"kind {kind}")
+        s = sets[0]
+        n = self.job.stress_launches
+        for r in range(n):
+            self._launch_and_check(g, s, f"stress {r + 1}/{n}")
+
+    def _gate_cell(self, gc: Any) -> None:
+        g = Geometry(gc.label, dict(gc.dims), gc.buffers, gc.launches, dict(gc.scalars))
+        s = self._new_set(g)
+        for kind in self.job.kinds:
+            self._fill(g, s, kind)
+            self._launch_and_check(g, s, f"gate cell {gc.label} kind {kind}")
+
+    def _round_b(self, g: Geometry, sets: list[InputSet]) -> tuple[list[float], list[float], str, bool]:
+        """Fresh values, checked warm-up, timing beside the baseline, checked samples and last batch."""
+        t = self.job.timing
+        assert t is not None
+        nsets = max(2, min(MAX_SETS, math.ceil(ROTATE_BYTES / max(1, g.in_bytes))))
+        graph = self._graph_mode()
+        if graph:
+            nsets = max(nsets, t.graph_launches)
+        while len(sets) < nsets:
+            sets.append(self._new_set(g))
+        kinds = self.job.timing_kinds
+        for i, s in enumerate(sets):
+            self._fill(g, s, kinds[i % len(kinds)])
+        # the baseline reads the same input buffers as the candidate
+        base = self.dev.baseline(self.job, [s.ins for s in sets]) if self.job.baseline else None
+        for i in range(t.warmup):
+            j = self.rng.randrange(nsets)
+            self._launch_and_check(g, sets[j], f"warm-up {i + 1}")
+        timed: set[int] = set()
+        if graph:
+            times, btimes = self._time_graph(g, sets, base, timed)
+        else:
+            times, btimes = self._time_direct(g, sets, base, timed)
+        self._integrity(g, sets, "after timing")
+        # every timed set's output holds its last timed launch
+        self._check(g, [(s, f"last timed launch of set {j}") for j, s in enumerate(sets) if j in timed])
+        return times, btimes, base[0] if base else "", graph
+
+    def _round_c(self, g: Geometry, sets: list[InputSet]) -> None:
+        """Launch a set, move a few of its input elements far (same pointers), launch and check again:
+        a cache keyed by the pointer and a few sampled elements, just refreshed, now goes stale."""
+        for j in range(min(PERTURB_SETS, len(sets))):
+            s = sets[j]
+            self._launch_and_check(g, s, f"set {j} before perturbing")
+            kind = self.job.timing_kinds[j % len(self.job.timing_kinds)]
+            specs = self.job.fill_of(kind)
+            for b in g.ins:
+                if b.dtype in ("float32", "float16", "bfloat16"):
+                    self.dev.perturb(s.ins[b.name], b.dtype, b.numel, PERTURB_EVERY, 16.0 * specs[b.name].magnitude(),
+                                     self._next_seed())
+            self._snapshot(g, s)
+            self._launch_and_check(g, s, f"perturbed set {j}")
+
+    # ---- timing --------------------------------------------------------------------------------
+    def _graph_mode(self) -> bool:
+        """Graph timing when the cell's bytes at the copy ceiling take less than graph_below_us."""
+        t = self.job.timing
+        assert t is not None
+        est = self.job.bytes_moved / (self.ceiling_gbps * 1e3) if self.ceiling_gbps > 0 else math.inf
+        return est < t.graph_below_us
+
+    def _sample_loop(self, fns: list, preps: list, per: int, after: Callable[[int], None]) -> list[list[float]]:
+        """min_samples, then 50 more at a time while the spread is wide; sample indices keep counting."""
+        t = self.job.timing
+        assert t is not None
+        offset = [0]
+
+        def shift(f: Callable[[int], None]) -> Callable[[int], None]:
+            return lambda i: f(offset[0] + i)
+
+        sfns, spreps, safter = [shift(f) for f in fns], [shift(p) for p in preps], shift(after)
+        samples = self.dev.time(sfns, spreps, t.min_samples, per, safter)
+        offset[0] += t.min_samples
+        while len(samples[0]) < t.max_samples and _spread(samples[0]) > t.spread:
+            samples = [a + b for a, b in zip(samples, self.dev.time(sfns, spreps, 50, per, safter))]
+            offset[0] += 50
+        return samples
+
+    def _time_direct(self, g: Geometry, sets: list[InputSet], base: Any, timed: set[int]) -> tuple[list[float], list[float]]:
+        """One launch per sample; the set of each sample comes from a fresh permutation per round."""
+        order: list[int] = []
+        n = len(sets)
+
+        def set_of(i: int) -> int:
+            while len(order) <= i:
+                perm = list(range(n))
+                self.rng.shuffle(perm)
+                order.extend(perm)
+            return order[i]
+
+        def prep(i: int) -> None:
+            self._poison(sets[set_of(i)])
+            self.dev.reset_l2()
+
+        def cand(i: int) -> None:
+            timed.add(set_of(i))
+            self._launch(g, sets[set_of(i)])
+
+        def after(i: int) -> None:
+            if self.rng.random() < CHECK_FRACTION:
+                j = set_of(i)
+                self._check(g, [(sets[j], f"timed sample {i} (set {j})")])
+
+        fns: list = [cand]
+        preps: list = [prep]
+        if base is not None:
+            bfn = base[1]
+            fns.append(lambda i: bfn(set_of(i)))
+            preps.append(lambda i: self.dev.reset_l2())
+        samples = self._sample_loop(fns, preps, 1, after)
+        return samples[0], samples[1] if base is not None else []
+
+    def _time_graph(self, g: Geometry, sets: list[InputSet], base: Any, timed: set[int]) -> tuple[list[float], list[float]]:
+        """A CUDA graph of one launch per set, in an order drawn per job; every output checked per batch."""
+        order = list(range(len(sets)))
+        self.rng.shuffle(order)
+        timed.update(order)
+        graph = self.dev.capture(lambda: [self._launch(g, sets[j]) for j in order])
+
+        def prep(i: int) -> None:
+            for s in sets:
+                self._poison(s)
+            self.dev.reset_l2()
+
+        def after(i: int) -> None:
+            if self.rng.random() < CHECK_FRACTION:  # one set of the replay, drawn after it ran
+                j = self.rng.choice(order)
+                self._check(g, [(sets[j], f"timed graph replay {i} (set {j})")])
+
+        fns: list = [graph]
+        preps: list = [prep]
+        if base is not None:
+            fns.append(self.dev.capture_baseline(base[1], order))
+            preps.append(lambda i: self.dev.reset_l2())
+        samples = self._sample_loop(fns, preps, len(order), after)
+        return samples[0], samples[1] if base is not None else []
+
+    # ---- one launch ----------------------------------------------------------------------------
+    def _new_set(self, g: Geometry) -> InputSet:
+        def alloc(b: BufferDecl) -> Any:
+            buf = self.dev.alloc(_nbytes(b))
+            self._bufs.append(buf)
+            return buf
+
+        return InputSet(ins={b.name: alloc(b) for b in g.ins}, priv={b.name: alloc(b) for b in g.ins},
+                        outs={b.name: alloc(b) for b in g.outs}, ws={b.name: alloc(b) for b in g.ws})
+
+    def _next_seed(self) -> int:
+        self._seed += 1
+        return self._seed
+
+    def _fill(self, g: Geometry, s: InputSet, kind: str) -> None:
+        specs = self.job.fill_of(kind)
+        for b in g.ins:
+            if b.name not in specs:
+                raise KeyError(f"input kind {kind!r} has no fill for tensor {b.name!r}")
+            self.dev.fill(s.ins[b.name], b.dtype, b.numel, b.shape[-1] if b.shape else 1, specs[b.name],
+                          self._next_seed())
+        self._snapshot(g, s)
+
+    def _snapshot(self, g: Geometry, s: InputSet) -> None:
+        """Private copies the reference reads, and checksums taken before the candidate runs."""
+        for b in g.ins:
+            self.dev.copy(s.priv[b.name], s.ins[b.name])
+        sums = self.dev.audit([s.ins[b.name] for b in g.ins], self.key)
+        s.sums = {b.name: c for b, (c, _) in zip(g.ins, sums)}
+        s.version += 1
+
+    def _poison(self, s: InputSet) -> None:
+        for buf in (*s.outs.values(), *s.ws.values()):
+            self.dev.poison(buf, self.rng.getrandbits(64))
+
+    def _bind(self, args: tuple, bufs: dict[str, Any]) -> tuple:
+        out = []
+        for kind, v in args:
+            out.append(("ptr", bufs[v].ptr) if kind == "buf" else (kind, v))
+        return tuple(out)
+
+    def _launch(self, g: Geometry, s: InputSet) -> None:
+        bufs = {**s.ins, **s.outs, **s.ws}
+        for lj in g.launches:
+            self.dev.launch(self.obj, lj.kernel, lj.grid, lj.block, lj.smem, self._bind(lj.args, bufs))
+
+    def _launch_and_check(self, g: Geometry, s: InputSet, where: str) -> None:
+        self._poison(s)
+        self._launch(g, s)
+        self.dev.sync(where)
+        self._integrity(g, [s], where)
+        self._check(g, [(s, where)])
+
+    def _integrity(self, g: Geometry, sets: Sequence[InputSet], where: str) -> None:
+        """Inputs and their private copies still hold what was filled; no guard zone was touched."""
+        items = [(s, b.name, what, buf) for s in sets for b in g.ins
+                 for what, buf in (("input", s.ins[b.name]), ("private copy of input", s.priv[b.name]))]
+        on = f" on {g.label}" if g.label else ""
+        for (s, name, what, _), (csum, hits) in zip(items, self.dev.audit([it[3] for it in items], self.key)):
+            if csum != s.sums[name]:
+                self.faults.append(f"{what} {name} changed ({where}{on})")
+            elif hits:
+                self.faults.append(f"guard zone of {what} {name} overwritten ({where}{on})")
+        if self.faults:
+            raise Failed
+
+    def _reference(self, g: Geometry, s: InputSet) -> dict[str, Any]:
+        """Float64 references of a set, computed from the private copies (recomputed only when they change)."""
+        if not g.refs:
+            for b in g.outs:
+                g.refs[f"ref:{b.name}"] = buf = self.dev.alloc(b.numel * 8)
+                self._bufs.append(buf)
+        if g.ref_of != (id(s), s.version):
+            bufs = {**s.priv, **g.refs}
+            for kernel, grid, block, args in self.ref_mod.reference(g.dims, self.dtypes, g.scalars):
+                self.dev.launch(self.ref_obj, kernel, grid, block, 0, self._bind(args, bufs))
+            g.ref_of = (id(s), s.version)
+        return g.refs
+
+    def _check(self, g: Geometry, todo: Sequence[tuple[InputSet, str]]) -> None:
+        """Compare the outputs of each (set, label) with its reference; read back SLOTS at a time."""
+        for start in range(0, len(todo), SLOTS):
+            chunk = todo[start:start + SLOTS]
+            labels = []
+            for s, where in chunk:  # each reference is computed just before its comparison (stream order)
+                refs = self._reference(g, s)
+                for b in g.outs:
+                    atol, rtol, _ = self.tol[b.name]
+                    self.dev.compare(s.outs[b.name], refs[f"ref:{b.name}"], b.dtype, b.numel, b.shape[-1],
+                                     self.ref_mod.tail_width(g.dims), atol, rtol, len(labels))
+                    labels.append((where, b.name))
+            stats = self.dev.collect(len(labels))
+            by_where: dict[str, list[CheckStats]] = {}
+            for (where, name), c in zip(labels, stats):
+                by_where.setdefault(where, []).append(replace(c, output=name))
+            bad = False
+            for where, cs in by_where.items():
+                label = f"{where}{' on ' + g.label if g.label and g.label not in where else ''}"
+                self.checks.append((label, tuple(cs)))
+                bad = bad or any(failed(c, self.tol[c.output][2]) for c in cs)
+            if bad:
+                raise Failed
+
+    def _result(self, **kw: Any) -> JobResult:
+        return JobResult(self.job.job_id, checks=tuple(self.checks), input_faults=tuple(self.faults),
+                         fingerprint=self.fingerprint, ceiling_gbps=self.ceiling_gbps,
+                         bytes_moved=self.job.bytes_moved, **kw)
+
+
+def failed(c: CheckStats, rel_norm: float) -> bool:
+    """NaN/Inf never passes; neither does any element outside atol/rtol, a canary hit, or the norm bound."""
+    return c.nonfinite > 0 or c.bad > 0 or c.canary_bad > 0 or not (c.rel_norm_err <= rel_norm)
+
+
+def _spread(xs: list[float]) -> float:
+    p10, p50, p90 = np.percentile(xs, [10, 50, 90])
+    return (p90 - p10) / p50 if p50 > 0 else math.inf

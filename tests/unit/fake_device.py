@@ -1,0 +1,261 @@
+"""A numpy GateDevice: the gate's rules run on the CPU against fake kernels written in Python.
+
+Memory is a set of byte arrays at fake addresses, each with canary guard zones; a fake kernel gets
+the bound launch args and reads or writes any buffer through `view(ptr, dtype, n)`, as a real
+kernel may address any device memory. Time is a counter the kernels advance by what they declare,
+so a kernel that skips work looks fast, as it would on the GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from evo.gate import Gate
+from evo.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob, Timing
+from ops.rmsnorm import device as rms_device
+from ops.rmsnorm.spec import SPEC
+from ops.spec import Cell
+
+GUARD = 64
+CANARY = 0xA5
+NP = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "uint8": np.uint8,
+      "uint32": np.uint32, "int32": np.int32}
+BANDWIDTH_GBPS = 3000.0  # what an honest fake kernel achieves; the fake copy ceiling is 4000
+
+
+@dataclass
+class FakeBuf:
+    ptr: int
+    nbytes: int
+    mem: np.ndarray = field(repr=False)
+
+    @property
+    def base(self) -> int:
+        return self.ptr - GUARD
+
+
+Kernel = Callable[["FakeDevice", tuple], None]
+
+
+class FakeDevice:
+    """Implements evo.gate.GateDevice with numpy."""
+
+    def __init__(self, kernels: dict[str, Kernel], baseline_us: float | None = 10.0, ceiling_gbps: float = 4000.0,
+                 seed: int = 0) -> None:
+        self.kernels = kernels
+        self.bufs: dict[int, FakeBuf] = {}
+        self.next_ptr = 1 << 20
+        self.clock = 0.0  # microseconds
+        self.baseline_us = baseline_us
+        self.ceiling_gbps = ceiling_gbps
+        self.launches = 0  # candidate launches
+        self.baseline_calls = 0
+        self.resets = 0
+        self.state: dict[str, Any] = {}  # a fake kernel's "__device__" globals, kept across launches
+        self._capturing: list | None = None
+        self.slots: dict[int, CheckStats] = {}
+        self.readbacks = 0
+        self.rng = np.random.default_rng(seed)
+
+    # ---- memory --------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> FakeBuf:
+        mem = np.full(nbytes + 2 * GUARD, CANARY, dtype=np.uint8)
+        mem[GUARD:GUARD + nbytes] = self.rng.integers(0, 256, nbytes, dtype=np.uint8)
+        b = FakeBuf(self.next_ptr + GUARD, nbytes, mem)
+        self.bufs[b.ptr] = b
+        self.next_ptr += nbytes + 2 * GUARD + 4096
+        return b
+
+    def free(self, buf: FakeBuf) -> None:
+        self.bufs.pop(buf.ptr, None)
+
+    def find(self, ptr: int) -> tuple[FakeBuf, int]:
+        for b in self.bufs.values():
+            if b.base <= ptr < b.ptr + b.nbytes + GUARD:
+                return b, ptr - b.base
+        raise IndexError(f"fake illegal address {ptr:#x}")
+
+    def view(self, ptr: int, dtype: str, n: int) -> np.ndarray:
+        """A writable view of n elements at ptr (guards included in what may be addressed)."""
+        b, off = self.find(ptr)
+        size = np.dtype(NP[dtype]).itemsize
+        return b.mem[off:off + n * size].view(NP[dtype])
+
+    def data(self, b: FakeBuf) -> np.ndarray:
+        return b.mem[GUARD:GUARD + b.nbytes]
+
+    # ---- the gate's interface ------------------------------------------------------------------
+    def fill(self, buf: FakeBuf, dtype: str, numel: int, row_len: int, spec: Any, seed: int) -> None:
+        rows = numel // max(1, row_len)
+        v = spec.sample((rows, row_len), np.random.default_rng(seed))
+        self.data(buf)[:] = v.astype(NP[dtype]).reshape(-1).view(np.uint8)
+
+    def perturb(self, buf: FakeBuf, dtype: str, numel: int, every: int, amount: float, seed: int) -> None:
+        a = self.data(buf).view(NP[dtype])
+        idx = np.random.default_rng(seed).random(numel) < 1.0 / every
+        a[idx] = (-a[idx].astype(np.float64) + amount).astype(NP[dtype])
+
+    def poison(self, buf: FakeBuf, seed: int) -> None:
+        self.data(buf)[:] = np.random.default_rng(seed % (1 << 63)).integers(0, 256, buf.nbytes, dtype=np.uint8)
+        buf.mem[:GUARD] = CANARY
+        buf.mem[GUARD + buf.nbytes:] = CANARY
+        self.clock += 0.5  # device work: outside the timed events, but a kernel reading a clock sees it
+
+    def copy(self, dst: FakeBuf, src: FakeBuf) -> None:
+        self.data(dst)[:] = self.data(src)
+
+    def audit(self, bufs: Sequence[FakeBuf], key: int) -> list[tuple[int, int]]:
+        self.readbacks += 1
+        out = []
+        for buf in bufs:
+            h = hashlib.blake2b(self.data(buf).tobytes(), key=key.to_bytes(8, "little"), digest_size=8)
+            out.append((int.from_bytes(h.digest(), "little"), self._guard_hits(buf)))
+        return out
+
+    def _guard_hits(self, buf: FakeBuf) -> int:
+        return int(np.count_nonzero(buf.mem[:GUARD] != CANARY) + np.count_nonzero(buf.mem[GUARD + buf.nbytes:] != CANARY))
+
+    def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple) -> None:
+        if self._capturing is not None:
+            self._capturing.append((obj, kernel, grid, block, smem, args))
+            return
+        if obj == "ref":
+            _reference(self, kernel, args)
+            return
+        self.launches += 1
+        self.kernels[kernel](self, args)
+
+    def collect(self, n: int) -> list[CheckStats]:
+        self.readbacks += 1
+        return [self.slots[i] for i in range(n)]
+
+    def compare(self, out: FakeBuf, ref: FakeBuf, dtype: str, numel: int, row_len: int, tail: int, atol: float,
+                rtol: float, slot: int) -> None:
+        self.slots[slot] = self._compare(out, ref, dtype, numel, row_len, tail, atol, rtol)
+
+    def _compare(self, out: FakeBuf, ref: FakeBuf, dtype: str, numel: int, row_len: int, tail: int, atol: float,
+                 rtol: float) -> CheckStats:
+        a = self.data(out).view(NP[dtype])[:numel].astype(np.float64)
+        b = self.data(ref).view(np.float64)[:numel]
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = np.abs(a - b)
+            fin = np.isfinite(a)
+            bad = ~fin | (d > atol + rtol * np.abs(b))
+        idx = np.flatnonzero(bad)
+        last = idx >= numel - row_len
+        tailm = (idx % row_len) >= row_len - tail
+        dd = np.where(fin, d, 0.0)
+        sref = float(np.sum(b * b))
+        sdiff = float(np.sum(dd * dd))
+        rel = math.sqrt(sdiff / sref) if sref > 0 else (0.0 if sdiff == 0 else math.inf)
+        return CheckStats("", numel, int(np.count_nonzero(~fin)), int(idx.size), int(last.sum()), int(tailm.sum()),
+                          int(idx[0]) if idx.size else -1, float(dd.max()) if numel else 0.0, rel,
+                          self._guard_hits(out))
+
+    def sync(self, what: str) -> None:
+        return None
+
+    def reset_l2(self) -> None:
+        self.resets += 1
+        self.clock += 50.0
+
+    def time(self, fns: Sequence[Callable[[int], None]], preps: Sequence[Callable[[int], None]], n: int, per: int,
+             after: Callable[[int], None]) -> list[list[float]]:
+        out: list[list[float]] = [[] for _ in fns]
+        for i in range(n):
+            order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
+            for j in order:
+                preps[j](i)
+                t0 = self.clock
+                fns[j](i)
+                out[j].append((self.clock - t0) / per)
+            after(i)
+        return out
+
+    def capture(self, fn: Callable[[], None]) -> Callable[[int], None]:
+        self._capturing = []
+        fn()
+        recorded, self._capturing = self._capturing, None
+        self.state["graph_launches"] = len(recorded)
+
+        def replay(_i: int) -> None:
+            for rec in recorded:
+                self.launch(*rec)
+
+        return replay
+
+    def baseline(self, job: EvalJob, sets: Sequence[dict[str, Any]]) -> tuple[str, Callable[[int], None]] | None:
+        if self.baseline_us is None:
+            return None
+        ptrs = [s["x"].ptr for s in sets]
+        self.state["baseline_sets"] = ptrs
+
+        def run(i: int) -> None:
+            self.find(ptrs[i])  # the set must exist, as on the GPU
+            self.baseline_calls += 1
+            self.clock += self.baseline_us
+
+        return "fake.baseline", run
+
+    def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]:
+        return lambda _i: [fn(j) for j in order]
+
+
+def _reference(dev: FakeDevice, kernel: str, args: tuple) -> None:
+    """The float64 reference the op's device hooks name, computed with numpy from the bound buffers."""
+    (_, px), (_, pw), (_, py), (_, m), (_, n), (_, eps) = args
+    dts = kernel.split("_")[2:]
+    name = {"f32": "float32", "f16": "float16"}
+    x = dev.view(px, name[dts[0]], m * n).astype(np.float64).reshape(m, n)
+    w = dev.view(pw, name[dts[1]], n).astype(np.float64)
+    dev.view(py, "float64", m * n)[:] = (x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + eps) * w).reshape(-1)
+
+
+# ---- an RMSNorm job and fake kernels ------------------------------------------------------------
+
+def rms_job(cell: Cell, timing: Timing | None = Timing(min_samples=20, max_samples=20, warmup=3), ws_bytes: int = 0,
+            gate: tuple = (), kernel: str = "cand", baseline: bool = True, stress: int = 4) -> EvalJob:
+    """An EvalJob for an RMSNorm cell, its launch args as the gallery binds them."""
+    m, n = cell.dim("M"), cell.dim("N")
+    bufs = [BufferDecl(t.name, t.resolve_dtype(cell).value, t.shape(cell), t.role.value) for t in SPEC.tensors]
+    args: tuple = (("buf", "x"), ("buf", "w"), ("buf", "y"), ("i32", m), ("i32", n), ("f32", 1e-6))
+    if ws_bytes:
+        bufs.append(BufferDecl("ws", "uint8", (ws_bytes,), "ws"))
+        args = args + (("buf", "ws"),)
+    tol = SPEC.tolerance(cell, "y")
+    return EvalJob("fake-job", "rmsnorm", tuple(sorted(cell.dims_dict().items())),
+                   tuple(sorted(cell.dtypes_dict().items())), b"", (LaunchJob(kernel, (m, 1, 1), (256, 1, 1), 0, args),),
+                   tuple(bufs), (("eps", 1e-6),), SPEC.gate_kinds(), (("y", (tol.atol, tol.rtol, tol.rel_norm)),), 7,
+                   timing, baseline, stress,
+                   tuple((k, tuple(sorted(v.items()))) for k, v in SPEC.fills.items()), SPEC.timing_kinds,
+                   SPEC.bytes_moved(cell), gate)
+
+
+def run_gate(dev: FakeDevice, job: EvalJob, seed: int = 0) -> JobResult:
+    """The real Gate over the fake device (rng seeded: the tests are deterministic)."""
+    return Gate(dev, job, "cand", "ref", rms_device, random.Random(seed), (("gpu", "fake"),), dev.ceiling_gbps).run()
+
+
+def unpack(dev: FakeDevice, args: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, float]:
+    (_, px), (_, pw), (_, py), (_, m), (_, n), (_, eps) = args[:6]
+    dt = dev.state.get("dtype", "float16")
+    return (dev.view(px, dt, m * n).reshape(m, n), dev.view(pw, dt, n), dev.view(py, dt, m * n).reshape(m, n), m, n,
+            eps)
+
+
+def honest_rows(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    xf = x.astype(np.float32)
+    r = 1.0 / np.sqrt(np.mean(xf * xf, axis=1, keepdims=True, dtype=np.float32) + np.float32(eps))
+    return xf * r * w.astype(np.float32)
+
+
+def cost_us(dev: FakeDevice, m: int, n: int, fraction: float = 1.0) -> None:
+    """Advance the clock as an honest kernel moving `fraction` of the cell's bytes would."""
+    nbytes = 2 * m * n * np.dtype(NP[dev.state.get("dtype", "float16")]).itemsize
+    dev.clock += fraction * nbytes / (BANDWIDTH_GBPS * 1e3)

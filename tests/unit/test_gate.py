@@ -1,0 +1,316 @@
+"""The gate's rules on the CPU: the real evo.gate.Gate over a numpy device against fake cheating kernels.
+
+Each fake kernel is one class of cheat from the adversarial gallery, written in Python; the gate and
+verify.judge must give it the status the gallery expects, and an honest kernel must pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evo.jobs import GateCell, LaunchJob, Timing
+from evo.status import Status
+from evo.verify import judge
+from ops.rmsnorm.spec import SPEC, cell
+from tests.unit.fake_device import (
+    FakeDevice,
+    cost_us,
+    honest_rows,
+    rms_job,
+    run_gate,
+    unpack,
+)
+from tests.unit.rms_shortcuts import SHORTCUTS
+
+CELL = cell("fp16", 37, 256)
+REL = {"y": SPEC.tolerance(CELL, "y").rel_norm}
+
+
+def honest(dev, args):
+    x, w, y, m, n, eps = unpack(dev, args)
+    y[:] = honest_rows(x, w, eps).astype(y.dtype)
+    cost_us(dev, m, n)
+
+
+def skip(dev, args):
+    _, _, _, m, n, _ = unpack(dev, args)
+    cost_us(dev, m, n, 0.01)
+
+
+def status_of(kernel, job=None, seed=0, **dev_kw):
+    dev = FakeDevice({"cand": kernel}, **dev_kw)
+    res = run_gate(dev, job or rms_job(CELL), seed)
+    return judge(res, REL), res, dev
+
+
+def test_honest_kernel_passes_every_round():
+    v, res, dev = status_of(honest)
+    assert v.status is Status.OK, v.error
+    wheres = [w for w, _ in res.checks]
+    for kind in SPEC.gate_kinds():
+        assert f"kind {kind}" in wheres
+    assert any(w.startswith("stress") for w in wheres)
+    assert any(w.startswith("warm-up") for w in wheres)
+    assert any(w.startswith("last timed launch") for w in wheres)
+    assert any(w.startswith("perturbed") for w in wheres)
+    # some timed samples were checked after the fact (graph timing here: a whole replay at a time)
+    assert any(w.startswith("timed graph replay") for w in wheres)
+    assert any(w.endswith("before perturbing") for w in wheres)
+    assert len(res.times_us) == len(res.baseline_us) == 20
+    # read-backs are batched: one audit and one collect per checked launch, fewer for batches
+    assert dev.readbacks <= 2 * len(res.checks) + len(SPEC.gate_kinds()) + 8
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+
+def zero_weight(dev, args):
+    x, w, y, m, n, eps = unpack(dev, args)
+    w[:] = 0
+    y[:] = 0
+    cost_us(dev, m, n, 0.5)
+
+
+def in_place(dev, args):
+    x, w, y, m, n, eps = unpack(dev, args)
+    y[:] = honest_rows(x, w, eps).astype(y.dtype)
+    x[:] = y
+    cost_us(dev, m, n)
+
+
+def corrupt_private_copy(dev, args):
+    """Zero every other buffer holding a copy of the weight (the reference's private copy), write zeros."""
+    x, w, y, m, n, eps = unpack(dev, args)
+    for b in list(dev.bufs.values()):
+        d = dev.data(b)
+        if b.ptr != args[1][1] and d.nbytes == w.nbytes and np.array_equal(d, w.view(np.uint8)):
+            d[:] = 0
+    y[:] = 0
+    cost_us(dev, m, n, 0.5)
+
+
+@pytest.mark.parametrize("kernel", [zero_weight, in_place, corrupt_private_copy], ids=lambda k: k.__name__)
+def test_a_kernel_that_writes_inputs_is_input_modified(kernel):
+    v, res, _ = status_of(kernel)
+    assert v.status is Status.INPUT_MODIFIED, v
+    assert res.input_faults and not res.times_us
+
+
+def test_reference_reads_the_private_copy():
+    """Zero the weight but write the honest answer of the original weight: right output, still caught."""
+    def sneaky(dev, args):
+        x, w, y, m, n, eps = unpack(dev, args)
+        y[:] = honest_rows(x, w, eps).astype(y.dtype)
+        w[:] = 0
+    v, res, _ = status_of(sneaky)
+    assert v.status is Status.INPUT_MODIFIED
+    assert "input w changed" in res.input_faults[0]
+
+
+# ---- telling checked launches from timed ones ------------------------------------------------------
+
+def nan_detect(dev, args):
+    x, w, y, m, n, eps = unpack(dev, args)
+    if np.isnan(y[0, 0]):  # the old gate poisoned with NaN only before checked launches
+        honest(dev, args)
+    else:
+        cost_us(dev, m, n, 0.01)
+
+
+def launch_count(dev, args):
+    dev.state["n"] = dev.state.get("n", 0) + 1
+    (honest if dev.state["n"] <= 12 else skip)(dev, args)
+
+
+def skip_seen_pointer(dev, args):
+    """Assume the output still holds the answer for an input pointer seen before."""
+    seen = dev.state.setdefault("seen", set())
+    key = (args[0][1], args[2][1])
+    (skip if key in seen else honest)(dev, args)
+    seen.add(key)
+
+
+def probe_skip(dev, args):
+    """Fast on the launches right after the checks, where the old gate probed for graph mode."""
+    dev.state["n"] = dev.state.get("n", 0) + 1
+    (skip if 11 <= dev.state["n"] <= 16 else honest)(dev, args)
+
+
+def half_the_time(dev, args):
+    """After the checks, skip on every other launch."""
+    dev.state["n"] = dev.state.get("n", 0) + 1
+    (skip if dev.state["n"] > 30 and dev.state["n"] % 2 else honest)(dev, args)
+
+
+@pytest.mark.parametrize("kernel", [nan_detect, launch_count, skip_seen_pointer, probe_skip, half_the_time],
+                         ids=lambda k: k.__name__)
+@pytest.mark.parametrize("ceiling", [4000.0, 0.1], ids=["graph", "direct"])
+def test_a_kernel_that_skips_work_on_launches_it_thinks_are_timed_is_wrong(kernel, ceiling):
+    v, res, _ = status_of(kernel, ceiling_gbps=ceiling)
+    assert v.status is Status.WRONG_ANSWER, v
+
+
+def back_to_back(dev, args):
+    """Skip when launched right after itself (a graph replay): no flush or poison in between."""
+    last = dev.state.get("last_end")
+    if last is not None and dev.clock == last:
+        skip(dev, args)
+    else:
+        honest(dev, args)
+    dev.state["last_end"] = dev.clock
+
+
+def test_a_kernel_that_detects_graph_replay_is_wrong():
+    v, res, _ = status_of(back_to_back)
+    assert v.status is Status.WRONG_ANSWER, v
+    assert "graph replay" in v.error or "last timed launch" in v.error, v.error
+
+
+# ---- caches -----------------------------------------------------------------------------------------
+
+def pointer_cache(dev, args):
+    """rstd per row cached by input pointer: skips the reduction on a pointer it has seen."""
+    x, w, y, m, n, eps = unpack(dev, args)
+    cache = dev.state.setdefault("r", {})
+    if args[0][1] not in cache:
+        xf = x.astype(np.float32)
+        cache[args[0][1]] = 1.0 / np.sqrt(np.mean(xf * xf, axis=1, keepdims=True) + np.float32(eps))
+    y[:] = (x.astype(np.float32) * cache[args[0][1]] * w.astype(np.float32)).astype(y.dtype)
+    cost_us(dev, m, n, 0.9)
+
+
+def sampled_key_cache(dev, args):
+    """Cached by pointer plus two sampled elements: survives refills only if those elements stay."""
+    x, w, y, m, n, eps = unpack(dev, args)
+    cache = dev.state.setdefault("r", {})
+    key = (args[0][1], float(x[0, 0]), float(x[-1, -1]))
+    if key not in cache:
+        xf = x.astype(np.float32)
+        cache[key] = 1.0 / np.sqrt(np.mean(xf * xf, axis=1, keepdims=True) + np.float32(eps))
+    y[:] = (x.astype(np.float32) * cache[key] * w.astype(np.float32)).astype(y.dtype)
+    cost_us(dev, m, n, 0.9)
+
+
+def unzeroed_workspace(dev, args):
+    """Accumulates the mean square into a workspace it assumes is zero."""
+    x, w, y, m, n, eps = unpack(dev, args)
+    ws = dev.view(args[6][1], "float32", m)
+    xf = x.astype(np.float32)
+    ws += np.mean(xf * xf, axis=1)
+    with np.errstate(invalid="ignore"):
+            y[:] = (xf / np.sqrt(ws[:, None] + np.float32(eps)) * w.astype(np.float32)).astype(y.dtype)
+    cost_us(dev, m, n)
+
+
+@pytest.mark.parametrize("kernel", [pointer_cache, sampled_key_cache], ids=lambda k: k.__name__)
+def test_caches_keyed_by_pointer_go_stale(kernel):
+    v, res, _ = status_of(kernel)
+    assert v.status is Status.WRONG_ANSWER, v
+    if kernel is sampled_key_cache:  # fresh values refill every element it samples: only round C catches it
+        assert "perturbed" in v.error, v.error
+
+
+def test_unzeroed_workspace_is_wrong():
+    v, _, _ = status_of(unzeroed_workspace, rms_job(CELL, ws_bytes=4 * CELL.dim("M")))
+    assert v.status is Status.WRONG_ANSWER
+
+
+# ---- formula shortcuts --------------------------------------------------------------------------------
+
+def _variant(fn):
+    def k(dev, args):
+        x, w, y, m, n, eps = unpack(dev, args)
+        y[:] = fn(x.astype(np.float32), w.astype(np.float32), np.float32(eps)).astype(y.dtype)
+        cost_us(dev, m, n)
+    k.__name__ = fn.__name__
+    return k
+
+
+@pytest.mark.parametrize("fn", SHORTCUTS, ids=lambda f: f.__name__)
+def test_formula_shortcuts_are_wrong(fn):
+    with np.errstate(all="ignore"):
+        v, _, _ = status_of(_variant(fn))
+    assert v.status is Status.WRONG_ANSWER, v
+
+
+def test_a_race_is_caught_by_repeated_launches():
+    rng = np.random.default_rng(3)
+
+    def flaky(dev, args):
+        honest(dev, args)
+        if rng.random() < 0.25:  # a missing barrier: now and then one row reads a stale partial sum
+            y = unpack(dev, args)[2]
+            y[5] *= 1.5
+    v, _, _ = status_of(flaky, rms_job(CELL, timing=None, stress=16))
+    assert v.status is Status.WRONG_ANSWER
+
+
+# ---- gate cells, timing mode, the ceiling --------------------------------------------------------------
+
+def test_gate_cells_run_with_the_same_cubin():
+    def wrong_at_m1(dev, args):
+        honest(dev, args)
+        if args[3][1] == 1:
+            unpack(dev, args)[2][:] = 0
+    g = cell("fp16", 1, 256)
+    args = (("buf", "x"), ("buf", "w"), ("buf", "y"), ("i32", 1), ("i32", 256), ("f32", 1e-6))
+    from evo.jobs import BufferDecl
+    bufs = tuple(BufferDecl(t.name, t.resolve_dtype(g).value, t.shape(g), t.role.value) for t in SPEC.tensors)
+    gc = GateCell(g.label(), tuple(sorted(g.dims_dict().items())), (LaunchJob("cand", (1, 1, 1), (256, 1, 1), 0, args),),
+                  bufs, (("eps", 1e-6),))
+    v, res, _ = status_of(wrong_at_m1, rms_job(CELL, gate=(gc,)))
+    assert v.status is Status.WRONG_ANSWER and "gate cell" in v.error and "M1-" in v.error, v.error
+    v_ok, res_ok, _ = status_of(honest, rms_job(CELL, gate=(gc,)))
+    assert v_ok.status is Status.OK and any("gate cell" in w for w, _ in res_ok.checks)
+
+
+@pytest.mark.parametrize("ceiling, graph", [(4000.0, True), (0.1, False)], ids=["short-cell", "long-cell"])
+def test_mode_comes_from_the_cell_never_a_kernel(ceiling, graph):
+    """37 x 256 fp16 moves 38 kB: 0.01 us at 4000 GB/s (graph), 384 us at 0.1 GB/s (direct), whatever
+    the candidate or the baseline take."""
+    for base_us in (1.0, 500.0):
+        for fraction in (0.01, 100.0):
+            def k(dev, args, fraction=fraction):
+                x, w, y, m, n, eps = unpack(dev, args)
+                y[:] = honest_rows(x, w, eps).astype(y.dtype)
+                cost_us(dev, m, n, fraction)
+            _, res, dev = status_of(k, baseline_us=base_us, ceiling_gbps=ceiling)
+            assert res.graph is graph
+            assert len(res.baseline_us) == len(res.times_us) == 20
+
+
+def test_direct_timing_checks_random_samples():
+    _, res, _ = status_of(honest, ceiling_gbps=0.1)
+    assert not res.graph and any(w.startswith("timed sample") for w, _ in res.checks)
+
+
+def test_without_a_baseline_the_candidate_is_still_timed():
+    v, res, _ = status_of(honest, baseline_us=None)
+    assert v.status is Status.OK and res.baseline_us == () and len(res.times_us) == 20
+
+
+@pytest.mark.parametrize("ceiling", [4000.0, 0.1], ids=["graph", "direct"])
+def test_every_sample_flushes_for_both_candidate_and_baseline(ceiling):
+    _, res, dev = status_of(honest, ceiling_gbps=ceiling)
+    assert dev.resets == len(res.times_us) + len(res.baseline_us)
+    assert dev.baseline_calls == len(res.baseline_us) * (dev.state.get("graph_launches", 1) if res.graph else 1)
+
+
+def test_faster_than_the_copy_ceiling_is_suspect():
+    def fast(dev, args):
+        x, w, y, m, n, eps = unpack(dev, args)
+        y[:] = honest_rows(x, w, eps).astype(y.dtype)
+        cost_us(dev, m, n, 0.5)  # 6000 GB/s against a 4000 GB/s ceiling
+    v, _, _ = status_of(fast)
+    assert v.status is Status.SUSPECT and "copy ceiling" in v.error
+    assert v.median_us == float("inf")  # never ranked
+    v_ok, _, _ = status_of(honest)  # 3000 GB/s: fine
+    assert v_ok.status is Status.OK and v_ok.median_us < float("inf")
+
+
+def test_graph_mode_uses_one_set_per_launch_and_checks_them_all():
+    _, res, dev = status_of(honest, rms_job(CELL, timing=Timing(min_samples=20, max_samples=20, warmup=3,
+                                                                   graph_launches=24)))
+    assert res.graph and dev.state["graph_launches"] >= 24  # at least graph_launches sets, one launch each
+    last = {w for w, _ in res.checks if w.startswith("last timed launch")}
+    assert len(last) == dev.state["graph_launches"]
