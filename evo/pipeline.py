@@ -114,7 +114,7 @@ class Session:
         with self.store.batch() as b:
             for g in genomes:
                 tdef = self.templates[g.template]
-                if g.text is None:  # LLM-written sources are recorded with their parent and call
+                if tdef.trusted:  # templates/ files; LLM-written sources are recorded with their parent and call
                     b.add(SourceRow.of(tdef.text, op=self.op.name, template=tdef.name, origin="file"))
                 parent = (parents or {}).get(g.key())
                 b.add(CandidateRow(genome_key=g.key(), op=g.op, template=g.template, source_hash=g.source_hash,

@@ -64,9 +64,10 @@ def shutdown_ray() -> None:
 class RayBuilder:
     """Compiles batches as Ray CPU tasks (one per input), skipping what is already cached (by build key)."""
 
-    def __init__(self, cached: Mapping[str, BuildResult] | None = None) -> None:
+    def __init__(self, cached: Mapping[str, BuildResult] | None = None, timeout_s: float = 60.0) -> None:
         ray = _require_ray()
         self._cache: dict[str, BuildResult] = dict(cached or {})
+        self.timeout_s = timeout_s
         # One retry covers a lost node; a source that crashes NVRTC should not cost four compiles.
         self._compile = ray.remote(num_cpus=1, max_retries=1)(compile_one)
 
@@ -87,7 +88,12 @@ class RayBuilder:
         refs = {k: self._compile.remote(bi) for k, bi in todo.items()}
         for k, ref in refs.items():
             try:
-                r = ray.get(ref)
+                # Waited for in order: by the time one is waited for, the ones before it have finished,
+                # so each gets at least timeout_s of its own once the CPUs are free.
+                r = ray.get(ref, timeout=self.timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                ray.cancel(ref, force=True)  # kills the worker process running NVRTC
+                r = BuildResult(k, Status.COMPILE_ERROR, error=f"NVRTC compile exceeded {self.timeout_s:g} s")
             except ray.exceptions.WorkerCrashedError as e:  # NVRTC took its process down: the source's fault
                 r = BuildResult(k, Status.COMPILE_ERROR, error=f"the compiler process died: {e}"[:500])
             self._cache[r.build_key] = r

@@ -153,7 +153,7 @@ def make_builder(c: Any) -> Any:
     if c.run.backend is Backend.RAY:
         from evo.ray_backend import RayBuilder
 
-        return RayBuilder()
+        return RayBuilder(timeout_s=c.build.timeout_s)
     return Builder(c.build.workers, timeout_s=c.build.timeout_s)
 
 

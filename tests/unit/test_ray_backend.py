@@ -104,6 +104,16 @@ def test_build_dedups_and_uses_given_cache(inputs: list[BuildInput]) -> None:
     assert out[1] is out[2] and out[1].status is Status.OK
 
 
+def test_a_compile_past_the_timeout_is_a_compile_error_and_the_batch_goes_on() -> None:
+    from tests.unit.test_render_build import _slow_inputs
+
+    slow, quick = _slow_inputs(18, 1)
+    with RayBuilder(timeout_s=3.0) as rb:
+        out = rb.build([slow, quick])
+    assert out[0].status is Status.COMPILE_ERROR and "exceeded 3 s" in out[0].error
+    assert out[1].status is Status.OK and out[1].cubin[:4] == b"\x7fELF"
+
+
 # ---- run -----------------------------------------------------------------------------------------
 
 def test_batch_with_hang_and_die() -> None:
