@@ -48,6 +48,7 @@ class CellEval:
     max_abs_err: float = math.nan
     rel_norm_err: float = math.nan
     error: str = ""
+    baseline: str = ""  # name of the baseline timed beside it ('' = the op's first declared baseline)
 
 
 class Evaluator(Protocol):
@@ -60,7 +61,7 @@ class Evaluator(Protocol):
 
 def from_verdict(item: EvalItem, v: Verdict) -> CellEval:
     return CellEval(item.genome, item.cell, v.status, item.build.build_key, v.median_us, v.p10_us, v.p90_us,
-                    v.samples, v.baseline_us, v.max_abs_err, v.rel_norm_err, v.error)
+                    v.samples, v.baseline_us, v.max_abs_err, v.rel_norm_err, v.error, v.baseline)
 
 
 def gate_cells_for(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell, arch: int) -> list[Cell]:

@@ -95,8 +95,9 @@ class Learner:
         if c.priors:
             space: dict = {name: dict(t.space) for name, t in session.templates.items()}
             space[Q.ANY_TEMPLATE] = {"template": sorted(session.templates)}  # the choice of template, too
-            me.priors = Q.param_priors(s, op, arch, session.cells, space=space) or None
-            me._prior_sources = Q.prior_sources(s, op, arch, session.cells)
+            edges = session.op.bucket_edges
+            me.priors = Q.param_priors(s, op, arch, session.cells, space=space, edges=edges) or None
+            me._prior_sources = Q.prior_sources(s, op, arch, session.cells, edges=edges)
         if c.failure_memory:
             me.predict = Q.failure_predictor(s, op, arch)
         return me
@@ -178,7 +179,7 @@ class Learner:
     def refresh(self, final: bool = False) -> int:
         """Re-extract lessons from the whole store; at the end also settle usefulness."""
         ses = self.session
-        rows = L.refresh_lessons(ses.store, ses.op.name, ses.config.run.arch, ses.run_id)
+        rows = L.refresh_lessons(ses.store, ses.op.name, ses.config.run.arch, ses.run_id, edges=ses.op.bucket_edges)
         if final:
             L.update_usefulness(ses.store, ses.run_id)
         return len(rows)

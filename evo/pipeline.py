@@ -136,6 +136,7 @@ class Session:
         """Store rows for a batch of (genome, cell) outcomes."""
         fp_json = json.dumps(fingerprint, sort_keys=True)
         fp_class = fingerprint_class(fingerprint)
+        default_base = self.op.baselines[0] if self.op.baselines else "baseline"
         rows = []
         for ev in evals:
             ok = ev.status is Status.OK and math.isfinite(ev.median_us)
@@ -148,7 +149,7 @@ class Session:
                 median_us=ev.median_us if ok else None, p10_us=_finite(ev.p10_us) if ok else None,
                 p90_us=_finite(ev.p90_us) if ok else None, samples=ev.samples or None,
                 gbps=gbps(self.op.bytes_moved(ev.cell), ev.median_us * 1e-6) if ok else None,
-                ceiling_gbps=ceiling or None, baseline="torch.rms_norm" if has_base else None,
+                ceiling_gbps=ceiling or None, baseline=(ev.baseline or default_base) if has_base else None,
                 baseline_us=ev.baseline_us if has_base else None,
                 speedup=ev.baseline_us / ev.median_us if ok and has_base else None,
                 max_abs_err=_finite(ev.max_abs_err), rel_norm_err=_finite(ev.rel_norm_err),

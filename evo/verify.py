@@ -30,6 +30,7 @@ class Verdict:
     p90_us: float = math.inf
     samples: int = 0
     baseline_us: float = math.inf
+    baseline: str = ""  # the baseline's name, as the worker's device hooks gave it
     max_abs_err: float = math.nan
     rel_norm_err: float = math.nan
 
@@ -99,4 +100,5 @@ def judge(result: JobResult, rel_norms: Mapping[str, float], margin: float = SUS
                        f"ceiling {result.ceiling_gbps:.0f} GB/s measured in the same process; never ranked",
                        "faster than the copy ceiling", baseline_us=base, max_abs_err=worst_abs, rel_norm_err=worst_rel)
     return Verdict(Status.OK, median_us=float(p50), p10_us=float(p10), p90_us=float(p90),
-                   samples=len(result.times_us), baseline_us=base, max_abs_err=worst_abs, rel_norm_err=worst_rel)
+                   samples=len(result.times_us), baseline_us=base, baseline=result.baseline_name,
+                   max_abs_err=worst_abs, rel_norm_err=worst_rel)

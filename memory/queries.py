@@ -38,7 +38,8 @@ FAILURE_STATUSES = (
 # never ranked, never shown to the LLM.
 OUTCOME_STATUSES = ("OK", *FAILURE_STATUSES)
 
-# Shape buckets: a dim is small up to the first edge, medium up to the second, else large.
+# Shape buckets: a dim is small up to the first edge, medium up to the second, else large. An op
+# declares its own edges (OpSpec.bucket_edges, passed in by the engine); these are the fallback.
 DEFAULT_EDGES = (2048, 8192)
 _DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32": "i32"}
 
@@ -322,7 +323,8 @@ def failure_predictor(
 
 
 def _effect_lessons(
-    store: Store, op: str, arch: str, cells: Sequence[CellLike] | None, min_usefulness: float
+    store: Store, op: str, arch: str, cells: Sequence[CellLike] | None, min_usefulness: float,
+    edges: Mapping[str, tuple[int, int]] | None = None,
 ) -> list[tuple[str, float, dict[str, Any], dict[str, Any]]]:
     """(lesson_id, usefulness, scope, structured) of the param-effect lessons that apply to the cells."""
     df = lessons(store, op, arch, PARAM_EFFECT)
@@ -337,7 +339,7 @@ def _effect_lessons(
     wanted = set()
     for cell in cells:
         dtypes, dims = _cell_facts(cell)
-        wanted.add((dtype_key(dtypes), bucket_label(shape_bucket(dims))))
+        wanted.add((dtype_key(dtypes), bucket_label(shape_bucket(dims, edges))))
     near = [f for f in found if (f[2]["dtype"], bucket_label(f[2]["bucket"])) in wanted]
     return near or found  # no lesson for these cells' buckets: what is known elsewhere beats nothing
 
@@ -352,6 +354,7 @@ def param_priors(
     temperature: float = 0.1,
     floor: float = 0.05,
     min_usefulness: float = MIN_USEFULNESS,
+    edges: Mapping[str, tuple[int, int]] | None = None,
 ) -> dict[str, dict[str, dict[Any, float]]]:
     """template -> param -> value -> sampling weight, from the param-effect lessons for these cells.
 
@@ -364,7 +367,7 @@ def param_priors(
     """
     pooled: dict[tuple[str, str], dict[str, list[float]]] = {}
     values: dict[tuple[str, str], dict[str, Any]] = {}
-    for _, usefulness, scope, s in _effect_lessons(store, op, arch, cells, min_usefulness):
+    for _, usefulness, scope, s in _effect_lessons(store, op, arch, cells, min_usefulness, edges):
         key = (scope["template"], scope["param"])
         for v in s["values"]:
             vk = json.dumps(v["value"], sort_keys=True)
@@ -400,10 +403,11 @@ def _floored_softmax(effects: Mapping[str, float], temperature: float, floor: fl
 
 
 def prior_sources(
-    store: Store, op: str, arch: str, cells: Sequence[CellLike] | None = None, min_usefulness: float = MIN_USEFULNESS
+    store: Store, op: str, arch: str, cells: Sequence[CellLike] | None = None, min_usefulness: float = MIN_USEFULNESS,
+    edges: Mapping[str, tuple[int, int]] | None = None,
 ) -> dict[str, dict[str, list[str]]]:
     """template -> param -> ids of the lessons param_priors pooled (to record which lessons biased a mutation)."""
     out: dict[str, dict[str, list[str]]] = {}
-    for lesson_id, _, scope, _ in _effect_lessons(store, op, arch, cells, min_usefulness):
+    for lesson_id, _, scope, _ in _effect_lessons(store, op, arch, cells, min_usefulness, edges):
         out.setdefault(scope["template"], {}).setdefault(scope["param"], []).append(lesson_id)
     return {t: {p: sorted(ids) for p, ids in ps.items()} for t, ps in out.items()}

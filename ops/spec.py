@@ -200,6 +200,10 @@ class OpSpec:
     fills: Mapping[str, Mapping[str, FillSpec]] = field(default_factory=dict)
     timing_kinds: tuple[str, ...] = ("normal",)
     gate_cells: Callable[["Cell"], list["Cell"]] = field(default=lambda cell: [])
+    # Baselines by name, timed beside every candidate (the first one the device hooks provide), and
+    # the shape-bucket edges per dim lessons are grouped by (small <= lo < medium <= hi < large).
+    baselines: tuple[str, ...] = ()
+    bucket_edges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def gate_kinds(self) -> tuple[str, ...]:
         """The input kinds every checked candidate sees, in order."""

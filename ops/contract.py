@@ -1,0 +1,90 @@
+"""What an op must declare for the engine to build, check, time and learn about it.
+
+`problems(spec)` lists what is missing or inconsistent; an empty list means the engine needs nothing
+else. An op with templates (templates/<op>/) must also be runnable: input kinds for the gate, a
+baseline by name, and device hooks (ops/<op>/device.py: SOURCE, reference, tail_width, baseline).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+
+from ops.spec import DType, OpSpec, Role
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+DEVICE_HOOKS = ("reference", "tail_width", "baseline")
+
+
+def has_templates(op: str) -> bool:
+    return any((TEMPLATES / op).glob("*.cu.j2"))
+
+
+def problems(spec: OpSpec) -> list[str]:
+    """Every reason the engine could not run this op ([] when it can)."""
+    bad: list[str] = []
+    ins = [t for t in spec.tensors if t.role is Role.IN]
+    outs = [t for t in spec.tensors if t.role is Role.OUT]
+    if not ins or not outs:
+        bad.append("needs at least one input and one output tensor")
+    for t in spec.tensors:
+        if not isinstance(t.dtype, DType) and t.dtype not in spec.dtype_roles:
+            bad.append(f"tensor {t.name}: dtype role {t.dtype!r} is not in dtype_roles {spec.dtype_roles}")
+    cells = spec.matrix()
+    if not cells or len(set(cells)) != len(cells):
+        bad.append("matrix() must give distinct cells")
+    if not spec.edge_cells():
+        bad.append("edge_cells() is empty")
+    for c in cells[:64]:
+        dims = c.dims_dict()
+        missing = sorted({d for t in spec.tensors for d in t.dims} - set(dims))
+        if missing:
+            bad.append(f"cell {c.label()}: no value for dims {missing}")
+            continue
+        if not spec.bytes_moved(c) > 0:
+            bad.append(f"cell {c.label()}: bytes_moved must be > 0")
+        for t in outs:
+            tol = spec.tolerance(c, t.name)
+            if not (tol.atol >= 0 and tol.rtol >= 0 and tol.rel_norm > 0 and math.isfinite(tol.rel_norm)):
+                bad.append(f"cell {c.label()}: tolerance of {t.name} must be finite and non-negative")
+    for d, (lo, hi) in spec.bucket_edges.items():
+        if not 0 < lo < hi:
+            bad.append(f"bucket_edges[{d!r}] must be 0 < lo < hi, got {(lo, hi)}")
+    if has_templates(spec.name):
+        bad += _runnable_problems(spec)
+    return bad
+
+
+def _runnable_problems(spec: OpSpec) -> list[str]:
+    bad: list[str] = []
+    if not spec.fills:
+        return [f"op {spec.name} has templates but declares no input kinds (fills) for the gate"]
+    needed = {t.name for t in spec.tensors if t.role is Role.IN and not t.optional and t.dtype is not DType.INT32}
+    for kind, specs in spec.fills.items():
+        if set(specs) != needed:
+            bad.append(f"input kind {kind!r} fills {sorted(specs)}, expected {sorted(needed)}")
+    if not set(spec.timing_kinds) <= set(spec.fills):
+        bad.append(f"timing_kinds {spec.timing_kinds} are not all input kinds")
+    if not spec.baselines:
+        bad.append("no baseline by name (baselines)")
+    for c in spec.matrix()[:8]:
+        for g in spec.gate_cells(c):
+            if g.dtypes != c.dtypes:
+                bad.append(f"gate cell {g.label()} of {c.label()} changes the dtypes")
+    try:
+        mod = importlib.import_module(f"ops.{spec.name}.device")
+    except ImportError as e:
+        return bad + [f"no device hooks module ops/{spec.name}/device.py ({e})"]
+    bad += [f"device hooks lack {h}()" for h in DEVICE_HOOKS if not callable(getattr(mod, h, None))]
+    src = getattr(mod, "SOURCE", None)
+    if not (isinstance(src, Path) and src.is_file()):
+        bad.append("device hooks lack SOURCE (the float64 reference's .cu file)")
+    if callable(getattr(mod, "reference", None)):
+        c = spec.matrix()[0]
+        names = {t.name for t in spec.tensors} | {f"ref:{t.name}" for t in spec.tensors if t.role is Role.OUT}
+        for launch in mod.reference(c.dims_dict(), c.dtypes_dict(), spec.scalar_values(c)):
+            for kind, v in launch[3]:
+                if kind == "buf" and v not in names:
+                    bad.append(f"device reference binds unknown buffer {v!r}")
+    return bad

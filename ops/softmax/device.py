@@ -1,0 +1,25 @@
+"""Softmax's hooks for the GPU worker: the float64 device reference and the torch baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+SOURCE = Path(__file__).with_name("device.cu")
+SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def reference(dims: Mapping[str, int], dtypes: Mapping[str, str], scalars: Mapping[str, float]) -> list[tuple]:
+    """Launches (kernel, grid, block, args) that write float64 references into 'ref:y'."""
+    m, n = dims["M"], dims["N"]
+    args = (("buf", "x"), ("buf", "ref:y"), ("i32", m), ("i32", n))
+    return [(f"softmax_ref_{SHORT[dtypes['x']]}", (m, 1, 1), (256, 1, 1), args)]
+
+
+def tail_width(dims: Mapping[str, int]) -> int:
+    return min(16, dims["N"])
+
+
+def baseline(torch: Any) -> tuple[str, Callable[[Mapping[str, Any], Mapping[str, float]], Any]]:
+    """torch.softmax over the last dim."""
+    return "torch.softmax", lambda t, s: torch.softmax(t["x"], dim=-1)

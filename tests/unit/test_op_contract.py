@@ -1,0 +1,44 @@
+"""Every registered op declares what the engine needs; its numpy reference runs on every input kind."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ops
+from ops import contract
+from ops.spec import Role
+
+
+@pytest.mark.parametrize("name", ops.KNOWN)
+def test_op_is_complete(name):
+    spec = ops.get_op(name)
+    assert contract.problems(spec) == []
+
+
+@pytest.mark.parametrize("name", [n for n in ops.KNOWN if contract.has_templates(n)])
+def test_runnable_op_reference_on_every_kind(name):
+    spec = ops.get_op(name)
+    c = spec.edge_cells()[0]
+    for kind in spec.gate_kinds():
+        inputs = spec.make_inputs(c, kind, np.random.default_rng(0))
+        out = spec.reference(inputs, spec.scalar_values(c))
+        for t in spec.tensors:
+            if t.role is Role.OUT:
+                assert out[t.name].shape == t.shape(c), (kind, t.name)
+                assert np.all(np.isfinite(out[t.name])), (kind, t.name)
+
+
+def test_registry_is_the_ops_folders():
+    assert {"rmsnorm", "softmax", "kda"} <= set(ops.KNOWN)
+    with pytest.raises(ops.UnknownOpError, match="known ops"):
+        ops.get_op("layernorm")
+
+
+def test_contract_names_what_is_missing():
+    import dataclasses
+
+    spec = ops.get_op("softmax")
+    broken = dataclasses.replace(spec, fills={"normal": {}}, baselines=(), timing_kinds=("fast",))
+    text = " | ".join(contract.problems(broken))
+    assert "input kind 'normal' fills []" in text and "no baseline" in text and "timing_kinds" in text
