@@ -21,6 +21,10 @@ def has_templates(op: str) -> bool:
     return any((TEMPLATES / op).glob("*.cu.j2"))
 
 
+def has_device_hooks(op: str) -> bool:
+    return (Path(__file__).parent / op / "device.py").is_file()
+
+
 def problems(spec: OpSpec) -> list[str]:
     """Every reason the engine could not run this op ([] when it can)."""
     bad: list[str] = []
@@ -51,7 +55,7 @@ def problems(spec: OpSpec) -> list[str]:
     for d, (lo, hi) in spec.bucket_edges.items():
         if not 0 < lo < hi:
             bad.append(f"bucket_edges[{d!r}] must be 0 < lo < hi, got {(lo, hi)}")
-    if has_templates(spec.name):
+    if has_templates(spec.name) or has_device_hooks(spec.name):
         bad += _runnable_problems(spec)
     return bad
 

@@ -1,0 +1,35 @@
+"""RMSNorm backward's hooks for the GPU worker: float64 device references of dx and dw, the torch baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+SOURCE = Path(__file__).with_name("device.cu")
+SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def reference(dims: Mapping[str, int], dtypes: Mapping[str, str], scalars: Mapping[str, float]) -> list[tuple]:
+    """dx one CTA per row; dw one thread per column summing over the rows (both in float64)."""
+    m, n = dims["M"], dims["N"]
+    sfx = f"{SHORT[dtypes['x']]}_{SHORT[dtypes['w']]}"
+    bufs = (("buf", "x"), ("buf", "w"), ("buf", "dout"), ("buf", "rstd"))
+    return [(f"rmsnorm_bwd_dx_ref_{sfx}", (m, 1, 1), (256, 1, 1), bufs + (("buf", "ref:dx"), ("i32", m), ("i32", n))),
+            (f"rmsnorm_bwd_dw_ref_{sfx}", ((n + 127) // 128, 1, 1), (128, 1, 1),
+             bufs + (("buf", "ref:dw"), ("i32", m), ("i32", n)))]
+
+
+def tail_width(dims: Mapping[str, int]) -> int:
+    return min(16, dims["N"])
+
+
+def baseline(torch: Any) -> tuple[str, Callable[[Mapping[str, Any], Mapping[str, float]], Any]]:
+    """torch's autograd of rms_norm (recomputes the forward's statistics from x; rstd is not read)."""
+
+    def run(t: Mapping[str, Any], s: Mapping[str, float]) -> Any:
+        x = t["x"].detach().requires_grad_(True)
+        w = t["w"].detach().requires_grad_(True)
+        y = torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6)
+        return torch.autograd.grad(y, (x, w), t["dout"])
+
+    return "torch.autograd(rms_norm)", run

@@ -1,0 +1,113 @@
+"""RMSNorm backward: signature, matrix, input kinds, tolerances, bytes.
+
+Inputs x and dout (M, N) in the x dtype, w (N,) in the w dtype, rstd (M,) fp32 as the forward stores
+it; outputs dx (M, N) in the x dtype and dw (N,) in the w dtype (a sum over M rows: kernels
+accumulate it in fp32 partials and reduce). rstd is an input, not recomputed: the reference uses it
+as given, so a kernel that recomputes it from x is wrong on every kind where they differ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ops.rmsnorm_bwd.reference import rmsnorm_bwd
+from ops.spec import Cell, DType, FillSpec, OpSpec, Role, TensorSpec, Tolerance, quantize
+
+DTYPES = (DType.BF16, DType.FP16, DType.FP32)
+MATRIX = [(32768, n) for n in (4096, 8192, 16384, 32768, 65536)] + [(16384, 131072), (8192, 262144)]
+
+_W = FillSpec(mean=1.0, std=0.1)
+_R = FillSpec(mean=1.0, std=0.2)  # rstd of unit-rms rows, give or take
+_DY = FillSpec()
+FILLS = {
+    "normal": {"x": FillSpec(), "w": _W, "dout": _DY, "rstd": _R},
+    # x in the hundreds with a small rstd, as a forward of such rows stores it
+    "large": {"x": FillSpec(std=300.0, row_shift=200.0), "w": _W, "dout": _DY, "rstd": FillSpec(mean=3e-3, std=5e-4)},
+    # half the rows of x zero (xhat = 0: dx = rstd * dout * w there)
+    "zero_rows": {"x": FillSpec(zero_rows=0.5), "w": _W, "dout": _DY, "rstd": _R},
+    # one outlier per row of dout: the row mean of g * xhat is dominated by it
+    "outlier": {"x": FillSpec(), "w": _W, "dout": FillSpec(outlier=300.0), "rstd": _R},
+    # constant rows of x: xhat constant per row
+    "constant": {"x": FillSpec(std=2.0, constant_rows=True), "w": _W, "dout": _DY, "rstd": _R},
+}
+INPUT_KINDS = tuple(FILLS)
+
+# dx like the forward's y; dw sums M terms of size ~1 with random signs: its absolute error grows
+# like sqrt(M) ulps of fp32 partials, its magnitude like sqrt(M), so rtol alone would fail near zero.
+TOLERANCES = {
+    DType.FP32: Tolerance(atol=1e-5, rtol=1e-5, rel_norm=1e-5),
+    DType.FP16: Tolerance(atol=2e-3, rtol=2e-3, rel_norm=1e-3),
+    DType.BF16: Tolerance(atol=1.6e-2, rtol=1.6e-2, rel_norm=8e-3),
+}
+
+
+def make_inputs(c: Cell, kind: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Float64 arrays of one input kind, rounded to the cell's dtypes (rstd to fp32)."""
+    if kind not in FILLS:
+        raise ValueError(f"rmsnorm_bwd has no input kind {kind!r}; expected one of {INPUT_KINDS}")
+    m, n = c.dim("M"), c.dim("N")
+    f = FILLS[kind]
+    return {"x": quantize(f["x"].sample((m, n), rng), c.dtype("x")),
+            "w": quantize(f["w"].sample((n,), rng), c.dtype("w")),
+            "dout": quantize(f["dout"].sample((m, n), rng), c.dtype("x")),
+            "rstd": quantize(f["rstd"].sample((m,), rng), DType.FP32)}
+
+
+def tolerance(c: Cell, output: str) -> Tolerance:
+    t = TOLERANCES[c.dtype("x") if output == "dx" else c.dtype("w")]
+    if output == "dw":  # a sum over M rows: absolute error grows like sqrt(M)
+        return Tolerance(atol=t.atol * math.sqrt(c.dim("M")), rtol=t.rtol, rel_norm=t.rel_norm)
+    return t
+
+
+def bytes_moved(c: Cell) -> int:
+    """x and dout read, dx written, w read and dw written once, rstd read."""
+    m, n = c.dim("M"), c.dim("N")
+    return 3 * m * n * c.dtype("x").nbytes + 2 * n * c.dtype("w").nbytes + 4 * m
+
+
+def cell(dtype: DType | str, m: int, n: int, wdtype: DType | str | None = None) -> Cell:
+    return Cell.make({"x": dtype, "w": wdtype or dtype}, {"M": m, "N": n})
+
+
+def matrix() -> list[Cell]:
+    return [cell(d, m, n) for d in DTYPES for m, n in MATRIX]
+
+
+def edge_cells() -> list[Cell]:
+    cells = [c for d in DTYPES for c in (cell(d, 1, 1024), cell(d, 37, 1000), cell(d, 3, 33))]
+    return cells + [cell(DType.BF16, 19, 2048, DType.FP32)]
+
+
+def gate_cells(c: Cell) -> list[Cell]:
+    return [Cell.make(c.dtypes_dict(), {"M": m, "N": c.dim("N")}) for m in (1, 37) if m != c.dim("M")]
+
+
+SPEC = OpSpec(
+    name="rmsnorm_bwd",
+    tensors=(
+        TensorSpec("x", ("M", "N"), "x"),
+        TensorSpec("w", ("N",), "w"),
+        TensorSpec("dout", ("M", "N"), "x"),
+        TensorSpec("rstd", ("M",), DType.FP32),
+        TensorSpec("dx", ("M", "N"), "x", role=Role.OUT),
+        TensorSpec("dw", ("N",), "w", role=Role.OUT),
+    ),
+    scalars=(),
+    dtype_roles=("x", "w"),
+    reference=rmsnorm_bwd,
+    make_inputs=make_inputs,
+    input_kinds=INPUT_KINDS,
+    tolerance=tolerance,
+    bytes_moved=bytes_moved,
+    matrix=matrix,
+    edge_cells=edge_cells,
+    flops=lambda c: 8 * c.dim("M") * c.dim("N"),
+    fills=FILLS,
+    timing_kinds=("normal", "large"),
+    gate_cells=gate_cells,
+    baselines=("torch.autograd(rms_norm)",),
+    bucket_edges={"M": (2048, 16384), "N": (8192, 65536)},
+)
