@@ -47,6 +47,10 @@ class BenchRow:
     graph: bool
     regs: int
     error: str
+    peers: str = "{}"  # JSON: every named baseline timed beside it -> median us
+    absent: str = "{}"  # JSON: baselines asked for that could not be had -> why
+    best_peer: str = ""
+    speedup_vs_best_peer: float = 0.0
 
 
 def default_for_cell(tdef: TemplateDef, arch: int, cell: Cell) -> dict[str, Any] | None:
@@ -62,8 +66,11 @@ def bench(
     runner: GpuRunner,
     timing: Timing,
     seed: int = 1,
+    peers: Sequence[str] | None = None,
 ) -> list[BenchRow]:
-    """Every candidate on every cell; a candidate given as None uses its template's default per cell."""
+    """Every candidate on every cell; a candidate given as None uses its template's default per cell.
+    `peers` names the baselines timed beside each candidate (default: every baseline the op declares)."""
+    peers = tuple(op.baselines if peers is None else peers)
     arch_n = arch_number(arch)
     rows: list[BenchRow] = []
     with Builder(workers=2) as builder:
@@ -78,21 +85,24 @@ def bench(
                 if not b.status.ok:
                     rows.append(_row(label, tdef, g, cell, b.status, b.error, regs=b.regs))
                     continue
-                job = make_job(op, tdef, g, b, cell, arch_n, seed, timing, baseline=True)
+                job = make_job(op, tdef, g, b, cell, arch_n, seed, timing, baseline=True, baselines=peers)
                 res = runner.run([job])[0]
                 rel = {name: tol[2] for name, tol in job.tolerances}
                 v = judge(res, rel)
                 nbytes = op.bytes_moved(cell)
                 ok = v.status is Status.OK
                 bw = gbps(nbytes, v.median_us * 1e-6) if ok else 0.0
+                best = min(v.peers, key=lambda p: p[1]) if v.peers else ("", math.inf)
                 rows.append(BenchRow(
                     label, tdef.name, g.key(), g.params_json(), cell.label(), cell.dtype(op.dtype_roles[0]).short,
                     json.dumps(cell.dims_dict(), sort_keys=True), v.status.value, v.median_us, v.p10_us, v.p90_us,
                     v.samples, v.baseline_us, v.baseline_us / v.median_us if ok else 0.0, bw,
                     100.0 * bw / runner.ceiling_gbps if ok and runner.ceiling_gbps else 0.0, res.graph, b.regs,
-                    v.error))
+                    v.error, json.dumps(dict(v.peers)), json.dumps(dict(v.absent)), best[0],
+                    best[1] / v.median_us if ok and best[0] else 0.0))
                 print(f"{label:>10} {cell.label():<28} {v.status.value:<12} {v.median_us:9.2f} us "
-                      f"torch {v.baseline_us:9.2f} us  x{rows[-1].speedup:5.2f}  {bw:7.0f} GB/s", flush=True)
+                      f"{v.baseline or 'baseline'} {v.baseline_us:9.2f} us  x{rows[-1].speedup:5.2f}  "
+                      f"best peer {best[0] or '-'} x{rows[-1].speedup_vs_best_peer:5.2f}  {bw:7.0f} GB/s", flush=True)
     return rows
 
 
@@ -121,23 +131,33 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
         mine = [r for r in rows if r.candidate == label]
         ok = [r for r in mine if r.status == "OK"]
         summary[label] = {"cells": len(mine), "ok": len(ok), "geomean_speedup_vs_torch": geomean(r.speedup for r in ok),
+                          "geomean_speedup_vs_best_peer": geomean(r.speedup_vs_best_peer for r in ok),
+                          "cells_at_or_above_best_peer": sum(r.speedup_vs_best_peer >= 1.0 for r in ok),
                           "geomean_pct_ceiling": geomean(r.pct_ceiling for r in ok)}
     meta = {"fingerprint": fingerprint, "copy_ceiling_gbps": ceiling, "summary": summary,
-            "method": "median of >=100 launches, L2 flushed before each (CUDA graph of 20 launches with rotating "
-                      "inputs when under 10 us), candidate and torch interleaved in one process, both orders"}
+            "method": "the gate (evo/gate.py): median of >=100 samples, L2 flushed and persisting lines reset before "
+                      "each, CUDA graph of one launch per input set when the cell's bytes take < 5 us at the copy "
+                      "ceiling, every named peer timed beside the candidate on the same inputs, interleaved in "
+                      "one process, both orders"}
     prefix.with_suffix(".json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     lines = [f"# Bench: {', '.join(summary)}", "",
              f"GPU: {fingerprint.get('gpu')}, SM clock {fingerprint.get('sm_clock_mhz')} MHz (max "
              f"{fingerprint.get('sm_clock_max_mhz')}), driver {fingerprint.get('driver')}, copy ceiling "
              f"{ceiling:.0f} GB/s.", "",
-             "| candidate | cell | status | µs | torch µs | speedup | GB/s | % copy | regs |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| candidate | cell | status | µs | torch µs | speedup | best peer | vs best peer | GB/s | % copy | regs |",
+             "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.candidate} | {r.cell} | {r.status} | {r.median_us:.2f} | {r.baseline_us:.2f} | "
-                     f"{r.speedup:.2f} | {r.gbps:.0f} | {r.pct_ceiling:.0f}% | {r.regs} |")
-    lines += ["", "| candidate | OK cells | geomean speedup vs torch | geomean % of copy |", "|---|---:|---:|---:|"]
+                     f"{r.speedup:.2f} | {r.best_peer or '-'} | {r.speedup_vs_best_peer:.3f} | {r.gbps:.0f} | "
+                     f"{r.pct_ceiling:.0f}% | {r.regs} |")
+    absent = sorted({f"{k}: {v}" for r in rows for k, v in json.loads(r.absent).items()})
+    if absent:
+        lines += ["", "Peers asked for but absent (never replaced): " + "; ".join(absent)]
+    lines += ["", "| candidate | OK cells | geomean vs torch | geomean vs best peer | cells >= best peer | "
+              "geomean % of copy |", "|---|---:|---:|---:|---:|---:|"]
     for label, s in summary.items():
         lines.append(f"| {label} | {s['ok']}/{s['cells']} | {s['geomean_speedup_vs_torch']:.3f} | "
+                     f"{s['geomean_speedup_vs_best_peer']:.3f} | {s['cells_at_or_above_best_peer']} | "
                      f"{s['geomean_pct_ceiling']:.1f}% |")
     prefix.with_suffix(".md").write_text("\n".join(lines) + "\n")
 

@@ -51,9 +51,11 @@ def make_job(
     job_id: str = "",
     gate_cells: Sequence[Cell] = (),
     stress_launches: int = 4,
+    baselines: Sequence[str] | None = None,
 ) -> EvalJob:
     """One job verifying (and timing, if `timing`) a built genome on one cell, with every input kind
-    the op declares, and on `gate_cells` (which must share the build) with the same cubin."""
+    the op declares, and on `gate_cells` (which must share the build) with the same cubin. `baselines`
+    names the peers timed beside it (default: the op's first)."""
     launches, buffers, scalars = bind_cell(op, tdef, genome, cell, arch)
     gate = []
     for gc in gate_cells:
@@ -83,4 +85,5 @@ def make_job(
         timing_kinds=op.timing_kinds,
         bytes_moved=op.bytes_moved(cell),
         gate=tuple(gate),
+        baselines=tuple(op.baselines[:1] if baselines is None else baselines),
     )

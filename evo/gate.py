@@ -65,7 +65,9 @@ class GateDevice(Protocol):
     def time(self, fns: Sequence[Callable[[int], None]], preps: Sequence[Callable[[int], None]], n: int,
              per: int, after: Callable[[int], None]) -> list[list[float]]: ...
     def capture(self, fn: Callable[[], None]) -> Callable[[int], None]: ...
-    def baseline(self, job: EvalJob, sets: Sequence[dict[str, Any]]) -> tuple[str, Callable[[int], None]] | None: ...
+    def baselines(self, job: EvalJob, sets: Sequence[dict[str, Any]]
+                  ) -> tuple[list[tuple[str, Callable[[int], None]]], dict[str, str]]:
+        """The baselines asked for, each reading input set i when called with i; and why others are absent."""
     def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]: ...
 
 
@@ -133,11 +135,14 @@ class Gate:
                     self._gate_cell(gc)
                 if job.timing is None:
                     return self._result()
-                times, base, name, graph = self._round_b(main, sets)
+                times, peers, absent, graph = self._round_b(main, sets)
                 self._round_c(main, sets)
             except Failed:
                 return self._result()
-            return self._result(times_us=tuple(times), baseline_us=tuple(base), baseline_name=name, graph=graph)
+            first = peers[0] if peers else ("", ())
+            return self._result(times_us=tuple(times), baseline_us=tuple(first[1]), baseline_name=first[0],
+                                peers=tuple((n, tuple(t)) for n, t in peers), absent=tuple(sorted(absent.items())),
+                                graph=graph)
         finally:
             self.close()
 
@@ -165,7 +170,8 @@ class Gate:
             self._fill(g, s, kind)
             self._launch_and_check(g, s, f"gate cell {gc.label} kind {kind}")
 
-    def _round_b(self, g: Geometry, sets: list[InputSet]) -> tuple[list[float], list[float], str, bool]:
+    def _round_b(self, g: Geometry, sets: list[InputSet]
+                 ) -> tuple[list[float], list[tuple[str, list[float]]], dict[str, str], bool]:
         """Fresh values, checked warm-up, timing beside the baseline, checked samples and last batch."""
         t = self.job.timing
         assert t is not None
@@ -178,8 +184,8 @@ class Gate:
         kinds = self.job.timing_kinds
         for i, s in enumerate(sets):
             self._fill(g, s, kinds[i % len(kinds)])
-        # the baseline reads the same input buffers as the candidate
-        base = self.dev.baseline(self.job, [s.ins for s in sets]) if self.job.baseline else None
+        # the baselines read the same input buffers as the candidate
+        base, absent = self.dev.baselines(self.job, [s.ins for s in sets]) if self.job.baseline else ([], {})
         for i in range(t.warmup):
             j = self.rng.randrange(nsets)
             self._launch_and_check(g, sets[j], f"warm-up {i + 1}")
@@ -191,7 +197,7 @@ class Gate:
         self._integrity(g, sets, "after timing")
         # every timed set's output holds its last timed launch
         self._check(g, [(s, f"last timed launch of set {j}") for j, s in enumerate(sets) if j in timed])
-        return times, btimes, base[0] if base else "", graph
+        return times, [(name, t) for (name, _), t in zip(base, btimes)], absent, graph
 
     def _round_c(self, g: Geometry, sets: list[InputSet]) -> None:
         """Launch a set, move a few of its input elements far (same pointers), launch and check again:
@@ -233,7 +239,8 @@ class Gate:
             offset[0] += 50
         return samples
 
-    def _time_direct(self, g: Geometry, sets: list[InputSet], base: Any, timed: set[int]) -> tuple[list[float], list[float]]:
+    def _time_direct(self, g: Geometry, sets: list[InputSet], base: list, timed: set[int]
+                     ) -> tuple[list[float], list[list[float]]]:
         """One launch per sample; the set of each sample comes from a fresh permutation per round."""
         order: list[int] = []
         n = len(sets)
@@ -258,16 +265,13 @@ class Gate:
                 j = set_of(i)
                 self._check(g, [(sets[j], f"timed sample {i} (set {j})")])
 
-        fns: list = [cand]
-        preps: list = [prep]
-        if base is not None:
-            bfn = base[1]
-            fns.append(lambda i: bfn(set_of(i)))
-            preps.append(lambda i: self.dev.reset_l2())
+        fns: list = [cand] + [(lambda f: lambda i: f(set_of(i)))(fn) for _, fn in base]
+        preps: list = [prep] + [lambda i: self.dev.reset_l2()] * len(base)
         samples = self._sample_loop(fns, preps, 1, after)
-        return samples[0], samples[1] if base is not None else []
+        return samples[0], samples[1:]
 
-    def _time_graph(self, g: Geometry, sets: list[InputSet], base: Any, timed: set[int]) -> tuple[list[float], list[float]]:
+    def _time_graph(self, g: Geometry, sets: list[InputSet], base: list, timed: set[int]
+                    ) -> tuple[list[float], list[list[float]]]:
         """A CUDA graph of one launch per set, in an order drawn per job; every output checked per batch."""
         order = list(range(len(sets)))
         self.rng.shuffle(order)
@@ -284,13 +288,10 @@ class Gate:
                 j = self.rng.choice(order)
                 self._check(g, [(sets[j], f"timed graph replay {i} (set {j})")])
 
-        fns: list = [graph]
-        preps: list = [prep]
-        if base is not None:
-            fns.append(self.dev.capture_baseline(base[1], order))
-            preps.append(lambda i: self.dev.reset_l2())
+        fns: list = [graph] + [self.dev.capture_baseline(fn, order) for _, fn in base]
+        preps: list = [prep] + [lambda i: self.dev.reset_l2()] * len(base)
         samples = self._sample_loop(fns, preps, len(order), after)
-        return samples[0], samples[1] if base is not None else []
+        return samples[0], samples[1:]
 
     # ---- one launch ----------------------------------------------------------------------------
     def _new_set(self, g: Geometry) -> InputSet:

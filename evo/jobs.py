@@ -87,6 +87,7 @@ class EvalJob:
     timing_kinds: tuple[str, ...] = ("normal",)  # fresh values of these kinds fill the timed sets
     bytes_moved: int = 0  # the op's bytes for the cell: a time implying more than the copy ceiling is SUSPECT
     gate: tuple[GateCell, ...] = ()
+    baselines: tuple[str, ...] = ()  # names to time beside the candidate ('' = the op hooks' first one)
 
     def fill_of(self, kind: str) -> dict[str, FillSpec]:
         for k, specs in self.fills:
@@ -121,8 +122,10 @@ class JobResult:
     checks: tuple[tuple[str, tuple[CheckStats, ...]], ...] = ()  # (which launch, e.g. "kind tiny", stats)
     input_faults: tuple[str, ...] = ()  # inputs (or their private copies) a launch changed
     times_us: tuple[float, ...] = ()
-    baseline_us: tuple[float, ...] = ()
+    baseline_us: tuple[float, ...] = ()  # the first baseline timed (the one the store records)
     baseline_name: str = ""
+    peers: tuple[tuple[str, tuple[float, ...]], ...] = ()  # every baseline timed: (name, samples)
+    absent: tuple[tuple[str, str], ...] = ()  # baselines asked for that could not be had: (name, why)
     graph: bool = False
     fingerprint: tuple[tuple[str, str], ...] = ()
     ceiling_gbps: float = 0.0

@@ -31,6 +31,8 @@ class Verdict:
     samples: int = 0
     baseline_us: float = math.inf
     baseline: str = ""  # the baseline's name, as the worker's device hooks gave it
+    peers: tuple[tuple[str, float], ...] = ()  # median of every baseline timed beside it, in order
+    absent: tuple[tuple[str, str], ...] = ()  # baselines asked for that could not be had, and why
     max_abs_err: float = math.nan
     rel_norm_err: float = math.nan
 
@@ -99,6 +101,7 @@ def judge(result: JobResult, rel_norms: Mapping[str, float], margin: float = SUS
         return Verdict(Status.SUSPECT, f"median {p50:.3f} us implies {gbps:.0f} GB/s, above {1 + margin:.2f} x the copy "
                        f"ceiling {result.ceiling_gbps:.0f} GB/s measured in the same process; never ranked",
                        "faster than the copy ceiling", baseline_us=base, max_abs_err=worst_abs, rel_norm_err=worst_rel)
+    peers = tuple((name, float(np.median(t))) for name, t in result.peers if t)
     return Verdict(Status.OK, median_us=float(p50), p10_us=float(p10), p90_us=float(p90),
-                   samples=len(result.times_us), baseline_us=base, baseline=result.baseline_name,
-                   max_abs_err=worst_abs, rel_norm_err=worst_rel)
+                   samples=len(result.times_us), baseline_us=base, baseline=result.baseline_name, peers=peers,
+                   absent=result.absent, max_abs_err=worst_abs, rel_norm_err=worst_rel)

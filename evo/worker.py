@@ -263,29 +263,49 @@ class Worker:
         exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         return lambda _i: check(drv.cuGraphLaunch(exe, h), "cuGraphLaunch")
 
-    def baseline(self, job: EvalJob, sets: Sequence[dict[str, DeviceBuffer]]) -> tuple[str, Callable[[int], None]] | None:
-        """The op's torch baseline reading the candidate's own input buffers (set i), or None."""
+    def baselines(self, job: EvalJob, sets: Sequence[dict[str, DeviceBuffer]]
+                  ) -> tuple[list[tuple[str, Callable[[int], None]]], dict[str, str]]:
+        """The op's baselines (job.baselines, or the hooks' first), each reading the candidate's own input
+        buffers (set i); a baseline that cannot be had is reported absent with the reason, never faked."""
         mod, _ = self._op(job.op)
-        if self.torch is None or not hasattr(mod, "baseline"):
-            return None
+        names = job.baselines
+        if self.torch is None:
+            return [], {n: "torch with CUDA is not importable" for n in names}
         torch = self.torch
-        name, fn = mod.baseline(torch)
+        offered = mod.baselines(torch, names)
         ins = [b for b in job.buffers if b.role == "in"]
         views = [{b.name: _torch_view(torch, s[b.name], b.dtype, b.shape) for b in ins} for s in sets]
         scalars = dict(job.scalars)
-        kept: list[Any] = [None] * len(sets)
+        present, absent = [], {}
+        for name, fn in offered.items():
+            if isinstance(fn, str):
+                absent[name] = fn
+                continue
+            kept: list[Any] = [None] * len(sets)
 
-        def raw(i: int) -> None:  # no stream switch here: graph capture needs that
-            # Keep each set's result alive, so the baseline writes a distinct output per set as the
-            # candidate does (a reused output stays in L2 across graph launches and flatters it).
-            kept[i] = fn(views[i], scalars)
+            def raw(i: int, fn: Any = fn, kept: list = kept) -> None:  # no stream switch: graph capture needs that
+                # Keep each set's result alive, so a baseline writes a distinct output per set as the
+                # candidate does (a reused output stays in L2 across graph launches and flatters it).
+                kept[i] = fn(views[i], scalars)
 
-        def run(i: int) -> None:
-            with torch.cuda.stream(self.torch_stream):
-                raw(i)
+            try:  # first call outside any timing or capture: compiles (torch.compile, autotuners) happen here
+                with torch.cuda.stream(self.torch_stream):
+                    for i in range(len(sets)):
+                        raw(i)
+                self.sync(f"baseline {name}")
+            except CudaFault:
+                raise
+            except Exception as e:  # a peer that fails on this cell is absent, with its own words
+                absent[name] = f"{type(e).__name__}: {str(e)[:200]}"
+                continue
 
-        run.raw = raw  # type: ignore[attr-defined]
-        return name, run
+            def run(i: int, raw: Any = raw) -> None:
+                with torch.cuda.stream(self.torch_stream):
+                    raw(i)
+
+            run.raw = raw  # type: ignore[attr-defined]
+            present.append((name, run))
+        return present, absent
 
     def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]:
         """The baseline over the sets in `order`, captured into one torch CUDA graph."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from ops.spec import DType, OpSpec, Role
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
-DEVICE_HOOKS = ("reference", "tail_width", "baseline")
+DEVICE_HOOKS = ("reference", "tail_width", "baselines")
 
 
 def has_templates(op: str) -> bool:

@@ -25,10 +25,24 @@ def tail_width(dims: Mapping[str, int]) -> int:
     return min(16, dims["N"])
 
 
-def baseline(torch: Any) -> tuple[str, Callable[[Mapping[str, Any], Mapping[str, float]], Any]]:
-    """torch.nn.functional.rms_norm on the worker's torch tensors."""
+def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """name -> fn(tensors, scalars) for each peer asked for (default: torch eager), or why it is absent."""
+    from ops.baselines import absent_unless, compiled
 
-    def run(t: Mapping[str, Any], s: Mapping[str, float]) -> Any:
+    def eager(t: Mapping[str, Any], s: Mapping[str, float]) -> Any:
         return torch.nn.functional.rms_norm(t["x"], (t["x"].shape[-1],), t["w"], s["eps"])
 
-    return "torch.rms_norm", run
+    def liger() -> Callable:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        return lambda t, s: LigerRMSNormFunction.apply(t["x"], t["w"], s["eps"])
+
+    def quack(tuned: bool) -> Callable:
+        import quack.rmsnorm as q
+
+        fn = q.rmsnorm_fwd_tuned if tuned else q.rmsnorm
+        return lambda t, s: fn(t["x"], t["w"], eps=s["eps"])
+
+    makers = {"torch.rms_norm": lambda: eager, "torch.compile": lambda: compiled(torch, eager),
+              "liger": liger, "quack": lambda: quack(False), "quack.autotuned": lambda: quack(True)}
+    return {n: absent_unless(makers, n) for n in (names or ("torch.rms_norm",))}

@@ -101,6 +101,6 @@ SPEC = OpSpec(
     fills=FILLS,
     timing_kinds=("normal", "large"),
     gate_cells=gate_cells,
-    baselines=("torch.rms_norm",),
+    baselines=("torch.rms_norm", "torch.compile", "liger", "quack", "quack.autotuned"),
     bucket_edges={"M": (2048, 8192), "N": (2048, 8192)},
 )

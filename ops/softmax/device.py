@@ -20,6 +20,12 @@ def tail_width(dims: Mapping[str, int]) -> int:
     return min(16, dims["N"])
 
 
-def baseline(torch: Any) -> tuple[str, Callable[[Mapping[str, Any], Mapping[str, float]], Any]]:
-    """torch.softmax over the last dim."""
-    return "torch.softmax", lambda t, s: torch.softmax(t["x"], dim=-1)
+def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """torch.softmax over the last dim (eager, or compiled), or why a peer is absent."""
+    from ops.baselines import absent_unless, compiled
+
+    def eager(t: Mapping[str, Any], s: Mapping[str, float]) -> Any:
+        return torch.softmax(t["x"], dim=-1)
+
+    makers = {"torch.softmax": lambda: eager, "torch.compile": lambda: compiled(torch, eager)}
+    return {n: absent_unless(makers, n) for n in (names or ("torch.softmax",))}

@@ -75,5 +75,5 @@ SPEC = OpSpec(
     fills=FILLS,
     timing_kinds=("normal", "large"),
     gate_cells=gate_cells,
-    baselines=("torch.softmax",),
+    baselines=("torch.softmax", "torch.compile"),
 )

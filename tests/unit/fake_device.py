@@ -47,12 +47,14 @@ class FakeDevice:
     """Implements evo.gate.GateDevice with numpy."""
 
     def __init__(self, kernels: dict[str, Kernel], baseline_us: float | None = 10.0, ceiling_gbps: float = 4000.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, peers: dict[str, float | str] | None = None) -> None:
         self.kernels = kernels
         self.bufs: dict[int, FakeBuf] = {}
         self.next_ptr = 1 << 20
         self.clock = 0.0  # microseconds
         self.baseline_us = baseline_us
+        self.peers = dict(peers or {})  # more baselines: name -> cost in us, or why it is absent
+        self.peer_calls: dict[str, int] = {}
         self.ceiling_gbps = ceiling_gbps
         self.launches = 0  # candidate launches
         self.baseline_calls = 0
@@ -190,18 +192,29 @@ class FakeDevice:
 
         return replay
 
-    def baseline(self, job: EvalJob, sets: Sequence[dict[str, Any]]) -> tuple[str, Callable[[int], None]] | None:
+    def baselines(self, job: EvalJob, sets: Sequence[dict[str, Any]]
+                  ) -> tuple[list[tuple[str, Callable[[int], None]]], dict[str, str]]:
+        names = job.baselines or ("fake.baseline",)
         if self.baseline_us is None:
-            return None
+            return [], {n: "torch with CUDA is not importable" for n in names}
         ptrs = [s["x"].ptr for s in sets]
         self.state["baseline_sets"] = ptrs
+        costs = {"fake.baseline": self.baseline_us, **self.peers}
+        present, absent = [], {}
+        for name in names:
+            cost = costs.get(name, f"no baseline named {name!r}")
+            if isinstance(cost, str):
+                absent[name] = cost
+                continue
 
-        def run(i: int) -> None:
-            self.find(ptrs[i])  # the set must exist, as on the GPU
-            self.baseline_calls += 1
-            self.clock += self.baseline_us
+            def run(i: int, name: str = name, cost: float = cost) -> None:
+                self.find(ptrs[i])  # the set must exist, as on the GPU
+                self.baseline_calls += 1
+                self.peer_calls[name] = self.peer_calls.get(name, 0) + 1
+                self.clock += cost
 
-        return "fake.baseline", run
+            present.append((name, run))
+        return present, absent
 
     def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]:
         return lambda _i: [fn(j) for j in order]
@@ -220,7 +233,8 @@ def _reference(dev: FakeDevice, kernel: str, args: tuple) -> None:
 # ---- an RMSNorm job and fake kernels ------------------------------------------------------------
 
 def rms_job(cell: Cell, timing: Timing | None = Timing(min_samples=20, max_samples=20, warmup=3), ws_bytes: int = 0,
-            gate: tuple = (), kernel: str = "cand", baseline: bool = True, stress: int = 4) -> EvalJob:
+            gate: tuple = (), kernel: str = "cand", baseline: bool = True, stress: int = 4,
+            baselines: tuple[str, ...] = ()) -> EvalJob:
     """An EvalJob for an RMSNorm cell, its launch args as the gallery binds them."""
     m, n = cell.dim("M"), cell.dim("N")
     bufs = [BufferDecl(t.name, t.resolve_dtype(cell).value, t.shape(cell), t.role.value) for t in SPEC.tensors]
@@ -234,7 +248,7 @@ def rms_job(cell: Cell, timing: Timing | None = Timing(min_samples=20, max_sampl
                    tuple(bufs), (("eps", 1e-6),), SPEC.gate_kinds(), (("y", (tol.atol, tol.rtol, tol.rel_norm)),), 7,
                    timing, baseline, stress,
                    tuple((k, tuple(sorted(v.items()))) for k, v in SPEC.fills.items()), SPEC.timing_kinds,
-                   SPEC.bytes_moved(cell), gate)
+                   SPEC.bytes_moved(cell), gate, baselines)
 
 
 def run_gate(dev: FakeDevice, job: EvalJob, seed: int = 0) -> JobResult:

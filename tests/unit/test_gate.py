@@ -314,3 +314,30 @@ def test_graph_mode_uses_one_set_per_launch_and_checks_them_all():
     assert res.graph and dev.state["graph_launches"] >= 24  # at least graph_launches sets, one launch each
     last = {w for w, _ in res.checks if w.startswith("last timed launch")}
     assert len(last) == dev.state["graph_launches"]
+
+
+# ---- named peers --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("graph_below_us", [5.0, 0.0], ids=["graph", "direct"])
+def test_every_named_peer_is_timed_beside_the_candidate_and_absent_ones_are_named(graph_below_us):
+    timing = Timing(min_samples=20, max_samples=20, warmup=3, graph_below_us=graph_below_us)
+    job = rms_job(CELL, timing=timing, baselines=("fake.baseline", "peer.fast", "peer.missing", "peer.unknown"))
+    v, res, dev = status_of(honest, job,
+                            peers={"peer.fast": 2.0, "peer.missing": "not installed: No module named 'peer'"})
+    assert v.status is Status.OK and res.graph is (graph_below_us > 0)
+    assert [n for n, _ in res.peers] == ["fake.baseline", "peer.fast"]
+    assert all(len(t) == len(res.times_us) for _, t in res.peers)  # same samples, same loop, same mode
+    assert dict(v.peers)["peer.fast"] < dict(v.peers)["fake.baseline"]
+    assert dict(res.absent) == {"peer.missing": "not installed: No module named 'peer'",
+                                "peer.unknown": "no baseline named 'peer.unknown'"}
+    assert v.baseline == "fake.baseline" and v.baseline_us == dict(v.peers)["fake.baseline"]
+    per = dev.state.get("graph_launches", 1) if res.graph else 1
+    assert dev.peer_calls["peer.fast"] == dev.peer_calls["fake.baseline"] == len(res.times_us) * per
+    assert dev.resets == len(res.times_us) * 3  # the candidate and both peers: one flush per sample each
+
+
+def test_without_torch_every_peer_is_absent_and_the_candidate_still_timed():
+    v, res, _ = status_of(honest, rms_job(CELL, baselines=("torch.rms_norm", "liger")), baseline_us=None)
+    assert v.status is Status.OK and res.peers == () and len(res.times_us) == 20
+    assert dict(res.absent) == {"torch.rms_norm": "torch with CUDA is not importable",
+                                "liger": "torch with CUDA is not importable"}

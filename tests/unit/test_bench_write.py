@@ -1,0 +1,29 @@
+"""kfactory bench's files: every named peer, the best one per cell, and the absent ones by name."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from evo.bench import BenchRow, write
+
+
+def row(cell: str, us: float, peers: dict, absent: dict) -> BenchRow:
+    best = min(peers.items(), key=lambda p: p[1])
+    return BenchRow("cta_row", "cta_row", "k", "{}", cell, "bf16", "{}", "OK", us, us, us, 100, peers["torch.rms_norm"],
+                    peers["torch.rms_norm"] / us, 3000.0, 70.0, False, 40, "", json.dumps(peers), json.dumps(absent),
+                    best[0], best[1] / us)
+
+
+def test_bench_files_name_every_peer(tmp_path):
+    rows = [row("a", 10.0, {"torch.rms_norm": 20.0, "quack": 9.0}, {"liger": "not installed: No module named 'liger_kernel'"}),
+            row("b", 5.0, {"torch.rms_norm": 6.0, "quack": 5.5}, {"liger": "not installed: No module named 'liger_kernel'"})]
+    write(rows, tmp_path / "b", {"gpu": "H200"}, 4200.0)
+    got = list(csv.DictReader(open(tmp_path / "b.csv")))
+    assert [r["best_peer"] for r in got] == ["quack", "quack"]
+    assert json.loads(got[0]["peers"]) == {"torch.rms_norm": 20.0, "quack": 9.0}
+    summary = json.loads((tmp_path / "b.json").read_text())["summary"]["cta_row"]
+    assert summary["cells_at_or_above_best_peer"] == 1  # 9/10 < 1 on a, 5.5/5 >= 1 on b
+    assert abs(summary["geomean_speedup_vs_best_peer"] - (0.9 * 1.1) ** 0.5) < 1e-9
+    md = (tmp_path / "b.md").read_text()
+    assert "liger: not installed" in md and "| quack |" in md
