@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from evo.build import Builder, prepare
-from evo.evaluate import make_job
+from evo.evaluators import EvalItem, GpuEvaluator
 from evo.genome import Genome
 from evo.jobs import Timing
 from evo.pipeline import arch_number
@@ -21,7 +21,6 @@ from evo.run import GpuRunner, gpu_available
 from evo.space import repair
 from evo.status import Status
 from evo.template import TemplateDef, load_templates
-from evo.verify import judge
 from ops import KNOWN, get_op
 from ops.spec import Cell, OpSpec, gbps
 
@@ -72,6 +71,7 @@ def bench(
     `peers` names the baselines timed beside each candidate (default: every baseline the op declares)."""
     peers = tuple(op.baselines if peers is None else peers)
     arch_n = arch_number(arch)
+    evaluator = GpuEvaluator(op, arch_n, runner, timing, seed, baselines=peers)
     rows: list[BenchRow] = []
     with Builder(workers=2) as builder:
         for label, tdef, fixed in candidates:
@@ -82,26 +82,19 @@ def bench(
                     continue
                 g = Genome.make(op.name, tdef.name, tdef.source_hash, params)
                 (b,) = builder.build([prepare(tdef, g, arch, cell.dtypes_dict(), cell.dims_dict())])
-                if not b.status.ok:
-                    rows.append(_row(label, tdef, g, cell, b.status, b.error, regs=b.regs))
-                    continue
-                job = make_job(op, tdef, g, b, cell, arch_n, seed, timing, baseline=True, baselines=peers)
-                res = runner.run([job])[0]
-                rel = {name: tol[2] for name, tol in job.tolerances}
-                v = judge(res, rel)
-                nbytes = op.bytes_moved(cell)
-                ok = v.status is Status.OK
-                bw = gbps(nbytes, v.median_us * 1e-6) if ok else 0.0
-                best = min(v.peers, key=lambda p: p[1]) if v.peers else ("", math.inf)
+                (ev,) = evaluator.evaluate([EvalItem(g, tdef, cell, b)])
+                ok = ev.status is Status.OK
+                bw = gbps(op.bytes_moved(cell), ev.median_us * 1e-6) if ok else 0.0
+                best = min(ev.peers, key=lambda p: p[1]) if ev.peers else ("", math.inf)
                 rows.append(BenchRow(
                     label, tdef.name, g.key(), g.params_json(), cell.label(), cell.dtype(op.dtype_roles[0]).short,
-                    json.dumps(cell.dims_dict(), sort_keys=True), v.status.value, v.median_us, v.p10_us, v.p90_us,
-                    v.samples, v.baseline_us, v.baseline_us / v.median_us if ok else 0.0, bw,
-                    100.0 * bw / runner.ceiling_gbps if ok and runner.ceiling_gbps else 0.0, res.graph, b.regs,
-                    v.error, json.dumps(dict(v.peers)), json.dumps(dict(v.absent)), best[0],
-                    best[1] / v.median_us if ok and best[0] else 0.0))
-                print(f"{label:>10} {cell.label():<28} {v.status.value:<12} {v.median_us:9.2f} us "
-                      f"{v.baseline or 'baseline'} {v.baseline_us:9.2f} us  x{rows[-1].speedup:5.2f}  "
+                    json.dumps(cell.dims_dict(), sort_keys=True), ev.status.value, ev.median_us, ev.p10_us, ev.p90_us,
+                    ev.samples, ev.baseline_us, ev.baseline_us / ev.median_us if ok else 0.0, bw,
+                    100.0 * bw / runner.ceiling_gbps if ok and runner.ceiling_gbps else 0.0, ev.graph, b.regs,
+                    ev.error, json.dumps(dict(ev.peers)), json.dumps(dict(ev.absent)), best[0],
+                    best[1] / ev.median_us if ok and best[0] else 0.0))
+                print(f"{label:>10} {cell.label():<28} {ev.status.value:<12} {ev.median_us:9.2f} us "
+                      f"{ev.baseline or 'baseline'} {ev.baseline_us:9.2f} us  x{rows[-1].speedup:5.2f}  "
                       f"best peer {best[0] or '-'} x{rows[-1].speedup_vs_best_peer:5.2f}  {bw:7.0f} GB/s", flush=True)
     return rows
 

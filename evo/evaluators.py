@@ -49,6 +49,9 @@ class CellEval:
     rel_norm_err: float = math.nan
     error: str = ""
     baseline: str = ""  # name of the baseline timed beside it ('' = the op's first declared baseline)
+    peers: tuple[tuple[str, float], ...] = ()  # median of every named baseline timed beside it
+    absent: tuple[tuple[str, str], ...] = ()  # baselines asked for that could not be had, and why
+    graph: bool = False
 
 
 class Evaluator(Protocol):
@@ -61,7 +64,8 @@ class Evaluator(Protocol):
 
 def from_verdict(item: EvalItem, v: Verdict) -> CellEval:
     return CellEval(item.genome, item.cell, v.status, item.build.build_key, v.median_us, v.p10_us, v.p90_us,
-                    v.samples, v.baseline_us, v.max_abs_err, v.rel_norm_err, v.error, v.baseline)
+                    v.samples, v.baseline_us, v.max_abs_err, v.rel_norm_err, v.error, v.baseline, v.peers, v.absent,
+                    v.graph)
 
 
 def gate_cells_for(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell, arch: int) -> list[Cell]:
@@ -81,12 +85,15 @@ def gate_cells_for(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell, ar
 
 
 class GpuEvaluator:
-    """Verify and time on the GPU through the watchdog runner; the baseline is timed beside every candidate."""
+    """Verify and time on the GPU through the watchdog runner; the baseline (or the named `baselines`)
+    is timed beside every candidate. The search loop, `kfactory bench` and the sweep all use it."""
 
     source = "gpu"
 
-    def __init__(self, op: OpSpec, arch: int, runner: Any, timing: Timing, seed: int) -> None:
+    def __init__(self, op: OpSpec, arch: int, runner: Any, timing: Timing, seed: int,
+                 baselines: Sequence[str] | None = None) -> None:
         self.op, self.arch, self.runner, self.timing, self.seed = op, arch, runner, timing, seed
+        self.baselines = None if baselines is None else tuple(baselines)
         from evo.build import compiler_version
 
         self.fingerprint = dict(runner.fingerprint, nvrtc_build=compiler_version())
@@ -102,7 +109,8 @@ class GpuEvaluator:
             self._n += 1
             gates = gate_cells_for(self.op, it.tdef, it.genome, it.cell, self.arch)
             jobs.append(make_job(self.op, it.tdef, it.genome, it.build, it.cell, self.arch,
-                                 self.seed * 100003 + self._n, self.timing, baseline=True, gate_cells=gates))
+                                 self.seed * 100003 + self._n, self.timing, baseline=True, gate_cells=gates,
+                                 baselines=self.baselines))
             ok_items.append(it)
         verdicts = {}
         for it, job, res in zip(ok_items, jobs, self.runner.run(jobs)):

@@ -33,6 +33,7 @@ class Verdict:
     baseline: str = ""  # the baseline's name, as the worker's device hooks gave it
     peers: tuple[tuple[str, float], ...] = ()  # median of every baseline timed beside it, in order
     absent: tuple[tuple[str, str], ...] = ()  # baselines asked for that could not be had, and why
+    graph: bool = False  # timed as a CUDA graph
     max_abs_err: float = math.nan
     rel_norm_err: float = math.nan
 
@@ -104,4 +105,4 @@ def judge(result: JobResult, rel_norms: Mapping[str, float], margin: float = SUS
     peers = tuple((name, float(np.median(t))) for name, t in result.peers if t)
     return Verdict(Status.OK, median_us=float(p50), p10_us=float(p10), p90_us=float(p90),
                    samples=len(result.times_us), baseline_us=base, baseline=result.baseline_name, peers=peers,
-                   absent=result.absent, max_abs_err=worst_abs, rel_norm_err=worst_rel)
+                   absent=result.absent, graph=result.graph, max_abs_err=worst_abs, rel_norm_err=worst_rel)

@@ -23,15 +23,14 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-from evo.build import Builder, compiler_version, prepare  # noqa: E402
+from evo.build import Builder, prepare  # noqa: E402
 from evo.config import load_config  # noqa: E402
-from evo.evaluate import make_job  # noqa: E402
+from evo.evaluators import EvalItem, GpuEvaluator  # noqa: E402
 from evo.genome import Genome  # noqa: E402
 from evo.jobs import Timing  # noqa: E402
 from evo.run import GpuRunner  # noqa: E402
 from evo.space import enumerate_space  # noqa: E402
 from evo.template import load_templates  # noqa: E402
-from evo.verify import judge  # noqa: E402
 from ops import get_op  # noqa: E402
 from ops.spec import gbps  # noqa: E402
 
@@ -71,10 +70,9 @@ def main() -> int:
         points = [g for g in points if g.key() not in seen]
         print(f"resuming: {len(seen)} genomes already swept, {len(points)} to go", flush=True)
     timing = Timing(min_samples=100, max_samples=100)
-    done_baseline = {r["cell"] for r in rows if r.get("baseline_us") == r.get("baseline_us") and r.get("baseline_us")}
-    n_jobs = 0
     with GpuRunner(timeout_s=60) as runner, Builder(workers=8) as builder:
-        fp = dict(runner.fingerprint, nvrtc_build=compiler_version())
+        evaluator = GpuEvaluator(op, arch_n, runner, timing, seed=1000 + args.seed)
+        fp = evaluator.fingerprint
         fp_json = json.dumps(fp, sort_keys=True)
         for gi, g in enumerate(points):
             if time.time() - t0 > args.deadline_s:
@@ -82,29 +80,18 @@ def main() -> int:
                 break
             tdef = tdefs[g.template]
             legal = [c for c in cells if tdef.is_valid(g.params_dict(), arch_n, c.dtypes_dict(), c.dims_dict())]
-            inputs = [prepare(tdef, g, arch, c.dtypes_dict(), c.dims_dict()) for c in legal]
-            builds = builder.build(inputs)
-            for c, b in zip(legal, builds):
-                row = dict(op=op.name, template=g.template, genome_key=g.key(), params_json=g.params_json(),
-                           cell=c.label(), dtype=c.dtype("x").value, M=c.dim("M"), N=c.dim("N"),
-                           build_key=b.build_key, regs=b.regs, status=b.status.value, median_us=None, p10_us=None,
-                           p90_us=None, samples=0, gbps=None, baseline_us=None, error=b.error or None,
-                           fingerprint_json=fp_json)
-                if b.status.ok:
-                    base = c.label() not in done_baseline
-                    job = make_job(op, tdef, g, b, c, arch_n, seed=1000 + n_jobs, timing=timing,
-                                   baseline=base)
-                    n_jobs += 1
-                    res = runner.run([job])[0]
-                    v = judge(res, {k: t[2] for k, t in job.tolerances})
-                    row.update(status=v.status.value, error=v.error or None)
-                    if v.status.ok:
-                        row.update(median_us=v.median_us, p10_us=v.p10_us, p90_us=v.p90_us, samples=v.samples,
-                                   gbps=gbps(op.bytes_moved(c), v.median_us * 1e-6))
-                        if base and res.baseline_us:
-                            row["baseline_us"] = v.baseline_us
-                            done_baseline.add(c.label())
-                rows.append(row)
+            builds = builder.build([prepare(tdef, g, arch, c.dtypes_dict(), c.dims_dict()) for c in legal])
+            evals = evaluator.evaluate([EvalItem(g, tdef, c, b) for c, b in zip(legal, builds)])
+            for c, b, ev in zip(legal, builds, evals):
+                ok = ev.status.ok
+                rows.append(dict(op=op.name, template=g.template, genome_key=g.key(), params_json=g.params_json(),
+                                 cell=c.label(), dtype=c.dtype("x").value, M=c.dim("M"), N=c.dim("N"),
+                                 build_key=b.build_key, regs=b.regs, status=ev.status.value,
+                                 median_us=ev.median_us if ok else None, p10_us=ev.p10_us if ok else None,
+                                 p90_us=ev.p90_us if ok else None, samples=ev.samples,
+                                 gbps=gbps(op.bytes_moved(c), ev.median_us * 1e-6) if ok else None,
+                                 baseline_us=ev.baseline_us if ok else None, error=ev.error or None,
+                                 fingerprint_json=fp_json))
             if gi % 20 == 0:
                 _flush(rows, args.out, fp, runner.ceiling_gbps)
                 print(f"[{time.time() - t0:6.0f}s] {gi + 1}/{len(points)} genomes, {len(rows)} rows", flush=True)

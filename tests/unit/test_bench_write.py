@@ -27,3 +27,43 @@ def test_bench_files_name_every_peer(tmp_path):
     assert abs(summary["geomean_speedup_vs_best_peer"] - (0.9 * 1.1) ** 0.5) < 1e-9
     md = (tmp_path / "b.md").read_text()
     assert "liger: not installed" in md and "| quack |" in md
+
+
+class _Runner:
+    """A runner that answers every job with fixed measurements: bench's mapping, without a GPU."""
+
+    fingerprint = {"gpu": "fake"}
+    ceiling_gbps = 4000.0
+
+    def __init__(self) -> None:
+        self.jobs = []
+
+    def run(self, jobs):
+        from evo.jobs import CheckStats, JobResult
+
+        self.jobs += list(jobs)
+        ok = CheckStats("y", 1, 0, 0, 0, 0, -1, 0.0, 0.0, 0)
+        return [JobResult(j.job_id, checks=(("kind normal", (ok,)),), times_us=(10.0,) * 5,
+                          baseline_us=(20.0,) * 5, baseline_name="torch.rms_norm",
+                          peers=(("torch.rms_norm", (20.0,) * 5), ("quack", (9.0,) * 5)),
+                          absent=(("liger", "not installed: No module named 'liger_kernel'"),),
+                          ceiling_gbps=4000.0, bytes_moved=j.bytes_moved) for j in jobs]
+
+
+def test_bench_times_through_the_evaluator_with_every_peer(tmp_path):
+    from evo.bench import bench
+    from evo.jobs import Timing
+    from evo.template import load_templates
+    from ops import get_op
+    from ops.rmsnorm.spec import cell
+
+    op = get_op("rmsnorm")
+    runner = _Runner()
+    rows = bench(op, [("cta_row", load_templates("rmsnorm")["cta_row"], None)], [cell("bf16", 64, 1024)], "sm_90a",
+                 runner, Timing())
+    (r,) = rows
+    assert r.status == "OK" and r.best_peer == "quack" and abs(r.speedup_vs_best_peer - 0.9) < 1e-12
+    assert r.speedup == 2.0 and json.loads(r.absent) == {"liger": "not installed: No module named 'liger_kernel'"}
+    (job,) = runner.jobs
+    assert job.baselines == op.baselines  # every declared peer asked for
+    assert job.gate and all(dict(gc.dims)["N"] == 1024 for gc in job.gate)  # the evaluator's gate cells came along
