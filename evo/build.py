@@ -239,6 +239,9 @@ def _first_error(log: str) -> str:
 
 def _serve(conn: Any) -> None:
     """A compile process: answers each BuildInput with ("ok", BuildResult) until it reads None."""
+    from evo.children import become_child
+
+    become_child()
     try:
         import cuda.core  # noqa: F401  (loaded before the first deadline starts)
 
@@ -300,6 +303,16 @@ class Builder:
         self.timeout_s = timeout_s
         self._cache: dict[str, BuildResult] = dict(cached or {})
         self._procs: list[_Compiler] = []
+        self.compiled = 0  # inputs handed to NVRTC (timeouts and crashes included)
+
+    def has(self, key: str) -> bool:
+        """True when the result for this build key is cached (no compile needed)."""
+        return key in self._cache
+
+    def remember(self, results: Iterable[BuildResult]) -> None:
+        """Cache results built elsewhere (e.g. read back from the store); a key already cached is kept."""
+        for r in results:
+            self._cache.setdefault(r.build_key, r)
 
     def __enter__(self) -> "Builder":
         return self
@@ -352,9 +365,11 @@ class Builder:
                         self._drop(c)
                         continue
                     c.key, c.job = pending.popleft()
+                    self.compiled += 1
                     try:
                         c.conn.send(c.job)
                     except (BrokenPipeError, OSError):  # it died before taking the input: give it to another
+                        self.compiled -= 1
                         pending.appendleft((c.key, c.job))
                         self._drop(c)
                         continue

@@ -5,9 +5,26 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 DEFAULT_STORE = Path(".kfactory") / "store.duckdb"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error printed as one line (no usage block) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
 
 
 def _store_arg(p: argparse.ArgumentParser) -> None:
@@ -16,27 +33,31 @@ def _store_arg(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="kfactory",
         description="Kernel Factory: search for fast, correct GPU kernels; every result goes to a DuckDB store.",
     )
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("run", help="run an experiment: render, build, verify and time candidates",
                        description="Run an experiment TOML. Builds are recorded in the store; evaluation uses "
-                                   "the GPU (run.runner = 'gpu') or recorded measurements ('replay').")
+                                   "the GPU (run.runner = 'gpu') or recorded measurements ('replay'). Paths in "
+                                   "the TOML are relative to its folder. Ctrl-C or SIGTERM stops the run, "
+                                   "recorded as interrupted, and prints the command that resumes it.")
     p.add_argument("config", type=Path, help="experiment TOML, e.g. experiments/rmsnorm_h200.toml")
-    p.add_argument("--run-id", default="", help="run id (default: a new id; an existing id resumes that run)")
+    p.add_argument("--run-id", default="", help="run id (default: a new id; an existing id resumes that run, "
+                                                "if it was started with the same config)")
     _store_arg(p)
 
-    p = sub.add_parser("resume", help="continue a run after a crash or kill, re-evaluating nothing recorded",
-                       description="Continue RUN_ID with the config stored with it; `kfactory run CONFIG "
-                                   "--run-id RUN_ID` does the same.")
+    p = sub.add_parser("resume", help="continue a stopped run with its stored config, re-evaluating nothing",
+                       description="Continue RUN_ID (after Ctrl-C, a crash or kill -9) with the config stored "
+                                   "with it and what is left of its time budget.")
     p.add_argument("run_id")
     _store_arg(p)
 
     p = sub.add_parser("sql", help="run a SQL query against the store and print the result as a table",
-                       description="Run any SQL (DuckDB dialect) against the store; see memory/README.md.")
+                       description="Run any SQL (DuckDB dialect) against the store, read-only; see "
+                                   "memory/README.md. While a run writes the store, its snapshot is read.")
     p.add_argument("query", help='e.g. "SELECT status, count(*) FROM builds GROUP BY 1"')
     _store_arg(p)
 
@@ -45,15 +66,16 @@ def parser() -> argparse.ArgumentParser:
                                    "support and earned usefulness; provenance is in the lessons table (SQL).")
     p.add_argument("--op", default="rmsnorm")
     p.add_argument("--arch", default="sm_90", help="arch prefix: sm_90 matches sm_90a")
-    p.add_argument("--kind", default=None, help="param_effect | failure | champion | llm_failure | llm_note")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--kind", default=None, choices=("param_effect", "failure", "champion", "llm_failure", "llm_note"))
+    p.add_argument("--limit", type=_positive_int, default=50, help="lessons shown (default 50)")
     _store_arg(p)
 
     p = sub.add_parser("report", help="write a markdown report with PNG plots for a run",
                        description="Best-so-far against evaluations, per-cell speedup over the baseline and % of "
                                    "the copy ceiling, from the store; RUN_ID 'latest' picks the newest run.")
     p.add_argument("run_id", nargs="?", default="latest")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: <store dir>/runs/<run_id>/report)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: <store dir>/runs/<run_id>/report); "
+                                                          "an existing file there is refused")
     _store_arg(p)
 
     p = sub.add_parser("bench", help="time templates at given points against the baselines over the op's matrix",
@@ -79,7 +101,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
     from ops import UnknownOpError
 
-    return (ConfigError, TemplateError, StoreError, NoGpuError, UnknownNameError, UnknownOpError)
+    return (ConfigError, TemplateError, StoreError, NoGpuError, UnknownNameError, UnknownOpError, UsageError)
+
+
+class UsageError(ValueError):
+    """A command was given something it cannot use (an output path that is a file, ...)."""
 
 
 class UnknownNameError(KeyError):
@@ -92,6 +118,8 @@ class UnknownNameError(KeyError):
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     UserError = _user_errors()
+    from evo.commands import Interrupted
+
     try:
         if args.cmd == "run":
             from evo.commands import cmd_run
@@ -118,9 +146,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return cmd_bench(args)
     except UserError as e:
-        print(f"kfactory {args.cmd}: error: {e}", file=sys.stderr)
+        print(f"kfactory {args.cmd}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Interrupted) as e:  # before a run was recorded, or outside a run
+        print(f"kfactory {args.cmd}: interrupted ({str(e) or 'SIGINT'})", file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 128 + e.signum
     return 1
+
+
+def _one_line(e: BaseException) -> str:
+    """An error's message on one line (a compiler or DuckDB message may span several)."""
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 if __name__ == "__main__":

@@ -1,26 +1,72 @@
-"""What `kfactory run` and `kfactory sql` do (the CLI module only parses arguments)."""
+"""What `kfactory run`, `resume`, `sql` and `lessons` do (the CLI module only parses arguments)."""
 
 from __future__ import annotations
 
+import shutil
+import signal
+import sys
+import textwrap
+import threading
+from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
+from typing import Any, Iterator
 
+import duckdb
 import pandas as pd
 
 from evo.config import Backend, Config, Runner, load_config, parse_config
 from evo.pipeline import NoGpuError, Session, new_run_id, run_build_stage
 from memory.store import Store, StoreError
 
+LESSONS_WIDTH = 100  # `kfactory lessons` wraps to the terminal, at most this wide
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached a run: it stops, its children end, and it is recorded as interrupted."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def interruptible() -> Iterator[list[int]]:
+    """Turn SIGINT and SIGTERM into Interrupted in the main thread; after the first, ignore both, so the
+    unwinding that ends the compile processes and GPU workers is not cut short by a second Ctrl-C.
+
+    Yields the signals caught: a library may turn the Interrupted raised in its code into its own
+    error (DuckDB does: 'Query interrupted'), so any error after a signal counts as the interrupt."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        caught.append(signum)
+        raise Interrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield caught
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
 
 def cmd_resume(run_id: str, store_path: Path) -> int:
-    """Continue a run from what its store holds (after a crash or kill -9); nothing is re-evaluated."""
+    """Continue a run from what its store holds (after a crash, kill or Ctrl-C) with its stored config."""
     if not store_path.exists():
         raise StoreError(f"no store at {store_path}")
     with Store.open(store_path, read_only=True) as store:
-        df = store.sql("SELECT config_toml FROM runs WHERE run_id = ?", [run_id])
+        df = store.sql("SELECT config_toml, config_path FROM runs WHERE run_id = ?", [run_id])
         known = store.runs().run_id.tolist()
     if df.empty:
         raise StoreError(f"no run {run_id!r} in {store_path}; known runs: {', '.join(known) or 'none'}")
-    return _run(parse_config(df.config_toml[0], f"run {run_id}"), store_path, run_id)
+    path = df.config_path[0] if isinstance(df.config_path[0], str) else ""
+    return _run(parse_config(df.config_toml[0], f"run {run_id}", path), store_path, run_id)
 
 
 def cmd_run(config_path: Path, store_path: Path, run_id: str = "") -> int:
@@ -28,57 +74,104 @@ def cmd_run(config_path: Path, store_path: Path, run_id: str = "") -> int:
 
 
 def _run(config: Config, store_path: Path, run_id: str) -> int:
-    with Store.open(store_path) as store:
+    from evo.cli import DEFAULT_STORE
+
+    with Store.open(store_path) as store, interruptible() as caught:
         session = Session(config, store, run_id or new_run_id(config))
-        session.record_run()
-        print(f"run {session.run_id}: op {config.run.op}, arch {config.run.arch}, {len(session.cells)} cells, "
-              f"templates {', '.join(session.templates)}; store {store_path}")
-        if config.run.runner is Runner.GPU:
-            from evo.run import gpu_available
-
-            if config.run.backend is Backend.LOCAL and not gpu_available():
-                run_build_stage(session)
-                store.finish_run(session.run_id, "stopped", "no NVIDIA GPU: built only")
-                raise NoGpuError(
-                    "evaluation needs an NVIDIA GPU and none is visible (no driver or no device); the builds "
-                    f"are recorded in {store_path}. Run on a GPU machine, or use a replay config "
-                    "(run.runner = 'replay') to search against recorded measurements.")
-            from evo.search import run_search
-
-            return run_search(session)
+        evaluator = None
         if config.run.runner is Runner.REPLAY:
-            from evo.search import run_search
+            from evo.search import replay_evaluator
 
-            return run_search(session)
-        run_build_stage(session)
-        store.finish_run(session.run_id, "done", "built only (run.runner = 'none')")
-        return 0
+            evaluator = replay_evaluator(session)  # refuses data that does not cover the cells
+        session.record_run()  # refuses a run id started under another config
+        try:
+            store.write_snapshot()
+            return _execute(session, store_path, evaluator)
+        except BaseException as e:
+            if caught or isinstance(e, Interrupted):
+                name = signal.Signals(caught[0]).name if caught else str(e)
+                store.finish_run(session.run_id, "interrupted", f"stopped by {name}")
+                store.write_snapshot()
+                where = "" if store_path == DEFAULT_STORE else f" --store {store_path}"
+                print(f"kfactory run: {name}: run {session.run_id} stopped and recorded as interrupted; continue "
+                      f"it with: kfactory resume {session.run_id}{where}", file=sys.stderr)
+                return 128 + (caught[0] if caught else signal.SIGINT)
+            if not isinstance(e, NoGpuError):  # that one is recorded as stopped, with its builds
+                # a user error or a bug: the run must not stay 'running'
+                store.finish_run(session.run_id, "failed", f"{type(e).__name__}: {e}"[:2000])
+                store.write_snapshot()
+            raise
+
+
+def _execute(session: Session, store_path: Path, evaluator: Any) -> int:
+    config, store = session.config, session.store
+    print(f"run {session.run_id}: op {config.run.op}, arch {config.run.arch}, {len(session.cells)} cells, "
+          f"templates {', '.join(session.templates)}; store {store_path}")
+    if config.run.runner is Runner.GPU:
+        from evo.run import gpu_available
+
+        if config.run.backend is Backend.LOCAL and not gpu_available():
+            run_build_stage(session)
+            store.finish_run(session.run_id, "stopped", "no NVIDIA GPU: built only")
+            raise NoGpuError(
+                "evaluation needs an NVIDIA GPU and none is visible (no driver or no device); the builds "
+                f"are recorded in {store_path}. Run on a GPU machine, or use a replay config "
+                "(run.runner = 'replay') to search against recorded measurements.")
+    if config.run.runner in (Runner.GPU, Runner.REPLAY):
+        from evo.search import run_search
+
+        return run_search(session, evaluator)
+    run_build_stage(session)
+    store.finish_run(session.run_id, "done", "built only (run.runner = 'none')")
+    return 0
+
+
+def open_reader(store_path: Path) -> Store:
+    """The store for reading; while a run holds it, its snapshot (said on stderr)."""
+    if not store_path.exists():
+        raise StoreError(f"no store at {store_path} (run an experiment first, or pass --store PATH)")
+    store = Store.open(store_path, read_only=True)
+    if store.snapshot is not None:
+        when = datetime.fromtimestamp(store.snapshot.stat().st_mtime).strftime("%H:%M:%S")
+        print(f"(a run is writing {store_path}: reading its snapshot of {when})", file=sys.stderr)
+    return store
 
 
 def cmd_sql(query: str, store_path: Path) -> int:
-    if not store_path.exists():
-        raise StoreError(f"no store at {store_path} (run an experiment first, or pass --store PATH)")
-    with Store.open(store_path, read_only=True) as store:
-        df = store.sql(query)
+    if not query.strip():
+        raise StoreError('empty query: pass a SQL statement, e.g. kfactory sql "SELECT * FROM runs"')
+    with open_reader(store_path) as store:
+        try:
+            df = store.sql(query)
+        except duckdb.Error as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise StoreError(f"SQL error: {first}") from None
     with pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200,
                            "display.max_colwidth", 60):
         print(df.to_string(index=False) if not df.empty else "(no rows)")
     return 0
 
 
+def format_lessons(df: pd.DataFrame, width: int) -> list[str]:
+    """One block per lesson: kind, scope and numbers on the first line, the text wrapped and indented below."""
+    lines = []
+    for r in df.itertuples(index=False):
+        head = f"{r.kind} | {r.scope} | usefulness {float(r.usefulness):+.2f}, support {int(r.support)}"
+        lines += textwrap.wrap(head, width, subsequent_indent="    ") or [""]
+        lines += textwrap.wrap(str(r.text), width, initial_indent="    ", subsequent_indent="    ")
+    return lines
+
+
 def cmd_lessons(store_path: Path, op: str, arch: str, kind: str | None, limit: int) -> int:
     from memory.queries import lessons_table
 
-    if not store_path.exists():
-        raise StoreError(f"no store at {store_path}")
-    with Store.open(store_path, read_only=True) as store:
+    with open_reader(store_path) as store:
         df = lessons_table(store, op, arch, kind)
     if df.empty:
         print(f"(no lessons for op {op}, arch {arch}{', kind ' + kind if kind else ''})")
         return 0
-    cols = [c for c in ("kind", "scope", "text", "support", "usefulness") if c in df.columns]
-    with pd.option_context("display.max_colwidth", 110, "display.width", 250):
-        print(df[cols].head(limit).to_string(index=False))
+    width = max(40, min(LESSONS_WIDTH, shutil.get_terminal_size((LESSONS_WIDTH, 24)).columns))
+    print("\n".join(format_lessons(df.head(limit), width)))
     if len(df) > limit:
-        print(f"... {len(df) - limit} more (--limit)")
+        print(f"... {len(df) - limit} more (most useful first, then best supported; --limit N shows more)")
     return 0

@@ -1,7 +1,8 @@
 """Experiment TOML -> frozen, typed, validated dataclasses.
 
 Every section is a dataclass; an unknown key, a wrong type or a missing file is a ConfigError naming
-the key (as `section.key`) or the path. No live objects live in config.
+the key (as `section.key`) or the path. No live objects live in config. Paths in a config file
+(`run.replay_data`) are relative to the file's folder.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import collections.abc
 import dataclasses
 import enum
 import hashlib
+import math
+import os
 import tomllib
 import types
 import typing
@@ -70,6 +73,9 @@ class CellsSection:
     def __post_init__(self) -> None:
         if not self.matrix and not (self.dtypes and self.dims):
             raise ConfigError("cells: set matrix = true, or give both cells.dtypes and cells.dims")
+        for k, vals in self.dims.items():
+            if not vals or any(v < 1 for v in vals):
+                raise ConfigError(f"cells.dims.{k}: must be a non-empty list of sizes >= 1")
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,10 @@ class SearchSection:
     def __post_init__(self) -> None:
         if self.population < 1:
             raise ConfigError("search.population: must be >= 1")
+        if self.elite < 0:
+            raise ConfigError("search.elite: must be >= 0")
+        if self.tournament < 1:
+            raise ConfigError("search.tournament: must be >= 1")
         for k in ("p_crossover", "p_switch", "max_template_share"):
             if not 0.0 <= getattr(self, k) <= 1.0:
                 raise ConfigError(f"search.{k}: must be in [0, 1]")
@@ -103,6 +113,8 @@ class BudgetSection:
         for k in ("max_evals", "generations", "patience"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"budget.{k}: must be >= 1")
+        if not self.max_seconds > 0:  # also refuses nan
+            raise ConfigError(f"budget.max_seconds: must be > 0, got {self.max_seconds:g}")
 
 
 @dataclass(frozen=True)
@@ -130,8 +142,12 @@ class EvalSection:
             raise ConfigError("eval.check_sets: must be >= 3 (fresh random input sets per cell)")
         if self.min_samples < 100:
             raise ConfigError("eval.min_samples: must be >= 100")
-        if self.timeout_s <= 0:
-            raise ConfigError("eval.timeout_s: must be > 0")
+        if not 0 < self.timeout_s < math.inf:
+            raise ConfigError("eval.timeout_s: must be > 0 and finite")
+        if self.max_samples < self.min_samples:
+            raise ConfigError("eval.max_samples: must be >= eval.min_samples")
+        if self.warmup < 0:
+            raise ConfigError("eval.warmup: must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -174,6 +190,12 @@ class Config:
     lessons: LessonsSection = LessonsSection()
     llm: LLMSection = LLMSection()
     source_text: str = field(default="", compare=False, repr=False)
+    path: str = field(default="", compare=False)  # the file it was read from (absolute), "" for text
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder relative paths in the config are resolved against."""
+        return Path(self.path).parent if self.path else Path.cwd()
 
     @property
     def config_hash(self) -> str:
@@ -232,8 +254,9 @@ def _section(cls: type, table: Any, name: str) -> Any:
     return cls(**kwargs)
 
 
-def parse_config(text: str, origin: str = "<string>") -> Config:
-    """Parse experiment TOML text; errors name the key."""
+def parse_config(text: str, origin: str = "<string>", path: str | Path = "") -> Config:
+    """Parse experiment TOML text; errors name the key. With `path` (the file the text came from),
+    relative paths in it are taken relative to that file's folder, else to the working directory."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -246,12 +269,22 @@ def parse_config(text: str, origin: str = "<string>") -> Config:
     if "run" not in doc:
         raise ConfigError("run: missing required section")
     kwargs = {k: _section(hints[k], doc[k], k) for k in sections if k in doc}
-    return Config(**kwargs, source_text=text)
+    where = Path(path).resolve() if path else None
+    run = kwargs["run"]
+    if run.replay_data and where is not None and not Path(run.replay_data).is_absolute():
+        kwargs["run"] = dataclasses.replace(run, replay_data=os.path.normpath(where.parent / run.replay_data))
+    return Config(**kwargs, source_text=text, path=str(where) if where else "")
 
 
 def load_config(path: str | Path) -> Config:
-    """Read and parse an experiment file."""
+    """Read and parse an experiment file; its relative paths are relative to its folder."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
-    return parse_config(p.read_text(), str(p))
+        raise ConfigError(f"config file not found: {p}" if not p.exists() else f"config {p}: not a file")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {p}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from None
+    except OSError as e:
+        raise ConfigError(f"config {p}: cannot be read: {e.strerror}") from None
+    return parse_config(text, str(p), p)

@@ -16,8 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from evo.build import Builder, BuildInput, BuildResult, prepare
-from evo.config import Config
+from evo.build import Builder, BuildInput, BuildResult, parse_ptxas, prepare
+from evo.config import Config, ConfigError
 from evo.evaluators import CellEval
 from evo.genome import Genome
 from evo.status import Status
@@ -30,6 +30,33 @@ from ops.spec import Cell, OpSpec, gbps
 
 class NoGpuError(RuntimeError):
     """Evaluation was asked for on a machine without an NVIDIA GPU."""
+
+
+# A stored failure is reused only when it is the source's fault every time: NVRTC's own error (it
+# leaves a log) or a resource check. A compile that timed out or whose process died is tried again.
+_REUSED_BUILDS_SQL = """
+SELECT build_key, status, log, error, cubin, compile_ms, compiler FROM builds
+WHERE list_contains(?::VARCHAR[], build_key)
+  AND (status IN ('OK', 'RESOURCE_ERROR') OR (status = 'COMPILE_ERROR' AND coalesce(log, '') <> ''))
+"""
+
+
+def stored_builds(store: Store, keys: Sequence[str]) -> list[BuildResult]:
+    """Build results the store holds for these keys (cubin, ptxas resources, or the failure), as BuildResults."""
+    if not keys:
+        return []
+    df = store.sql(_REUSED_BUILDS_SQL, [list(keys)])
+    out = []
+    for r in df.itertuples(index=False):
+        log = r.log if isinstance(r.log, str) else ""
+        cubin = bytes(r.cubin) if isinstance(r.cubin, (bytes, bytearray, memoryview)) else b""
+        if r.status == Status.OK.value and not cubin:
+            continue  # nothing to launch
+        out.append(BuildResult(r.build_key, Status(r.status), tuple(sorted(parse_ptxas(log).items())), cubin, log,
+                               r.error if isinstance(r.error, str) else "",
+                               float(r.compile_ms) if r.compile_ms == r.compile_ms else 0.0,
+                               r.compiler if isinstance(r.compiler, str) else ""))
+    return out
 
 
 def arch_number(arch: str) -> int:
@@ -66,6 +93,8 @@ class Session:
     cells: list[Cell] = field(init=False)
     arch: int = field(init=False)
     log: Callable[[str], None] = print
+    builds_compiled: int = field(default=0, init=False)  # build inputs this session handed to the compiler
+    builds_reused: int = field(default=0, init=False)  # build inputs answered from the store's builds
 
     def __post_init__(self) -> None:
         self.op = get_op(self.config.run.op)
@@ -87,12 +116,25 @@ class Session:
     def by_hash(self) -> dict[str, TemplateDef]:
         return {t.source_hash: t for t in self.templates.values()}
 
-    def record_run(self) -> None:
-        known = self.store.sql("SELECT run_id FROM runs WHERE run_id = ?", [self.run_id])
+    def record_run(self) -> bool:
+        """Record a new run, or mark an existing one running again; False when it existed (a resume).
+
+        A run id is bound to its config: continuing it under a config with another hash is refused."""
+        known = self.store.sql("SELECT config_hash, config_path FROM runs WHERE run_id = ?", [self.run_id])
+        c = self.config
         if known.empty:
-            c = self.config
             self.store.write([RunRow(run_id=self.run_id, op=c.run.op, arch=c.run.arch, config_toml=c.source_text,
-                                     config_hash=c.config_hash, seed=c.run.seed, status="running")])
+                                     config_hash=c.config_hash, seed=c.run.seed, status="running",
+                                     config_path=c.path or None)])
+            return True
+        if known.config_hash[0] != c.config_hash:
+            was = known.config_path[0] if isinstance(known.config_path[0], str) else "another config"
+            raise ConfigError(
+                f"run {self.run_id} was started with {was} (config hash {known.config_hash[0]}), not this one "
+                f"(hash {c.config_hash}); start a new run with `kfactory run {c.path or 'CONFIG'}` (no --run-id, "
+                f"or a new one), or continue this one with `kfactory resume {self.run_id}`")
+        self.store.finish_run(self.run_id, "running", None)
+        return False
 
     def build_inputs(self, genome: Genome) -> list[tuple[Cell, BuildInput]]:
         """One BuildInput per cell where the genome is legal (cells sharing a build share the input)."""
@@ -110,25 +152,33 @@ class Session:
         per_genome = {g.key(): self.build_inputs(g) for g in genomes}
         flat = [bi for pairs in per_genome.values() for _, bi in pairs]
         unique = list({bi.key(): bi for bi in flat}.values())
+        # Same build key, same cubin: what an earlier run (or this one, before a resume) built is not rebuilt.
+        wanted = [bi.key() for bi in unique if not bi.render_error and not builder.has(bi.key())]
+        stored = stored_builds(self.store, wanted)
+        builder.remember(stored)
+        self.builds_reused += len(stored)
+        before = builder.compiled
         results = {r.build_key: r for r in builder.build(unique)}
-        with self.store.batch() as b:
-            for g in genomes:
-                tdef = self.templates[g.template]
-                if tdef.trusted:  # templates/ files; LLM-written sources are recorded with their parent and call
-                    b.add(SourceRow.of(tdef.text, op=self.op.name, template=tdef.name, origin="file"))
-                parent = (parents or {}).get(g.key())
-                b.add(CandidateRow(genome_key=g.key(), op=g.op, template=g.template, source_hash=g.source_hash,
-                                   params_json=g.params_json(), origin=(origins or {}).get(g.key(), "init"),
-                                   parents_json=json.dumps([parent] if parent else []), run_id=self.run_id,
-                                   generation=generation))
-            for bi in unique:
-                r = results[bi.key()]
-                b.add(BuildRow(build_key=r.build_key, genome_key=bi.genome.key(), run_id=self.run_id, arch=bi.arch,
-                               dtypes_json=json.dumps(dict(bi.dtypes), sort_keys=True),
-                               consts_json=json.dumps(dict(bi.consts), sort_keys=True), status=r.status.value,
-                               regs=r.regs, spill_stores=r.spill_stores, spill_loads=r.spill_loads,
-                               smem_bytes=r.smem_bytes, stack_bytes=r.stack_bytes, compile_ms=r.compile_ms,
-                               compiler=r.compiler, log=r.log, error=r.error or None, cubin=r.cubin or None))
+        self.builds_compiled += builder.compiled - before
+        rows: list = []
+        for g in genomes:
+            tdef = self.templates[g.template]
+            if tdef.trusted:  # templates/ files; LLM-written sources are recorded with their parent and call
+                rows.append(SourceRow.of(tdef.text, op=self.op.name, template=tdef.name, origin="file"))
+            parent = (parents or {}).get(g.key())
+            rows.append(CandidateRow(genome_key=g.key(), op=g.op, template=g.template, source_hash=g.source_hash,
+                                     params_json=g.params_json(), origin=(origins or {}).get(g.key(), "init"),
+                                     parents_json=json.dumps([parent] if parent else []), run_id=self.run_id,
+                                     generation=generation))
+        for bi in unique:
+            r = results[bi.key()]
+            rows.append(BuildRow(build_key=r.build_key, genome_key=bi.genome.key(), run_id=self.run_id, arch=bi.arch,
+                                 dtypes_json=json.dumps(dict(bi.dtypes), sort_keys=True),
+                                 consts_json=json.dumps(dict(bi.consts), sort_keys=True), status=r.status.value,
+                                 regs=r.regs, spill_stores=r.spill_stores, spill_loads=r.spill_loads,
+                                 smem_bytes=r.smem_bytes, stack_bytes=r.stack_bytes, compile_ms=r.compile_ms,
+                                 compiler=r.compiler, log=r.log, error=r.error or None, cubin=r.cubin or None))
+        self.store.write(rows)
         return {k: [(c, results[bi.key()]) for c, bi in pairs] for k, pairs in per_genome.items()}
 
     def evaluation_rows(self, evals: Sequence[CellEval], generation: int, fingerprint: dict[str, str],

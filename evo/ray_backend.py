@@ -14,7 +14,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from evo.build import BuildInput, BuildResult, compile_one
 from evo.jobs import EvalJob, JobResult
@@ -68,6 +68,7 @@ class RayBuilder:
         ray = _require_ray()
         self._cache: dict[str, BuildResult] = dict(cached or {})
         self.timeout_s = timeout_s
+        self.compiled = 0  # inputs sent to a compile task
         # One retry covers a lost node; a source that crashes NVRTC should not cost four compiles.
         self._compile = ray.remote(num_cpus=1, max_retries=1)(compile_one)
 
@@ -80,12 +81,22 @@ class RayBuilder:
     def close(self) -> None:
         """Nothing is held between batches: build() waits for all of its tasks."""
 
+    def has(self, key: str) -> bool:
+        """True when the result for this build key is cached (no compile needed)."""
+        return key in self._cache
+
+    def remember(self, results: Iterable[BuildResult]) -> None:
+        """Cache results built elsewhere (e.g. read back from the store); a key already cached is kept."""
+        for r in results:
+            self._cache.setdefault(r.build_key, r)
+
     def build(self, inputs: Sequence[BuildInput]) -> list[BuildResult]:
         """Results in input order; identical inputs in one batch compile once."""
         ray = _ray()
         keys = [bi.key() for bi in inputs]
         todo = {k: bi for k, bi in zip(keys, inputs) if k not in self._cache}
         refs = {k: self._compile.remote(bi) for k, bi in todo.items()}
+        self.compiled += len(refs)
         for k, ref in refs.items():
             try:
                 # Waited for in order: by the time one is waited for, the ones before it have finished,

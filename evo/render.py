@@ -1,4 +1,4 @@
-"""Render a genome's template to CUDA C++ inside the sandbox."""
+"""Render a genome's template to CUDA C++ inside the bounded sandbox."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ from typing import Any, Mapping
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.exceptions import SecurityError
 
-from evo.sandbox import sandbox_env
+from evo.sandbox import render_text
 from evo.status import Status
 from evo.template import TemplateDef, TemplateError
+
+# What a template can make a render raise: its own fault, so a RENDER_ERROR record (LimitError, the
+# sandbox's time and size limits, is a SecurityError).
+RENDER_ERRORS = (SecurityError, JinjaTemplateError, TemplateError, ArithmeticError, LookupError, TypeError,
+                 ValueError, AttributeError, RecursionError, MemoryError)
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ def render(
     """CUDA source for one (params, arch, dtypes, specialized dims); failures are RENDER_ERROR records."""
     try:
         ctx = tdef.context(params, arch, dtypes, consts)
-        src = sandbox_env().from_string(tdef.text).render(**ctx)
-    except (SecurityError, JinjaTemplateError, TemplateError, TypeError, ValueError, ZeroDivisionError) as e:
+        src = render_text(tdef.text, ctx)
+    except RENDER_ERRORS as e:
         return RenderResult(Status.RENDER_ERROR, "", f"{type(e).__name__}: {e}")
     return RenderResult(Status.OK, src)

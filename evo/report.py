@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from evo.cli import UnknownNameError
+from evo.cli import UnknownNameError, UsageError
 from memory.store import Store, StoreError
 
 # Plots are drawn on an explicit Agg canvas instead of through pyplot: no display is needed, and
@@ -31,7 +31,7 @@ _KNOWN_LISTED = 20  # run ids named in an unknown-run error
 
 _EVALS_SQL = """
 SELECT e.cell, e.status, e.genome_key, e.median_us, e.baseline, e.baseline_us, e.speedup, e.gbps,
-       e.ceiling_gbps, e.generation, e.fingerprint_json, e.fingerprint_class, e.source,
+       e.ceiling_gbps, e.generation, e.fingerprint_json, e.fingerprint_class, e.source, e.reused_from,
        c.template, c.params_json
 FROM evaluations e LEFT JOIN candidates c USING (genome_key)
 WHERE e.run_id = ?
@@ -227,15 +227,23 @@ def _cells_table(bests: list[CellBest]) -> list[str]:
     return lines + [""]
 
 
-def _header_lines(run: pd.Series, evals: pd.DataFrame, n_candidates: int, n_generations: int) -> list[str]:
+def _header_lines(run: pd.Series, evals: pd.DataFrame, builds: pd.Series) -> list[str]:
     message = f": {_md(run.message)}" if isinstance(run.message, str) else ""
     finished = run.finished_at if pd.notna(run.finished_at) else "n/a"
+    elapsed = f"{run.elapsed_s:.0f} s" if pd.notna(run.elapsed_s) else "n/a"
     sources = ", ".join(sorted(evals.source.dropna().unique())) or "n/a"
+    reused = int(evals.reused_from.notna().sum())
+    n_gens = evals.generation.nunique()
     return [f"# Run report: {run.run_id}", "", "| | |", "| --- | --- |",
             f"| op | {_md(run.op)} |", f"| arch | {_md(run.arch)} |",
             f"| config hash | `{_md(run.config_hash)}` |", f"| seed | {run.seed} |",
             f"| status | {_md(run.status)}{message} |", f"| started | {run.created_at} |", f"| finished | {finished} |",
-            f"| candidates | {n_candidates} over {n_generations} generation(s) |",
+            f"| search time | {elapsed} |",
+            f"| candidates | {evals.genome_key.nunique()} genomes over {n_gens} generation(s) |",
+            f"| evaluations | {len(evals)}: {len(evals) - reused} measured, {reused} reused from earlier runs' "
+            "measurements (same fingerprint class) |",
+            f"| builds | {int(builds.used)} used: {int(builds.compiled)} compiled in this run, "
+            f"{int(builds.used) - int(builds.compiled)} reused from the store |",
             f"| measurements | {sources} |", ""]
 
 
@@ -278,12 +286,17 @@ def write_report(store_path: Path, run_id: str, out_dir: Path) -> Path:
                                 "GROUP BY status ORDER BY n DESC, status", [run_id])
         build_counts = store.sql("SELECT status, count(*) AS n FROM builds WHERE run_id = ? "
                                  "GROUP BY status ORDER BY n DESC, status", [run_id])
-        cand = store.sql("SELECT count(*) AS n, count(DISTINCT generation) AS g FROM candidates WHERE run_id = ?",
-                         [run_id]).iloc[0]
-    out_dir.mkdir(parents=True, exist_ok=True)
+        builds = store.sql(
+            "SELECT count(DISTINCT e.build_key) AS used, count(DISTINCT e.build_key) FILTER (WHERE b.run_id = ?) "
+            "AS compiled FROM evaluations e LEFT JOIN builds b USING (build_key) WHERE e.run_id = ?",
+            [run_id, run_id]).iloc[0]
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(f"--out {out_dir}: a file is in the way (the report needs a folder)") from None
     for name in (BEST_SO_FAR_PNG, SPEEDUP_PNG, CEILING_PNG):  # no stale plot from an earlier report
         (out_dir / name).unlink(missing_ok=True)
-    lines = [*_header_lines(run, evals, int(cand.n), int(cand.g)),
+    lines = [*_header_lines(run, evals, builds),
              "## Fingerprint", "", *_fingerprint_lines(evals),
              "## Evaluations by status", "", *_counts_table(eval_counts, "evaluations"),
              "## Builds by status (first built in this run)", "", *_counts_table(build_counts, "builds"),
@@ -297,7 +310,11 @@ def cmd_report(store: Path, run_id: str, out: Path | None) -> int:
     """Write a run's report (default folder: <store dir>/runs/<run_id>/report/) and print where."""
     if not store.exists():
         raise StoreError(f"no store at {store} (run an experiment first, or pass --store PATH)")
-    with Store.open(store, read_only=True) as s:
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; give a folder (it is created if missing)")
+    from evo.commands import open_reader
+
+    with open_reader(store) as s:
         run_id = resolve_run_id(s, run_id)
     md = write_report(store, run_id, out if out is not None else store.parent / "runs" / run_id / "report")
     plots = [n for n in (BEST_SO_FAR_PNG, SPEEDUP_PNG, CEILING_PNG) if (md.parent / n).exists()]

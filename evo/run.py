@@ -38,9 +38,12 @@ def spawn_worker(device: str, target: Callable[..., None] | None = None) -> _Pro
         from evo.worker import serve
 
         target = serve
+    from evo.children import run_child
+
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(child, device), daemon=True)
+    # run_child: the worker ignores Ctrl-C (the parent ends it) and exits if the parent dies
+    proc = ctx.Process(target=run_child, args=(target, child, device), daemon=True)
     proc.start()
     child.close()
     return _Proc(proc, parent)
@@ -81,6 +84,12 @@ class WorkerHandle:
             except (BrokenPipeError, OSError):
                 pass
             self._p.proc.join(timeout=10)
+            _kill(self._p)
+            self._p = None
+
+    def kill(self) -> None:
+        """End the worker now, whatever it is doing (an interrupted run does not wait for its job)."""
+        if self._p is not None:
             _kill(self._p)
             self._p = None
 
@@ -140,9 +149,12 @@ class GpuRunner:
             h.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         for h in self.handles:
-            h.close()
+            if exc_type is None:
+                h.close()
+            else:  # interrupted or failed: a worker busy with a job would keep us waiting
+                h.kill()
 
     @property
     def fingerprint(self) -> dict[str, str]:

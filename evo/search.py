@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import pandas as pd
 
 from evo.build import Builder
-from evo.config import Backend, Runner, StrategyKind
+from evo.config import Backend, ConfigError, Runner, StrategyKind
 from evo.evaluators import CellEval, EvalItem, GpuEvaluator, ReplayEvaluator
 from evo.genome import Genome
 from evo.jobs import Timing
@@ -34,9 +35,14 @@ class Progress:
     generation: int = 0
     evaluated: int = 0  # (genome, cell) evaluations, failures included
     failed: int = 0
+    reused: int = 0  # of them, results copied from another run's measurement (same fingerprint class)
     best: dict[str, tuple[str, float, float]] = field(default_factory=dict)  # cell -> (genome key, us, baseline)
     stale: int = 0
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)  # moved back by the time spent before a resume
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
 
     def geomean_speedup(self) -> float:
         v = [b / t for _, t, b in self.best.values() if math.isfinite(b) and t > 0]
@@ -125,24 +131,41 @@ def update_progress(p: Progress, evals: Sequence[CellEval]) -> bool:
     return improved
 
 
-def run_search(session: Session) -> int:
+def replay_evaluator(session: Session) -> ReplayEvaluator:
+    """The replay data of a replay run, refused (ConfigError) unless it covers every cell of the run."""
+    path = session.config.run.replay_data
+    try:
+        ev = ReplayEvaluator(path)
+    except FileNotFoundError:
+        raise ConfigError(f"run.replay_data: file not found: {path}") from None
+    except (ValueError, OSError) as e:  # not Parquet, or lacks columns
+        raise ConfigError(f"run.replay_data: cannot use {path}: {e}") from None
+    covered = set(ev.best_per_cell())
+    missing = [c.label() for c in session.cells if c.label() not in covered]
+    if missing:
+        raise ConfigError(f"cells: the replay data {path} has no OK measurement for {len(missing)} of the "
+                          f"{len(session.cells)} cells: {', '.join(missing)}; narrow [cells] to cells it covers")
+    return ev
+
+
+def run_search(session: Session, evaluator: Any = None) -> int:
     """Run (or resume) the configured search; writes dispatch.json beside the store."""
     c = session.config
     if c.run.backend is not Backend.RAY:
-        return _run_search(session)
+        return _run_search(session, evaluator)
     from evo.ray_backend import init_ray, shutdown_ray
 
     init_ray(c.run.ray_address)
     try:
-        return _run_search(session)
+        return _run_search(session, evaluator)
     finally:
         shutdown_ray()
 
 
-def _run_search(session: Session) -> int:
+def _run_search(session: Session, evaluator: Any = None) -> int:
     c = session.config
     if c.run.runner is Runner.REPLAY:
-        return _loop(session, ReplayEvaluator(c.run.replay_data))
+        return _loop(session, evaluator or replay_evaluator(session))
     with make_runner(c) as runner:
         timing = Timing(min_samples=c.eval.min_samples, max_samples=c.eval.max_samples, warmup=c.eval.warmup)
         return _loop(session, GpuEvaluator(session.op, session.arch, runner, timing, c.run.seed))
@@ -169,7 +192,6 @@ def make_runner(c: Any) -> Any:
 
 
 def _loop(session: Session, evaluator: Any) -> int:
-    c = session.config
     show = _display(session)
     llm_tdefs = load_llm_templates(session)
     history, past = stored_history(session)
@@ -185,9 +207,10 @@ def _loop(session: Session, evaluator: Any) -> int:
         from evo.llm_step import make_session_llm
 
         llm = make_session_llm(session)
-    llm_rng = random.Random(c.run.seed + 7)
-    screen_rng = random.Random(c.run.seed + 11)
     progress = Progress()
+    spent = session.store.sql("SELECT elapsed_s FROM runs WHERE run_id = ?", [session.run_id]).elapsed_s
+    if not spent.empty and math.isfinite(_f(spent[0])):
+        progress.started -= _f(spent[0])  # a resumed run keeps what is left of budget.max_seconds
     if history:
         strategy.replay(history)
         update_progress(progress, past)
@@ -196,12 +219,38 @@ def _loop(session: Session, evaluator: Any) -> int:
         session.log(f"resumed {session.run_id}: {len(history)} genomes, {len(past)} evaluations already recorded")
     done = session.store.evaluated_keys(session.run_id)
     reuse = reusable(session, evaluator)
+    progress.reused = int(session.store.sql("SELECT count(reused_from) AS n FROM evaluations WHERE run_id = ?",
+                                            [session.run_id]).n[0])
     stop = ""
+    try:
+        stop = _generations(session, evaluator, strategy, learner, llm, progress, done, reuse, show)
+    finally:  # also when interrupted: a resume continues with the time that is left
+        session.store.record_elapsed(session.run_id, progress.elapsed)
+    dispatch, from_store = write_dispatch(session, progress, reuse)
+    n_lessons = learner.refresh(final=True)
+    session.store.finish_run(session.run_id, "done", stop)
+    session.log(f"lessons: {n_lessons} re-derived from the store; failure memory rejected {learner.rejected} "
+                f"candidates and let {learner.let_through} predicted failures through to check the rules")
+    session.log(f"evaluations: {progress.evaluated - progress.reused} measured, {progress.reused} reused from "
+                f"earlier runs; builds: {session.builds_compiled} compiled, {session.builds_reused} reused from "
+                "the store")
+    kept = f" ({from_store} from earlier runs' measurements, faster than this run's)" if from_store else ""
+    session.log(f"stopped: {stop}; best per cell over {len(progress.best)} cells, geomean speedup vs torch "
+                f"{progress.geomean_speedup():.3f}; dispatch table {dispatch}{kept}")
+    return 0
+
+
+def _generations(session: Session, evaluator: Any, strategy: Any, learner: Learner, llm: Any, progress: Progress,
+                 done: set[tuple[str, str]], reuse: dict[tuple[str, str], Reused], show: Any) -> str:
+    """Generations until a budget is spent or the space is exhausted; returns why it stopped."""
+    c = session.config
+    llm_rng = random.Random(c.run.seed + 7)
+    screen_rng = random.Random(c.run.seed + 11)
     with make_builder(c) as builder:
         while True:
             stop = _budget_exhausted(c, progress)
             if stop:
-                break
+                return stop
             want = min(c.search.population, max(1, c.budget.max_evals - progress.evaluated))
             genomes = [g for g in strategy.propose(want) if not any((g.key(), x.label()) in done for x in session.cells)]
             genomes, rejected, lesson_rows = learner.screen(genomes, screen_rng, progress.generation,
@@ -221,8 +270,7 @@ def _loop(session: Session, evaluator: Any) -> int:
                 genomes += [g for g in kids if g.key() not in origins]
                 origins.update({g.key(): "llm" for g in kids})
             if not genomes and not rejected:
-                stop = "search space exhausted"
-                break
+                return "search space exhausted"
             built = session.build(builder, genomes, progress.generation, origins, parents)
             by_key = {g.key(): g for g in genomes}
             only = {k: strategy.cells_for(g) for k, g in by_key.items()}  # None: every legal cell
@@ -230,13 +278,15 @@ def _loop(session: Session, evaluator: Any) -> int:
                      for k, pairs in built.items() for cell, b in pairs
                      if only[k] is None or cell.label() in only[k]]
             old = {(it.genome.key(), it.cell.label()): it for it in items if (it.genome.key(), it.cell.label()) in reuse}
-            evals = [replace(reuse[k], build_key=it.build.build_key) for k, it in old.items()]
+            evals = [replace(reuse[k].result, build_key=it.build.build_key) for k, it in old.items()]
             evals += evaluator.evaluate([it for it in items if (it.genome.key(), it.cell.label()) not in old])
             bred = [g for g in genomes if origins.get(g.key()) in ("init", "search")]  # drawn or bred under priors
-            session.store.write(session.evaluation_rows(evals, progress.generation, evaluator.fingerprint,
-                                                        evaluator.ceiling_gbps, evaluator.source)
-                                + lesson_rows + learner.bias_uses(bred)
+            rows = [replace(r, reused_from=reuse[(r.genome_key, r.cell)].run_id) if (r.genome_key, r.cell) in old
+                    else r for r in session.evaluation_rows(evals, progress.generation, evaluator.fingerprint,
+                                                            evaluator.ceiling_gbps, evaluator.source)]
+            session.store.write(rows + lesson_rows + learner.bias_uses(bred)
                                 + learner.refine_uses(genomes, strategy.cells_for))
+            progress.reused += len(old)
             strategy.observe(observations(session, evals, genomes))
             done |= {(ev.genome.key(), ev.cell.label()) for ev in evals}
             improved = update_progress(progress, evals)
@@ -245,14 +295,8 @@ def _loop(session: Session, evaluator: Any) -> int:
             progress.generation += 1
             if progress.generation % REFRESH_EVERY == 0:
                 learner.refresh()
-    dispatch = write_dispatch(session, progress)
-    n_lessons = learner.refresh(final=True)
-    session.store.finish_run(session.run_id, "done", stop)
-    session.log(f"lessons: {n_lessons} re-derived from the store; failure memory rejected {learner.rejected} "
-                f"candidates and let {learner.let_through} predicted failures through to check the rules")
-    session.log(f"stopped: {stop}; best per cell over {len(progress.best)} cells, geomean speedup vs torch "
-                f"{progress.geomean_speedup():.3f}; dispatch table {dispatch}")
-    return 0
+            session.store.record_elapsed(session.run_id, progress.elapsed)
+            session.store.write_snapshot()  # what `kfactory sql/report/lessons` read while this run holds the store
 
 
 def _display(session: Session) -> Any:
@@ -265,15 +309,24 @@ def _display(session: Session) -> Any:
     return lambda line: console.print(line)
 
 
-def reusable(session: Session, evaluator: Any) -> dict[tuple[str, str], CellEval]:
+@dataclass(frozen=True)
+class Reused:
+    """A result another run measured, usable here: same genome, cell, fingerprint class and source."""
+
+    result: CellEval
+    run_id: str
+
+
+def reusable(session: Session, evaluator: Any) -> dict[tuple[str, str], Reused]:
     """Results other runs measured under the same fingerprint class and source: never measured twice."""
     from evo.pipeline import fingerprint_class
 
     df = session.store.sql(
         "SELECT e.genome_key, e.cell, e.status, e.median_us, e.p10_us, e.p90_us, e.samples, e.baseline_us, "
-        "e.run_id, c.template, c.params_json FROM evaluations e JOIN candidates c USING (genome_key) "
+        "e.error, coalesce(e.reused_from, e.run_id) AS measured_in, c.template, c.params_json "
+        "FROM evaluations e JOIN candidates c USING (genome_key) "
         "WHERE e.fingerprint_class = ? AND e.source = ? AND e.run_id != ? "
-        "AND e.status NOT IN ('REJECTED', 'UNKNOWN', 'TIMEOUT', 'CRASH')",
+        "AND e.status NOT IN ('REJECTED', 'UNKNOWN', 'TIMEOUT', 'CRASH') ORDER BY e.created_at, e.eval_id",
         [fingerprint_class(evaluator.fingerprint), evaluator.source, session.run_id])
     by_label = {c.label(): c for c in session.cells}
     out = {}
@@ -284,9 +337,9 @@ def reusable(session: Session, evaluator: Any) -> dict[tuple[str, str], CellEval
         g = Genome.make(session.op.name, r.template, t.source_hash, json.loads(r.params_json))
         if g.key() != r.genome_key:
             continue  # another version of the template text
-        out[(r.genome_key, r.cell)] = CellEval(
-            g, by_label[r.cell], Status(r.status), "", _f(r.median_us), _f(r.p10_us), _f(r.p90_us),
-            int(r.samples or 0), _f(r.baseline_us), error=f"reused from run {r.run_id}")
+        ev = CellEval(g, by_label[r.cell], Status(r.status), "", _f(r.median_us), _f(r.p10_us), _f(r.p90_us),
+                      int(r.samples or 0), _f(r.baseline_us), error=r.error if isinstance(r.error, str) else "")
+        out[(r.genome_key, r.cell)] = Reused(ev, r.measured_in)
     return out
 
 
@@ -308,17 +361,35 @@ def _line(p: Progress, c: Any) -> str:
             f"{len(p.best):3d}  geomean speedup {p.geomean_speedup():6.3f}  time left {left:6.0f} s")
 
 
-def write_dispatch(session: Session, p: Progress) -> Path:
-    """shape -> genome table (best per cell), plus the single genome with the best geomean."""
+def write_dispatch(session: Session, p: Progress, reuse: dict[tuple[str, str], Reused] | None = None
+                   ) -> tuple[Path, int]:
+    """shape -> genome table (best per cell), plus the single genome with the best geomean.
+
+    The table weighs this run's OK results together with the results it could reuse (other runs'
+    measurements under the same fingerprint class and source), so a rerun never ends with a worse
+    kernel for a cell than the store already held; returns the file and how many cells came from those.
+    """
     df = session.store.sql(
-        "SELECT e.genome_key, e.cell, e.median_us, e.baseline_us, c.template, c.params_json FROM evaluations e "
-        "JOIN candidates c USING (genome_key) WHERE e.run_id = ? AND e.status = 'OK'", [session.run_id])
-    table = {}
+        "SELECT e.genome_key, e.cell, e.median_us, e.baseline_us, c.template, c.params_json, "
+        "coalesce(e.reused_from, e.run_id) AS measured_in FROM evaluations e "
+        "JOIN candidates c USING (genome_key) WHERE e.run_id = ? AND e.status = 'OK' AND e.median_us IS NOT NULL",
+        [session.run_id])
+    ours = set(zip(df.genome_key, df.cell))
+    extra = pd.DataFrame([{"genome_key": key, "cell": cell, "median_us": r.result.median_us,
+                           "baseline_us": r.result.baseline_us, "template": r.result.genome.template,
+                           "params_json": r.result.genome.params_json(), "measured_in": r.run_id}
+                          for (key, cell), r in (reuse or {}).items()
+                          if (key, cell) not in ours and r.result.status is Status.OK
+                          and math.isfinite(r.result.median_us)], columns=df.columns)
+    df = pd.concat([df, extra], ignore_index=True) if not extra.empty else df
+    table, from_store = {}, 0
     for cell, grp in df.groupby("cell"):
-        r = grp.sort_values("median_us").iloc[0]
+        r = grp.sort_values(["median_us", "genome_key"], kind="stable").iloc[0]
+        from_store += (r.genome_key, cell) not in ours
         table[cell] = {"genome_key": r.genome_key, "template": r.template, "params": json.loads(r.params_json),
-                       "median_us": float(r.median_us),
-                       "speedup_vs_torch": float(r.baseline_us / r.median_us) if r.baseline_us == r.baseline_us else None}
+                       "median_us": float(r.median_us), "measured_in": r.measured_in,
+                       "speedup_vs_torch": float(r.baseline_us / r.median_us) if r.baseline_us == r.baseline_us
+                       and math.isfinite(r.baseline_us) else None}
     best_single = None
     if not df.empty:
         n_cells = df.cell.nunique()
@@ -335,4 +406,4 @@ def write_dispatch(session: Session, p: Progress) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"run_id": session.run_id, "dispatch": table, "best_single_genome": best_single},
                               indent=2, sort_keys=True))
-    return out
+    return out, from_store

@@ -18,7 +18,7 @@ import random
 from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
 
 from evo.sandbox import sandbox_env
-from evo.template import Expr, TemplateDef
+from evo.template import Expr, TemplateDef, TemplateError
 from ops.spec import Cell
 
 
@@ -47,15 +47,20 @@ def _typed(values: Iterable[Any]) -> tuple[tuple[type, Any], ...]:
 class _Check:
     """One constraint, split by what it reads: params, dtype/arch facts, cell dims."""
 
-    def __init__(self, expr: Expr, params: Collection[str], facts: Collection[str], reserved: Collection[str]):
+    def __init__(self, expr: Expr, params: Collection[str], facts: Collection[str], reserved: Collection[str],
+                 where: str = ""):
         names = sorted(expr.names)
         self.expr = expr
+        self.where = where  # "template T: constraint C", for errors
         self.params = [n for n in names if n in params]
         self.facts = [n for n in names if n in facts and n not in params]
         self.dims = [n for n in names if n not in params and n not in facts and n not in reserved]
 
     def holds(self, ctx: Mapping[str, Any]) -> bool:
-        return bool(self.expr.eval(ctx))
+        try:
+            return bool(self.expr.eval(ctx))
+        except TemplateError as e:
+            raise TemplateError(f"{self.where}: {e}") from None
 
 
 class Space:
@@ -77,7 +82,8 @@ class Space:
         facts = [tdef.context({}, arch, d, None) for d in dtype_sets]
         fact_names = set().union(*facts)
         reserved = set(sandbox_env().globals)
-        checks = [_Check(e, self.names, fact_names, reserved) for _, e in tdef.constraints]
+        checks = [_Check(e, self.names, fact_names, reserved, f"template {tdef.name}: constraint {name}")
+                  for name, e in tdef.constraints]
         # A point is legal when SOME dtype set admits it (vec=8 is legal for bf16 cells even though
         # fp32 cells forbid it): per dtype set, the fact tuple each check reads (None: role absent).
         self._static = [(c, [_fact_tuple(c, f) for f in facts]) for c in checks if not c.dims]

@@ -37,16 +37,23 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
+from jinja2 import TemplateError as JinjaTemplateError
 from jinja2 import meta
+from jinja2.exceptions import SecurityError
 
-from evo.sandbox import TEMPLATES_ROOT, compile_expression, sandbox_env
+from evo.sandbox import TEMPLATES_ROOT, eval_expression, sandbox_env
 
 HEADER = re.compile(r"\A\s*\{#-?\s*kfactory[ \t]*\n(?P<toml>.*?)\n\s*-?#\}", re.DOTALL)
 ARG_TYPES = ("ptr", "i32", "i64", "f32")
 
 
 class TemplateError(ValueError):
-    """A template's header is missing or malformed."""
+    """A template's header is missing or malformed, or one of its expressions fails."""
+
+
+# What evaluating a header expression can raise: the template's fault (LimitError is a SecurityError).
+EXPR_ERRORS = (SecurityError, JinjaTemplateError, ArithmeticError, LookupError, TypeError, ValueError,
+               AttributeError, RecursionError, MemoryError)
 
 
 def source_hash(text: str) -> str:
@@ -61,13 +68,21 @@ class Expr:
 
     @cached_property
     def names(self) -> frozenset[str]:
-        return frozenset(meta.find_undeclared_variables(sandbox_env().parse("{{ " + self.text + " }}")))
+        try:
+            tree = sandbox_env().parse("{{ " + self.text + " }}")
+        except JinjaTemplateError as e:
+            raise TemplateError(f"expression {self.text!r} does not parse: {e}") from None
+        return frozenset(meta.find_undeclared_variables(tree))
 
     def eval(self, ctx: Mapping[str, Any]) -> Any:
+        """The value over ctx, within the sandbox's limits; any failure is a TemplateError naming the expression."""
         missing = self.names - set(ctx) - set(sandbox_env().globals)
         if missing:
             raise TemplateError(f"expression {self.text!r} reads unknown names {sorted(missing)}")
-        return compile_expression(self.text)(**ctx)
+        try:
+            return eval_expression(self.text, ctx)
+        except EXPR_ERRORS as e:
+            raise TemplateError(f"expression {self.text!r} failed: {type(e).__name__}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -189,7 +204,11 @@ class TemplateDef:
         for name, e in self.constraints:
             if not e.names <= set(ctx) | set(sandbox_env().globals):
                 continue  # reads a dim and no cell was given
-            if not e.eval(ctx):
+            try:
+                holds = e.eval(ctx)
+            except TemplateError as err:
+                raise TemplateError(f"template {self.name}: constraint {name}: {err}") from None
+            if not holds:
                 bad.append(name)
         return bad
 

@@ -20,6 +20,7 @@ from memory.store import Store
 
 PARAM_EFFECT, FAILURE, CHAMPION = "param_effect", "failure", "champion"
 KINDS = (PARAM_EFFECT, FAILURE, CHAMPION)
+LLM_KINDS = ("llm_failure", "llm_note")  # written by the LLM roles (evo/llm/roles.py), read back like the others
 ANY_TEMPLATE = "*"  # scope template of the lesson on the choice of template (param "template")
 
 # Outcomes that say something about a kernel. UNKNOWN (replay had no measurement) says nothing;
@@ -148,8 +149,8 @@ def lessons(store: Store, op: str, arch: str, kind: str | None = None) -> pd.Dat
     query = f"SELECT * FROM lessons WHERE op = ? AND {cond}"
     args: list[Any] = [op, *params]
     if kind is not None:
-        if kind not in KINDS:
-            raise ValueError(f"unknown lesson kind {kind!r}; kinds: {', '.join(KINDS)}")
+        if kind not in KINDS + LLM_KINDS:
+            raise ValueError(f"unknown lesson kind {kind!r}; kinds: {', '.join(KINDS + LLM_KINDS)}")
         query += " AND kind = ?"
         args.append(kind)
     return store.sql(query + " ORDER BY kind, usefulness DESC, support DESC, lesson_id", args)
@@ -170,13 +171,15 @@ def scope_label(kind: str, scope: Mapping[str, Any]) -> str:
 
 
 def lessons_table(store: Store, op: str, arch: str, kind: str | None = None) -> pd.DataFrame:
-    """What `kfactory lessons --op OP --arch ARCH [--kind KIND]` prints: most useful first within each kind."""
+    """What `kfactory lessons --op OP --arch ARCH [--kind KIND]` prints: most useful first, then best supported."""
     df = lessons(store, op, arch, kind)
     cols = ["kind", "lesson_id", "scope", "text", "support", "usefulness", "created_run", "confirmed_run"]
     if df.empty:
         return pd.DataFrame(columns=cols)
     scope = [scope_label(k, json.loads(s)) for k, s in zip(df.kind, df.scope_json)]
-    return df.assign(scope=scope)[cols].reset_index(drop=True)
+    df = df.assign(scope=scope).sort_values(["usefulness", "support", "kind", "lesson_id"],
+                                            ascending=[False, False, True, True], kind="stable")
+    return df[cols].reset_index(drop=True)
 
 
 # ---------------------------------------------------------------- lessons used by the search

@@ -41,6 +41,8 @@ class RunRow:
     created_at: datetime | None = None
     finished_at: datetime | None = None
     message: str | None = None
+    elapsed_s: float | None = None  # search time spent so far, over every resume (the max_seconds budget)
+    config_path: str | None = None  # absolute path of the config file; its paths are relative to it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +162,7 @@ class EvaluationRow:
     generation: int | None = None
     source: Literal["gpu", "replay"] = "gpu"
     created_at: datetime | None = None
+    reused_from: str | None = None  # the run that measured it, when copied from another run's result
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", _status_name(self.status))

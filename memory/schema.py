@@ -3,8 +3,9 @@
 from dataclasses import dataclass
 from enum import Enum
 
-# Bump when a column or table changes; Store.open refuses files of any other version.
-SCHEMA_VERSION = 1
+# Bump when a column or table changes, and add the statements that bring the previous version up to
+# it to MIGRATIONS; Store.open upgrades an older file it opens for writing, and refuses newer ones.
+SCHEMA_VERSION = 2
 
 
 class OnConflict(Enum):
@@ -54,6 +55,8 @@ TABLES: tuple[Table, ...] = (
             ("created_at", "TIMESTAMP"),
             ("finished_at", "TIMESTAMP"),
             ("message", "TEXT"),
+            ("elapsed_s", "DOUBLE"),
+            ("config_path", "TEXT"),
         ),
         key="run_id",
         on_conflict=OnConflict.ERROR,
@@ -143,6 +146,7 @@ TABLES: tuple[Table, ...] = (
             ("generation", "INTEGER"),
             ("source", "TEXT"),
             ("created_at", "TIMESTAMP"),
+            ("reused_from", "TEXT"),
         ),
         key="eval_id",
         on_conflict=OnConflict.ERROR,
@@ -217,3 +221,17 @@ def table(name: str) -> Table:
 def ddl() -> list[str]:
     """Every CREATE TABLE statement of the current schema, meta first."""
     return [META.ddl(), *(t.ddl() for t in TABLES)]
+
+
+# MIGRATIONS[v]: the statements that turn a version-v store into a version-(v + 1) one. New columns are
+# appended, so a migrated table has the same columns, in the same order, as a fresh one.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "ALTER TABLE runs ADD COLUMN elapsed_s DOUBLE",
+        "ALTER TABLE runs ADD COLUMN config_path TEXT",
+        "ALTER TABLE evaluations ADD COLUMN reused_from TEXT",
+        # version 1 marked a reused result only in its error text
+        "UPDATE evaluations SET reused_from = regexp_extract(error, '^reused from run (.+)$', 1) "
+        "WHERE error LIKE 'reused from run %'",
+    ),
+}

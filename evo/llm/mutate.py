@@ -158,6 +158,20 @@ def _render_problems(tdef: TemplateDef, req: MutationRequest) -> list[str]:
     return cuda_problems(r.source) if r.status.ok else []
 
 
+def _expression_problems(tdef: TemplateDef, req: MutationRequest) -> list[str]:
+    """Header expressions that fail (raise, or go over the sandbox's limits) at the defaults on the parent's cell.
+
+    A template whose constraint cannot be evaluated would stop the run the first time it is sampled."""
+    arch = int(re.sub(r"\D", "", req.arch))
+    try:
+        legal = not tdef.violations(tdef.default_params(), arch, dict(req.dtypes), dict(req.dims) or None)
+        if legal and req.dtypes and req.dims:
+            tdef.plan(tdef.default_params(), arch, dict(req.dtypes), dict(req.dims))
+    except TemplateError as e:
+        return [str(e)]
+    return []
+
+
 def read_proposal(answer: str, req: MutationRequest) -> tuple[Status, str | None, str]:
     """Judge an answer: (OK, renamed template text, '') or (LLM_ERROR, None, reason). Pure."""
 
@@ -182,6 +196,9 @@ def read_proposal(answer: str, req: MutationRequest) -> tuple[Status, str | None
     problems = declaration_problems(tdef)
     if problems:
         return no("unsafe template: " + "; ".join(problems))
+    problems = _expression_problems(tdef, req)
+    if problems:
+        return no("a header expression fails: " + "; ".join(problems))
     try:
         if _same_code(text, req.template_text):
             return no("the answer does not change the parent template (beyond its name or whitespace)")

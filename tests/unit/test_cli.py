@@ -47,3 +47,10 @@ def test_console_script_runs():
     r = subprocess.run([sys.executable, "-m", "evo.cli", "sql", "SELECT 42 AS answer", "--store",
                         str(ROOT / ".kfactory-test-nonexistent.duckdb")], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode != 0 and "no store" in r.stderr
+
+
+def test_readme_commands_table_lists_every_command():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Commands"):].split("\n\n")[1]
+    listed = {line.split("`")[1].split()[1] for line in table.splitlines() if line.startswith("| `kfactory ")}
+    assert listed == set(parser()._subparsers._group_actions[0].choices)  # noqa: SLF001

@@ -85,12 +85,14 @@ def test_results_are_reused_across_runs_with_the_same_fingerprint(tmp_path):
     assert main(["run", str(cfg), "--store", str(store), "--run-id", "one"]) == 0
     assert main(["run", str(cfg), "--store", str(store), "--run-id", "two"]) == 0
     with Store.open(store, read_only=True) as s:
-        two = s.sql("SELECT genome_key, cell, status, median_us, error FROM evaluations WHERE run_id = 'two'")
+        two = s.sql("SELECT genome_key, cell, status, median_us, error, reused_from FROM evaluations "
+                    "WHERE run_id = 'two'")
         one = s.sql("SELECT genome_key, cell, median_us FROM evaluations WHERE run_id = 'one' AND status = 'OK'")
-    assert two.error.fillna("").str.startswith("reused from run one").any()
+    assert (two.reused_from == "one").sum() > 0 and set(two.reused_from.dropna()) == {"one"}
+    assert two[two.status == "OK"].error.isna().all()  # an OK result reused carries no error text
     m = two.merge(one, on=["genome_key", "cell"], suffixes=("", "_one"))
     m = m[m.status == "OK"]
-    assert len(m) > 0 and (m.median_us == m.median_us_one).all()
+    assert len(m) > 0 and (m.median_us == m.median_us_one).all() and m.reused_from.notna().all()
 
 
 def test_warm_runs_are_deterministic(tmp_path):

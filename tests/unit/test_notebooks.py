@@ -99,3 +99,37 @@ def test_notebook_is_stripped(name: str) -> None:
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and all(not c.outputs and c.execution_count is None for c in code)
     assert 'os.environ.get("KF_STORE", ".kfactory/store.duckdb")' in nb.cells[1].source
+
+
+_HOLD = """
+import sys, time
+from memory import Store
+with Store.open(sys.argv[1]) as s:
+    s.write_snapshot()
+    print("holding", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_notebook_reads_a_store_a_run_is_writing(stores: dict[str, Path], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a writer holds the store (as `kfactory run` does), the notebook reads the snapshot it keeps."""
+    import os
+    import subprocess
+    import sys
+
+    live = tmp_path / "live.duckdb"
+    shutil.copy(stores["lessons"], live)
+    writer = subprocess.Popen([sys.executable, "-c", _HOLD, str(live)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "holding"
+        monkeypatch.setenv("KF_STORE", str(live))
+        monkeypatch.setenv("KF_RUN", fx.RUN2)
+        nb = nbformat.read(REPO / "notebooks" / "run_analysis.ipynb", as_version=4)
+        NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+        assert "analysing fx-r2 (rmsnorm on sm_90a)" in outputs(nb)[0]
+        assert writer.poll() is None  # the writer held the store throughout
+    finally:
+        writer.kill()
+        writer.wait()

@@ -51,6 +51,8 @@ def run_row(run_id: str = "r1", **kw) -> RunRow:
         created_at=T0,
         finished_at=T0 + timedelta(hours=1),
         message="hello",
+        elapsed_s=12.5,
+        config_path="/experiments/x.toml",
     )
     return RunRow(**{**base, **kw})
 
@@ -125,6 +127,7 @@ def evaluation_row(eval_id: str = "e1", **kw) -> EvaluationRow:
         generation=3,
         source="gpu",
         created_at=T0,
+        reused_from="r0",
     )
     return EvaluationRow(**{**base, **kw})
 
