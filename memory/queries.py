@@ -364,7 +364,7 @@ def param_priors(
     share = floor + (1 - k*floor) * softmax(-effect / temperature) over a param's k values, where effect
     is the value's log(time / cell best) against the other values, pooled over the lessons (inverse
     variance weighted, scaled by usefulness). Every value keeps at least `floor` of the odds, so the
-    search keeps exploring. Weights are k * share: they average 1, the neutral weight evo.operators.step
+    search keeps exploring. Weights are k * share: they average 1, the neutral weight evo.search.operators.step
     gives a value the prior does not know. Values in `space` that no lesson has seen get effect 0; pass
     the run's space so every legal value is weighed together.
     """

@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 
 @functools.lru_cache(maxsize=1)
 def _has_gpu() -> bool:
-    from evo.run import gpu_available
+    from evo.measure.run import gpu_available
 
     return gpu_available()
 

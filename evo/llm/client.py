@@ -24,8 +24,8 @@ from typing import Any, Callable, Protocol
 
 from evo.llm.prompts import Prompt
 from evo.llm.secrets import redact
-from evo.llm_settings import LLMSettings
-from evo.status import Status
+from evo.core.llm_settings import LLMSettings
+from evo.core.status import Status
 from memory.rows import LLMCallRow
 
 log = logging.getLogger(__name__)

@@ -15,14 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from evo.genome import Genome
+from evo.core.genome import Genome
 from evo.llm.client import LLM
 from evo.llm.edits import EditError, new_template_text
 from evo.llm.prompts import Prompt, render_prompt, sha256
 from evo.llm.safety import cuda_problems, declaration_problems, template_problems
-from evo.render import render
-from evo.status import Status
-from evo.template import HEADER, TemplateDef, TemplateError, parse_template
+from evo.templates.render import render
+from evo.core.status import Status
+from evo.templates.template import HEADER, TemplateDef, TemplateError, parse_template
 from memory.rows import SourceRow
 
 ROLE = "mutate"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evo.llm.secrets import redact
-from evo.sandbox import sandbox_env
+from evo.templates.sandbox import sandbox_env
 
 
 def sha256(text: str) -> str:

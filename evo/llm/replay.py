@@ -18,7 +18,7 @@ import pandas as pd
 
 from evo.llm.client import LLMReply
 from evo.llm.prompts import Prompt
-from evo.status import Status
+from evo.core.status import Status
 from memory.rows import LLMCallRow
 
 

@@ -16,8 +16,8 @@ from typing import Iterable
 
 from jinja2 import TemplateSyntaxError, nodes
 
-from evo.sandbox import sandbox_env
-from evo.template import TemplateDef
+from evo.templates.sandbox import sandbox_env
+from evo.templates.template import TemplateDef
 
 # Names that only appear in attempts to climb from a Jinja value to the interpreter.
 PY_INTERNALS = (

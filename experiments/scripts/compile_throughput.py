@@ -18,10 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from evo.build import Builder, compiler_version, prepare  # noqa: E402
-from evo.genome import Genome  # noqa: E402
-from evo.space import sample  # noqa: E402
-from evo.template import load_templates  # noqa: E402
+from evo.build.nvrtc import Builder, compiler_version, prepare  # noqa: E402
+from evo.core.genome import Genome  # noqa: E402
+from evo.search.space import sample  # noqa: E402
+from evo.templates.template import load_templates  # noqa: E402
 
 
 def main() -> int:

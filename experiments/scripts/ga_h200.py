@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from evo.commands import cmd_run  # noqa: E402
+from evo.cli.commands import cmd_run  # noqa: E402
 from memory.store import Store  # noqa: E402
 
 

@@ -26,10 +26,10 @@ CONTROL_CELLS = ("w=bf16,x=bf16 M4096-N1024", "w=bf16,x=bf16 M4096-N2048", "w=bf
 
 def honest_controls(timing_s: float = 30.0) -> list[dict]:
     """cta_row at its default point (repaired per cell) through the new gate, beside the committed bench."""
-    from evo.bench import bench
-    from evo.jobs import Timing
-    from evo.run import GpuRunner
-    from evo.template import load_templates
+    from evo.cli.bench import bench
+    from evo.measure.jobs import Timing
+    from evo.measure.run import GpuRunner
+    from evo.templates.template import load_templates
     from ops import get_op
 
     op = get_op("rmsnorm")

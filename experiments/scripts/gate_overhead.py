@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from evo.gate import Gate  # noqa: E402
+from evo.measure.gate import Gate  # noqa: E402
 
 CELLS = ("w=bf16,x=bf16 M4096-N1024", "w=bf16,x=bf16 M4096-N2048", "w=bf16,x=bf16 M32768-N4096",
          "w=fp16,x=fp16 M32768-N32768", "w=fp32,x=fp32 M4096-N8192", "w=fp32,x=fp32 M32768-N16384")
@@ -40,7 +40,7 @@ class _FlushOnly:
         return getattr(self._w, name)
 
     def reset_l2(self) -> None:
-        from evo.worker import FLUSH_BYTES, _drv, check
+        from evo.measure.worker import FLUSH_BYTES, _drv, check
 
         w = self._w
         check(_drv().cuMemsetD32Async(int(w.flush_buf.handle), 0, FLUSH_BYTES // 4, int(w.stream.handle)), "flush")
@@ -79,14 +79,14 @@ def main() -> int:
     args = ap.parse_args()
     from cuda.core import ObjectCode
 
-    from evo.bench import default_for_cell
-    from evo.build import Builder, prepare
-    from evo.evaluate import make_job
-    from evo.genome import Genome
-    from evo.jobs import Timing
-    from evo.template import load_templates
-    from evo.verify import judge
-    from evo.worker import Worker
+    from evo.cli.bench import default_for_cell
+    from evo.build.nvrtc import Builder, prepare
+    from evo.measure.evaluate import make_job
+    from evo.core.genome import Genome
+    from evo.measure.jobs import Timing
+    from evo.templates.template import load_templates
+    from evo.measure.verify import judge
+    from evo.measure.worker import Worker
     from ops import get_op
 
     op = get_op("rmsnorm")

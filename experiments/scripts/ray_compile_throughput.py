@@ -22,11 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from evo.build import Builder, BuildInput, compiler_version, prepare  # noqa: E402
-from evo.genome import Genome  # noqa: E402
-from evo.ray_backend import RayBuilder, init_ray  # noqa: E402
-from evo.space import sample  # noqa: E402
-from evo.template import load_templates  # noqa: E402
+from evo.build.nvrtc import Builder, BuildInput, compiler_version, prepare  # noqa: E402
+from evo.core.genome import Genome  # noqa: E402
+from evo.measure.ray_backend import RayBuilder, init_ray  # noqa: E402
+from evo.search.space import sample  # noqa: E402
+from evo.templates.template import load_templates  # noqa: E402
 
 
 def distinct_inputs(n: int, seed: int) -> list[BuildInput]:

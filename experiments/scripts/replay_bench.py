@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-from evo.config import load_config  # noqa: E402
-from evo.pipeline import cells_for, dtype_sets  # noqa: E402
-from evo.strategy import GeneticSearch, Observation, RandomSearch  # noqa: E402
-from evo.template import load_templates  # noqa: E402
+from evo.core.config import load_config  # noqa: E402
+from evo.loop.pipeline import cells_for, dtype_sets  # noqa: E402
+from evo.search.strategy import GeneticSearch, Observation, RandomSearch  # noqa: E402
+from evo.templates.template import load_templates  # noqa: E402
 from ops import get_op  # noqa: E402
 
 

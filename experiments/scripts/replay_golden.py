@@ -44,7 +44,7 @@ def digest(cwd: Path) -> dict:
         cfg = Path(tmp) / "golden.toml"
         cfg.write_text(CONFIG.format(sweep=SWEEP))
         store = Path(tmp) / "s.duckdb"
-        r = subprocess.run([sys.executable, "-m", "evo.cli", "run", str(cfg), "--store", str(store), "--run-id", "g"],
+        r = subprocess.run([sys.executable, "-m", "evo.cli.main", "run", str(cfg), "--store", str(store), "--run-id", "g"],
                            cwd=cwd, capture_output=True, text=True, timeout=900)
         if r.returncode != 0:
             raise RuntimeError(f"replay run failed:\n{r.stderr[-2000:]}")

@@ -23,14 +23,14 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-from evo.build import Builder, prepare  # noqa: E402
-from evo.config import load_config  # noqa: E402
-from evo.evaluators import EvalItem, GpuEvaluator  # noqa: E402
-from evo.genome import Genome  # noqa: E402
-from evo.jobs import Timing  # noqa: E402
-from evo.run import GpuRunner  # noqa: E402
-from evo.space import enumerate_space  # noqa: E402
-from evo.template import load_templates  # noqa: E402
+from evo.build.nvrtc import Builder, prepare  # noqa: E402
+from evo.core.config import load_config  # noqa: E402
+from evo.measure.evaluators import EvalItem, GpuEvaluator  # noqa: E402
+from evo.core.genome import Genome  # noqa: E402
+from evo.measure.jobs import Timing  # noqa: E402
+from evo.measure.run import GpuRunner  # noqa: E402
+from evo.search.space import enumerate_space  # noqa: E402
+from evo.templates.template import load_templates  # noqa: E402
 from ops import get_op  # noqa: E402
 from ops.spec import gbps  # noqa: E402
 

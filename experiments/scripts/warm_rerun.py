@@ -40,7 +40,7 @@ _SUMMARY = re.compile(r"evaluations: (?P<measured>\d+) measured, (?P<reused>\d+)
 def run(config: Path, store: Path, run_id: str) -> dict:
     """One `kfactory run` in a fresh process: its wall time and what its summary line says."""
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "evo.cli", "run", str(config), "--store", str(store), "--run-id", run_id],
+    p = subprocess.run([sys.executable, "-m", "evo.cli.main", "run", str(config), "--store", str(store), "--run-id", run_id],
                        cwd=ROOT, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     if p.returncode != 0:

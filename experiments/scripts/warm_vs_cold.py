@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-from evo.commands import cmd_run  # noqa: E402
+from evo.cli.commands import cmd_run  # noqa: E402
 from memory.store import Store  # noqa: E402
 
 HALF_A = [1024, 4096, 16384]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-# evo.verify.pattern's names for how an output is wrong, most specific first.
+# evo.measure.verify.pattern's names for how an output is wrong, most specific first.
 _WRONG_PATTERNS = (
     "wrote outside output",
     "all unwritten or NaN",

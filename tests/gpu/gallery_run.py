@@ -11,12 +11,12 @@ import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from evo.build import BuildInput, compile_one
-from evo.genome import Genome
-from evo.jobs import BufferDecl, EvalJob, LaunchJob, Timing
-from evo.run import GpuRunner
-from evo.status import Status
-from evo.verify import judge
+from evo.build.nvrtc import BuildInput, compile_one
+from evo.core.genome import Genome
+from evo.measure.jobs import BufferDecl, EvalJob, LaunchJob, Timing
+from evo.measure.run import GpuRunner
+from evo.core.status import Status
+from evo.measure.verify import judge
 from ops.rmsnorm.spec import SPEC, cell
 from ops.spec import Cell
 

@@ -15,7 +15,7 @@ CASES = [(name, kind) for name in ops.KNOWN if contract.has_device_hooks(name)
 
 @pytest.fixture(scope="module")
 def worker():
-    from evo.worker import Worker
+    from evo.measure.worker import Worker
 
     return Worker()
 

@@ -19,7 +19,7 @@ RAW = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 ], ids=lambda v: str(v))
 @pytest.mark.parametrize("kind", sorted(FILLS))
 def test_device_fill_and_reference_match_numpy(dt, wdt, m, n, kind):
-    from evo.worker import Worker
+    from evo.measure.worker import Worker
 
     w = Worker()
     mod, ref_obj = w._op("rmsnorm")

@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from evo.gate import Gate
-from evo.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob, Timing
+from evo.measure.gate import Gate
+from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob, Timing
 from ops.rmsnorm import device as rms_device
 from ops.rmsnorm.spec import SPEC
 from ops.spec import Cell
@@ -44,7 +44,7 @@ Kernel = Callable[["FakeDevice", tuple], None]
 
 
 class FakeDevice:
-    """Implements evo.gate.GateDevice with numpy."""
+    """Implements evo.measure.gate.GateDevice with numpy."""
 
     def __init__(self, kernels: dict[str, Kernel], baseline_us: float | None = 10.0, ceiling_gbps: float = 4000.0,
                  seed: int = 0, peers: dict[str, float | str] | None = None) -> None:

@@ -152,10 +152,10 @@ BF16 = {"x": "bfloat16", "w": "bfloat16"}
 
 def parent_request(**changes: Any) -> Any:
     """A mutation request for rmsnorm's warp_row at its defaults, rendered for bf16."""
-    from evo.genome import Genome
+    from evo.core.genome import Genome
     from evo.llm import Measurements, MutationRequest
-    from evo.render import render
-    from evo.template import load_templates
+    from evo.templates.render import render
+    from evo.templates.template import load_templates
 
     t = load_templates("rmsnorm")["warp_row"]
     g = Genome.make(t.op, t.name, t.source_hash, t.default_params())

@@ -1,6 +1,6 @@
 """Fake GPU workers for the watchdog tests: module-level so multiprocessing 'spawn' can pickle them.
 
-Each speaks evo.worker.serve's protocol. `serve` picks its misbehaviour from the job id:
+Each speaks evo.measure.worker.serve's protocol. `serve` picks its misbehaviour from the job id:
 'hang' sleeps forever, 'die' exits without a word, 'crash' reports a sticky fault then exits,
 'bug' reports a harness traceback then exits; anything else gets a result stamped with the pid.
 """
@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from evo.jobs import JobResult
+from evo.measure.jobs import JobResult
 
 CEILING_GBPS = 4800.0
 TRACEBACK = 'Traceback (most recent call last):\n  File "worker.py", line 1\nKeyError: \'x\''

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from evo.genome import Genome
+from evo.core.genome import Genome
 from memory import BuildRow, CandidateRow, EvaluationRow, LessonUseRow, RunRow, Store, source_hash
 
 OP, ARCH = "rmsnorm", "sm_90a"

@@ -1,6 +1,6 @@
 """Shared data for the search-layer tests: the real templates, dtype sets and matrix shapes."""
 
-from evo.template import load_templates
+from evo.templates.template import load_templates
 from ops.rmsnorm.spec import matrix
 
 TEMPLATES = load_templates("rmsnorm")

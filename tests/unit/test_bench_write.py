@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
-from evo.bench import BenchRow, write
+from evo.cli.bench import BenchRow, write
 
 
 def row(cell: str, us: float, peers: dict, absent: dict) -> BenchRow:
@@ -39,7 +39,7 @@ class _Runner:
         self.jobs = []
 
     def run(self, jobs):
-        from evo.jobs import CheckStats, JobResult
+        from evo.measure.jobs import CheckStats, JobResult
 
         self.jobs += list(jobs)
         ok = CheckStats("y", 1, 0, 0, 0, 0, -1, 0.0, 0.0, 0)
@@ -51,9 +51,9 @@ class _Runner:
 
 
 def test_bench_times_through_the_evaluator_with_every_peer(tmp_path):
-    from evo.bench import bench
-    from evo.jobs import Timing
-    from evo.template import load_templates
+    from evo.cli.bench import bench
+    from evo.measure.jobs import Timing
+    from evo.templates.template import load_templates
     from ops import get_op
     from ops.rmsnorm.spec import cell
 

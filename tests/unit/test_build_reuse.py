@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from evo.build import Builder, BuildResult
-from evo.cli import main
-from evo.config import parse_config
-from evo.genome import Genome
-from evo.pipeline import Session, stored_builds
-from evo.status import Status
-from evo.template import parse_template
+from evo.build.nvrtc import Builder, BuildResult
+from evo.cli.main import main
+from evo.core.config import parse_config
+from evo.core.genome import Genome
+from evo.loop.pipeline import Session, stored_builds
+from evo.core.status import Status
+from evo.templates.template import parse_template
 from memory import Store
 from tests.unit.test_search_replay import SMALL
 from tests.unit.test_store import build_row

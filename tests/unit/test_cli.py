@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.cli import main, parser
+from evo.cli.main import main, parser
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def test_help_documents_every_command(capsys):
 
 
 def test_run_builds_population_and_records_it(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("evo.run.gpu_available", lambda: False)
+    monkeypatch.setattr("evo.measure.run.gpu_available", lambda: False)
     store = tmp_path / "s.duckdb"
     rc = main(["run", str(ROOT / "experiments" / "rmsnorm_h200.toml"), "--store", str(store)])
     err = capsys.readouterr().err
@@ -44,7 +44,7 @@ def test_unknown_config_key_is_one_clear_line(tmp_path, capsys):
 
 
 def test_console_script_runs():
-    r = subprocess.run([sys.executable, "-m", "evo.cli", "sql", "SELECT 42 AS answer", "--store",
+    r = subprocess.run([sys.executable, "-m", "evo.cli.main", "sql", "SELECT 42 AS answer", "--store",
                         str(ROOT / ".kfactory-test-nonexistent.duckdb")], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode != 0 and "no store" in r.stderr
 

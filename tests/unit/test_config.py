@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.config import ConfigError, Runner, StrategyKind, load_config, parse_config
+from evo.core.config import ConfigError, Runner, StrategyKind, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

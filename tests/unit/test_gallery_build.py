@@ -3,7 +3,7 @@ gallery names at least 20 cheats, each with statuses that exclude OK."""
 
 import pytest
 
-from evo.status import Status
+from evo.core.status import Status
 from tests.gpu.gallery_run import CASES, CHEATS, build
 
 

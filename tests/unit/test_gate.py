@@ -1,4 +1,4 @@
-"""The gate's rules on the CPU: the real evo.gate.Gate over a numpy device against fake cheating kernels.
+"""The gate's rules on the CPU: the real evo.measure.gate.Gate over a numpy device against fake cheating kernels.
 
 Each fake kernel is one class of cheat from the adversarial gallery, written in Python; the gate and
 verify.judge must give it the status the gallery expects, and an honest kernel must pass.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evo.jobs import GateCell, LaunchJob, Timing
-from evo.status import Status
-from evo.verify import judge
+from evo.measure.jobs import GateCell, LaunchJob, Timing
+from evo.core.status import Status
+from evo.measure.verify import judge
 from ops.rmsnorm.spec import SPEC, cell
 from tests.unit.fake_device import (
     FakeDevice,
@@ -254,7 +254,7 @@ def test_gate_cells_run_with_the_same_cubin():
             unpack(dev, args)[2][:] = 0
     g = cell("fp16", 1, 256)
     args = (("buf", "x"), ("buf", "w"), ("buf", "y"), ("i32", 1), ("i32", 256), ("f32", 1e-6))
-    from evo.jobs import BufferDecl
+    from evo.measure.jobs import BufferDecl
     bufs = tuple(BufferDecl(t.name, t.resolve_dtype(g).value, t.shape(g), t.role.value) for t in SPEC.tensors)
     gc = GateCell(g.label(), tuple(sorted(g.dims_dict().items())), (LaunchJob("cand", (1, 1, 1), (256, 1, 1), 0, args),),
                   bufs, (("eps", 1e-6),))

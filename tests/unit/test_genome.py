@@ -1,6 +1,6 @@
 import pytest
 
-from evo.genome import Genome
+from evo.core.genome import Genome
 
 
 def g(**params):

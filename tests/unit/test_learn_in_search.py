@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evo.cli import main
+from evo.cli.main import main
 from memory.lessons import lesson_id
 from memory.rows import LessonRow
 from memory.store import Store
@@ -111,7 +111,7 @@ def test_warm_runs_are_deterministic(tmp_path):
         store = tmp_path / f"copy{i}.duckdb"
         shutil.copy(base, store)
         env = dict(os.environ, PYTHONHASHSEED=hashseed)
-        r = subprocess.run([sys.executable, "-m", "evo.cli", "run", str(cfg), "--store", str(store), "--run-id", "b"],
+        r = subprocess.run([sys.executable, "-m", "evo.cli.main", "run", str(cfg), "--store", str(store), "--run-id", "b"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr
         with Store.open(store, read_only=True) as s:

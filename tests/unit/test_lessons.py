@@ -326,7 +326,7 @@ def test_param_priors_favour_better_value_with_floor(lessons_path: Path) -> None
         )
         flat = q.param_priors(store, fx.OP, "sm_90", floor=0.5)
         sources = q.prior_sources(store, fx.OP, "sm_90", [cell("bf16", 4096, 1024)])
-    vec = priors["warp_row"]["vec"]  # weights average 1 (neutral, as evo.operators.step treats unknown values)
+    vec = priors["warp_row"]["vec"]  # weights average 1 (neutral, as evo.search.operators.step treats unknown values)
     assert vec[8] > 0.8 * 2 and vec[4] >= 0.05 * 2 and sum(vec.values()) == pytest.approx(2.0)
     unroll = priors["warp_row"]["unroll"]
     assert max(unroll.values()) - min(unroll.values()) < 0.15  # no planted effect: near neutral (1)

@@ -10,7 +10,7 @@ import pytest
 
 from evo.llm import LLMSettings, ReplayLLM, make_llm, propose_many, render_prompt
 from evo.llm.client import DisabledLLM, LiteLLM
-from evo.status import Status
+from evo.core.status import Status
 from tests.unit.fake_llm_server import FakeLLMServer, Reply, parent_request
 
 KEY = "sk-secret-123"
@@ -159,7 +159,7 @@ def test_key_in_a_prompt_or_answer_is_masked():
 
 
 def test_settings_from_the_config_section():
-    from evo.config import parse_config
+    from evo.core.config import parse_config
 
     section = parse_config('[run]\nop = "rmsnorm"\n[llm]\nmodel = "openai/m"\nbudget_usd = 2.5\n').llm
     s = LLMSettings.of(section)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from evo.cli import main
+from evo.cli.main import main
 from memory.rows import LLMCallRow
 from memory.store import Store
 from tests.unit.fake_llm_server import FakeLLMServer, Reply, improved_warp_row, whole

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from evo.build import compile_one, prepare
+from evo.build.nvrtc import compile_one, prepare
 from evo.llm import (
     FailureExample,
     LiteLLM,
@@ -22,7 +22,7 @@ from evo.llm import (
 )
 from evo.llm.prompts import prompt_template_source, sha256
 from evo.llm.queries import cost_per_accepted
-from evo.status import Status
+from evo.core.status import Status
 from memory.rows import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow, canonical_json
 from memory.store import Store
 from tests.unit.fake_llm_server import (

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from evo.build import compile_one, prepare
+from evo.build.nvrtc import compile_one, prepare
 from evo.llm import LiteLLM, LLMSettings, child_genome, proposal_rows, proposal_template, propose_one
 from evo.llm.mutate import child_name, mutation_prompt, read_proposal, rename_template
 from evo.llm.prompts import prompt_template_source, sha256
-from evo.status import Status
-from evo.template import parse_template
+from evo.core.status import Status
+from evo.templates.template import parse_template
 from tests.unit.fake_llm_server import BF16, FakeLLMServer, Reply, edits, improved_warp_row, parent_request, whole
 
 REQ = parent_request()

@@ -9,7 +9,7 @@ import pytest
 
 from evo.llm import FailureExample, LiteLLM, LLMSettings, ReplayLLM, analyze_failures, lesson_row, write_lesson
 from evo.llm.roles import read_failure_lesson, read_written_lesson
-from evo.status import Status
+from evo.core.status import Status
 from tests.unit.fake_llm_server import FakeLLMServer, Reply, prompt_of
 
 GOOD = (

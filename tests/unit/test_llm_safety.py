@@ -6,8 +6,8 @@ import pytest
 
 from evo.llm.mutate import read_proposal
 from evo.llm.safety import cuda_problems, declaration_problems, template_problems
-from evo.status import Status
-from evo.template import load_templates, parse_template
+from evo.core.status import Status
+from evo.templates.template import load_templates, parse_template
 from tests.unit.fake_llm_server import edits, parent_request, whole
 
 TEMPLATES = load_templates("rmsnorm")
@@ -45,7 +45,7 @@ INJECTIONS = {
     "private-attr": ("{{ threads._secret }}", "attribute access to '_secret'"),
     "lipsum": ("{{ lipsum }}", "Jinja global 'lipsum'"),
     "include-etc": ('{% include "/etc/passwd" %}', "only '_macros/...'"),
-    "include-dotdot": ('{% include "_macros/../../evo/config.py" %}', "only '_macros/...'"),
+    "include-dotdot": ('{% include "_macros/../../evo/core/config.py" %}', "only '_macros/...'"),
     "include-computed": ("{% include threads ~ '.j2' %}", "computed name"),
     "import-other": ('{% import "rmsnorm/cta_row.cu.j2" as other %}', "import"),
     "from-import": ('{% from "os.j2" import system %}', "from-import"),

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from evo.build import BuildInput, compile_one
-from evo.genome import Genome
+from evo.build.nvrtc import BuildInput, compile_one
+from evo.core.genome import Genome
 from evo.llm.safety import cuda_problems, normalize_cuda
-from evo.render import render
-from evo.status import Status
-from evo.template import load_templates
+from evo.templates.render import render
+from evo.core.status import Status
+from evo.templates.template import load_templates
 
 TEMPLATES = load_templates("rmsnorm")
 KERNEL = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 1.f; }\n'

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from evo.jobs import EvalJob
-from evo.run import TIMEOUT, GpuRunner
+from evo.measure.jobs import EvalJob
+from evo.measure.run import TIMEOUT, GpuRunner
 from tests.unit import fake_worker
 
 

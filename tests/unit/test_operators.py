@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from evo.genome import Genome
-from evo.operators import crossover, mutate_tile, step, switch_template
-from evo.space import Space, neighbours, sample
-from evo.template import TemplateDef, parse_template
+from evo.core.genome import Genome
+from evo.search.operators import crossover, mutate_tile, step, switch_template
+from evo.search.space import Space, neighbours, sample
+from evo.templates.template import TemplateDef, parse_template
 
 from tests.unit.search_fixtures import (  # noqa: E402
     ARCH, BF16, CASE_IDS, CASES, DIMS, DTYPE_SETS, TEMPLATES,
@@ -165,8 +165,8 @@ def test_switch_template_with_one_template_returns_the_genome() -> None:
 def test_priors_bias_the_step_but_keep_exploring():
     import random as _r
 
-    from evo.operators import step
-    from evo.template import load_templates as _lt
+    from evo.search.operators import step
+    from evo.templates.template import load_templates as _lt
 
     t = _lt("rmsnorm")["warp_row"]
     base = t.default_params() | {"threads": 256}

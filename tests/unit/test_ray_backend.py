@@ -14,14 +14,14 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'kernel-factory[ray]'")
 
-from evo.build import Builder, BuildInput, BuildResult, prepare  # noqa: E402
-from evo.genome import Genome  # noqa: E402
-from evo.jobs import EvalJob, JobResult  # noqa: E402
-from evo.ray_backend import RayBuilder, RayRunner, init_ray  # noqa: E402
-from evo.run import CRASH, TIMEOUT, WorkerBugError, WorkerStartError  # noqa: E402
-from evo.space import sample  # noqa: E402
-from evo.status import Status  # noqa: E402
-from evo.template import load_templates  # noqa: E402
+from evo.build.nvrtc import Builder, BuildInput, BuildResult, prepare  # noqa: E402
+from evo.core.genome import Genome  # noqa: E402
+from evo.measure.jobs import EvalJob, JobResult  # noqa: E402
+from evo.measure.ray_backend import RayBuilder, RayRunner, init_ray  # noqa: E402
+from evo.measure.run import CRASH, TIMEOUT, WorkerBugError, WorkerStartError  # noqa: E402
+from evo.search.space import sample  # noqa: E402
+from evo.core.status import Status  # noqa: E402
+from evo.templates.template import load_templates  # noqa: E402
 from tests.unit import fake_worker  # noqa: E402
 
 TIMEOUT_S = 2.0  # per job inside an actor; a hang costs this much

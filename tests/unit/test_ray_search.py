@@ -15,7 +15,7 @@ pytest.importorskip("ray")
 
 
 def _run(cfg: Path, store: Path, cwd: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "evo.cli", "run", str(cfg), "--store", str(store), "--run-id", "r"],
+    r = subprocess.run([sys.executable, "-m", "evo.cli.main", "run", str(cfg), "--store", str(store), "--run-id", "r"],
                        cwd=cwd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from evo.build import Builder, compile_one, parse_ptxas, prepare
-from evo.genome import Genome
-from evo.render import render
-from evo.status import Status
-from evo.template import TemplateError, load_templates, parse_template
+from evo.build.nvrtc import Builder, compile_one, parse_ptxas, prepare
+from evo.core.genome import Genome
+from evo.templates.render import render
+from evo.core.status import Status
+from evo.templates.template import TemplateError, load_templates, parse_template
 from ops.rmsnorm.spec import cell
 
 TEMPLATES = load_templates("rmsnorm")
@@ -117,7 +117,7 @@ def test_resource_error_when_registers_exceed_the_block():
     g = Genome.make("rmsnorm", "evil", tdef.source_hash, {"threads": 1024})
     bi = prepare(tdef, g, "sm_90a", {"x": "float32", "w": "float32"}, {})
     assert bi.threads == 1024
-    from evo.build import KernelResources, check_resources
+    from evo.build.nvrtc import KernelResources, check_resources
     status, why = check_resources({"k": KernelResources(regs=128)}, bi.threads)
     assert status is Status.RESOURCE_ERROR and "128 regs" in why
 
@@ -143,7 +143,7 @@ def test_builder_caches_by_key():
 
 
 def test_build_timeout_is_validated():
-    from evo.config import BuildSection, ConfigError, parse_config
+    from evo.core.config import BuildSection, ConfigError, parse_config
 
     assert BuildSection().timeout_s == 60.0
     for bad in (0, -1.0, float("inf")):
@@ -169,7 +169,7 @@ def test_llm_template_unsafe_only_off_its_defaults_is_refused_at_build_time():
         proposal_template,
         read_proposal,
     )
-    from evo.operators import mutate_tile, switch_template
+    from evo.search.operators import mutate_tile, switch_template
     from tests.unit.fake_llm_server import BF16, parent_request, whole
 
     req = parent_request()

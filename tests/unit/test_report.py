@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.report import (
+from evo.cli.report import (
     BEST_SO_FAR_PNG,
     CEILING_PNG,
     SPEEDUP_PNG,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from evo.cli import main
-from evo.config import load_config, parse_config
+from evo.cli.main import main
+from evo.core.config import load_config, parse_config
 from memory import Store
 from tests.unit.test_search_replay import SMALL, SWEEP
 
@@ -26,7 +26,7 @@ def _config(tmp_path: Path, gens: int, name: str = "c.toml", text: str = SMALL) 
 
 
 def _cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "evo.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "evo.cli.main", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
@@ -64,7 +64,7 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 
 def _start(cfg: Path, store: Path, run_id: str) -> subprocess.Popen:
     """`kfactory run` in its own process group (as a shell runs it), once its first generations are recorded."""
-    p = subprocess.Popen([sys.executable, "-m", "evo.cli", "run", str(cfg), "--store", str(store), "--run-id", run_id],
+    p = subprocess.Popen([sys.executable, "-m", "evo.cli.main", "run", str(cfg), "--store", str(store), "--run-id", run_id],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     seen = ""
@@ -206,7 +206,7 @@ def test_interrupt_outside_a_run_is_one_line(monkeypatch, capsys) -> None:
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("evo.commands.cmd_sql", boom)
+    monkeypatch.setattr("evo.cli.commands.cmd_sql", boom)
     assert main(["sql", "SELECT 1"]) == 130
     assert capsys.readouterr().err.strip() == "kfactory sql: interrupted (SIGINT)"
 
@@ -215,9 +215,9 @@ def test_interrupt_outside_a_run_is_one_line(monkeypatch, capsys) -> None:
 def test_sigint_ignored_by_children_of_a_builder(dummy: int) -> None:
     """A compile process ignores SIGINT (its parent ends it) and exits when its parent dies."""
     code = ("import os, signal, time\n"
-            "from evo.build import Builder\n"
+            "from evo.build.nvrtc import Builder\n"
             "b = Builder(workers=1)\n"
-            "from evo.build import _Compiler\n"
+            "from evo.build.nvrtc import _Compiler\n"
             "c = _Compiler.start()\n"
             "print(c.proc.pid, flush=True)\n"
             "c.conn.recv()\n"  # ready

@@ -7,18 +7,18 @@ import tracemalloc
 
 import pytest
 
-from evo.build import Builder, prepare
-from evo.genome import Genome
-from evo.render import render
-from evo.sandbox import (
+from evo.build.nvrtc import Builder, prepare
+from evo.core.genome import Genome
+from evo.templates.render import render
+from evo.templates.sandbox import (
     MAX_OUTPUT,
     RENDER_TIMEOUT_S,
     LimitError,
     eval_expression,
     render_text,
 )
-from evo.status import Status
-from evo.template import TemplateError, parse_template
+from evo.core.status import Status
+from evo.templates.template import TemplateError, parse_template
 from ops.rmsnorm.spec import cell
 
 BF16 = {"x": "bfloat16", "w": "bfloat16"}

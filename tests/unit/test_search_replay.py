@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from evo.build import BuildResult
-from evo.evaluators import EvalItem, ReplayEvaluator
-from evo.genome import Genome
-from evo.status import Status
-from evo.template import load_templates
+from evo.build.nvrtc import BuildResult
+from evo.measure.evaluators import EvalItem, ReplayEvaluator
+from evo.core.genome import Genome
+from evo.core.status import Status
+from evo.templates.template import load_templates
 from memory.store import Store
 from ops.rmsnorm.spec import cell
 
@@ -71,7 +71,7 @@ def _config(tmp_path: Path, gens: int) -> Path:
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "evo.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "evo.cli.main", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600)
 
 
@@ -119,7 +119,7 @@ def test_replay_run_is_deterministic(tmp_path):
 def test_resume_after_kill_loses_nothing_and_repeats_nothing(tmp_path):
     cfg = _config(tmp_path, 6)
     store = tmp_path / "s.duckdb"
-    proc = subprocess.Popen([sys.executable, "-m", "evo.cli", "run", str(cfg), "--store", str(store),
+    proc = subprocess.Popen([sys.executable, "-m", "evo.cli.main", "run", str(cfg), "--store", str(store),
                              "--run-id", "k"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = ""
     deadline = time.time() + 300

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evo.cli import main
+from evo.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_softmax_run_builds_and_records(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("evo.run.gpu_available", lambda: False)
+    monkeypatch.setattr("evo.measure.run.gpu_available", lambda: False)
     store = tmp_path / "s.duckdb"
     rc = main(["run", str(ROOT / "experiments" / "softmax_h200.toml"), "--store", str(store)])
     assert rc == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from evo.space import Space, enumerate_space, legal_cells, neighbours, repair, sample
-from evo.template import parse_template
+from evo.search.space import Space, enumerate_space, legal_cells, neighbours, repair, sample
+from evo.templates.template import parse_template
 from ops.spec import DType
 
 from tests.unit.search_fixtures import (  # noqa: E402

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
-from evo.genome import Genome
-from evo.space import Space
-from evo.strategy import GeneticSearch, Observation, RandomSearch, Strategy
-from evo.template import TemplateDef, load_templates, parse_template
+from evo.core.genome import Genome
+from evo.search.space import Space
+from evo.search.strategy import GeneticSearch, Observation, RandomSearch, Strategy
+from evo.templates.template import TemplateDef, load_templates, parse_template
 from ops.rmsnorm.spec import matrix
 from ops.spec import Cell, DType
 
@@ -287,7 +287,7 @@ def test_targeted_refinement_polls_the_neighbours_of_the_best_where_the_predicti
     refined = [g for g in out if s.cells_for(g) is not None]
     assert refined and out[: len(refined)] == refined  # refinement comes first in the generation
     assert all(_one_step(g, hit) and s.cells_for(g) == frozenset({big}) for g in refined)
-    from evo.space import neighbours
+    from evo.search.space import neighbours
 
     cell = CELLS[-1]
     legal = {hit.with_params(**{p: v}).key() for p in cta.param_names for v in neighbours(cta, p, hit.params_dict()[p])

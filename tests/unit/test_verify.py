@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from evo.jobs import CheckStats, JobResult
-from evo.run import CRASH, TIMEOUT
-from evo.status import Status
-from evo.verify import Verdict, failed, judge, pattern
+from evo.measure.jobs import CheckStats, JobResult
+from evo.measure.run import CRASH, TIMEOUT
+from evo.core.status import Status
+from evo.measure.verify import Verdict, failed, judge, pattern
 
 N = 1024  # 8 rows of 128
 REL = {"y": 1e-3, "s": 1e-3}

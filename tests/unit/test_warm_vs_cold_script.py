@@ -44,7 +44,7 @@ def test_config_text_narrows_cells_and_sets_budget() -> None:
 
 
 def test_config_text_loads(tmp_path: Path) -> None:
-    from evo.config import load_config
+    from evo.core.config import load_config
 
     for budget in (W.GPU, W.REPLAY):
         path = tmp_path / "c.toml"

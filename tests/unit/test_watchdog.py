@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 import fake_worker
-from evo.jobs import EvalJob, JobResult
-from evo.run import CRASH, TIMEOUT, GpuRunner, WorkerBugError, WorkerHandle, WorkerStartError
+from evo.measure.jobs import EvalJob, JobResult
+from evo.measure.run import CRASH, TIMEOUT, GpuRunner, WorkerBugError, WorkerHandle, WorkerStartError
 
 TIMEOUT_S = 2.0  # per job; a hang costs this much
 

@@ -20,10 +20,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from evo.deap_adapter import make_toolbox
-from evo.genome import Genome
-from evo.space import Space, neighbours, weighted_choice
-from evo.template import TemplateDef
+from evo.search.deap_adapter import make_toolbox
+from evo.core.genome import Genome
+from evo.search.space import Space, neighbours, weighted_choice
+from evo.templates.template import TemplateDef
 from memory.queries import ANY_TEMPLATE
 from ops.spec import Cell
 

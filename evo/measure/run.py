@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from evo.jobs import EvalJob, JobResult
+from evo.measure.jobs import EvalJob, JobResult
 
 TIMEOUT = "timeout"
 CRASH = "crash"
@@ -35,10 +35,10 @@ class _Proc:
 def spawn_worker(device: str, target: Callable[..., None] | None = None) -> _Proc:
     """Start a worker process (spawn: a fresh interpreter, so no CUDA state is inherited)."""
     if target is None:
-        from evo.worker import serve
+        from evo.measure.worker import serve
 
         target = serve
-    from evo.children import run_child
+    from evo.core.children import run_child
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()

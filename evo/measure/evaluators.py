@@ -14,13 +14,13 @@ from typing import Any, Protocol, Sequence
 
 import pandas as pd
 
-from evo.build import BuildResult
-from evo.evaluate import make_job
-from evo.genome import Genome
-from evo.jobs import Timing
-from evo.status import Status
-from evo.template import TemplateDef
-from evo.verify import Verdict, judge
+from evo.build.nvrtc import BuildResult
+from evo.measure.evaluate import make_job
+from evo.core.genome import Genome
+from evo.measure.jobs import Timing
+from evo.core.status import Status
+from evo.templates.template import TemplateDef
+from evo.measure.verify import Verdict, judge
 from ops.spec import Cell, OpSpec
 
 
@@ -94,7 +94,7 @@ class GpuEvaluator:
                  baselines: Sequence[str] | None = None) -> None:
         self.op, self.arch, self.runner, self.timing, self.seed = op, arch, runner, timing, seed
         self.baselines = None if baselines is None else tuple(baselines)
-        from evo.build import compiler_version
+        from evo.build.nvrtc import compiler_version
 
         self.fingerprint = dict(runner.fingerprint, nvrtc_build=compiler_version())
         self.ceiling_gbps = runner.ceiling_gbps

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
-from evo.genome import Genome
-from evo.render import render
-from evo.status import Status
-from evo.template import TemplateDef
+from evo.core.genome import Genome
+from evo.templates.render import render
+from evo.core.status import Status
+from evo.templates.template import TemplateDef
 
 # Hopper and Blackwell datacenter limits: 64K registers per SM, 255 per thread, 227 KB smem per block.
 REGS_PER_SM = 65536
@@ -239,7 +239,7 @@ def _first_error(log: str) -> str:
 
 def _serve(conn: Any) -> None:
     """A compile process: answers each BuildInput with ("ok", BuildResult) until it reads None."""
-    from evo.children import become_child
+    from evo.core.children import become_child
 
     become_child()
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from evo.llm_settings import LLMSettings
+from evo.core.llm_settings import LLMSettings
 
 
 class ConfigError(ValueError):
@@ -161,7 +161,7 @@ class LessonsSection:
 
 @dataclass(frozen=True)
 class LLMSection(LLMSettings):
-    """The LLM mutation operator: the client settings (evo.llm_settings; model = "none" turns it off;
+    """The LLM mutation operator: the client settings (evo.core.llm_settings; model = "none" turns it off;
     keys come only from the environment) and what the search loop does with it."""
 
     proposals_per_generation: int = 2

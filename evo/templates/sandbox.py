@@ -33,7 +33,7 @@ from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
-TEMPLATES_ROOT = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_ROOT = Path(__file__).resolve().parents[2] / "templates"
 
 MAX_RANGE = 10_000  # items of one range()
 MAX_OUTPUT = 1 << 20  # characters of any string (items of any list) a template builds, and of its output

@@ -41,7 +41,7 @@ from jinja2 import TemplateError as JinjaTemplateError
 from jinja2 import meta
 from jinja2.exceptions import SecurityError
 
-from evo.sandbox import TEMPLATES_ROOT, eval_expression, sandbox_env
+from evo.templates.sandbox import TEMPLATES_ROOT, eval_expression, sandbox_env
 
 HEADER = re.compile(r"\A\s*\{#-?\s*kfactory[ \t]*\n(?P<toml>.*?)\n\s*-?#\}", re.DOTALL)
 ARG_TYPES = ("ptr", "i32", "i64", "f32")
@@ -170,7 +170,7 @@ class TemplateDef:
         self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, Any], dims: Mapping[str, int] | None
     ) -> dict[str, Any]:
         """The names expressions and the template body may read."""
-        from ops.spec import DType  # ops is a sibling package; import here keeps evo.template light
+        from ops.spec import DType  # ops is a sibling package; import here keeps evo.templates.template light
 
         ctx: dict[str, Any] = dict(params)
         ctx["arch"] = arch

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from evo.build import BuildResult
-from evo.genome import Genome
-from evo.jobs import BufferDecl, EvalJob, GateCell, LaunchJob, Timing
-from evo.template import TemplateDef
+from evo.build.nvrtc import BuildResult
+from evo.core.genome import Genome
+from evo.measure.jobs import BufferDecl, EvalJob, GateCell, LaunchJob, Timing
+from evo.templates.template import TemplateDef
 from ops.spec import Cell, OpSpec
 
 

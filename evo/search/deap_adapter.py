@@ -1,6 +1,6 @@
 """DEAP glue for the genetic search: the one module that imports deap.
 
-The operators stay pure functions of `evo.operators`; here they are registered in a
+The operators stay pure functions of `evo.search.operators`; here they are registered in a
 `deap.base.Toolbox` with the run's arch, dtype sets and cells bound. DEAP's own random selection
 draws from the global `random` module, so the cell tournament draws its aspirants from the
 caller's `random.Random` and lets `deap.tools.selBest` (deterministic, stable) pick the winner.
@@ -15,9 +15,9 @@ from typing import Any, Mapping, Sequence
 
 from deap import base, tools
 
-from evo import operators
-from evo.genome import Genome
-from evo.template import TemplateDef
+from evo.search import operators
+from evo.core.genome import Genome
+from evo.templates.template import TemplateDef
 
 
 class TimeFitness(base.Fitness):

@@ -8,9 +8,9 @@ from typing import Any, Mapping
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.exceptions import SecurityError
 
-from evo.sandbox import render_text
-from evo.status import Status
-from evo.template import TemplateDef, TemplateError
+from evo.templates.sandbox import render_text
+from evo.core.status import Status
+from evo.templates.template import TemplateDef, TemplateError
 
 # What a template can make a render raise: its own fault, so a RENDER_ERROR record (LimitError, the
 # sandbox's time and size limits, is a SecurityError).

@@ -17,8 +17,8 @@ import itertools
 import random
 from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
 
-from evo.sandbox import sandbox_env
-from evo.template import Expr, TemplateDef, TemplateError
+from evo.templates.sandbox import sandbox_env
+from evo.templates.template import Expr, TemplateDef, TemplateError
 from ops.spec import Cell
 
 

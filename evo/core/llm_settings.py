@@ -1,6 +1,6 @@
 """What an LLM client needs: the client half of the experiment's [llm] section, defined once.
 
-`evo.config.LLMSection` extends it with what the search loop needs (proposals per generation, lessons
+`evo.core.config.LLMSection` extends it with what the search loop needs (proposals per generation, lessons
 in prompts, replay); `evo.llm.client` takes it as is. Kept apart from `evo.llm` so that reading a config
 imports no client code.
 """

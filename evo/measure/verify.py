@@ -11,10 +11,10 @@ from typing import Mapping
 
 import numpy as np
 
-from evo.gate import failed
-from evo.jobs import CheckStats, JobResult
-from evo.run import CRASH, TIMEOUT
-from evo.status import Status
+from evo.measure.gate import failed
+from evo.measure.jobs import CheckStats, JobResult
+from evo.measure.run import CRASH, TIMEOUT
+from evo.core.status import Status
 
 # A time implying more than (1 + this) x the copy ceiling measured in the same process is SUSPECT.
 SUSPECT_MARGIN = 0.05

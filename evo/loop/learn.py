@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from evo.genome import Genome
-from evo.status import Status
+from evo.core.genome import Genome
+from evo.core.status import Status
 from memory import lessons as L
 from memory import queries as Q
 from memory.rows import EvaluationRow
@@ -24,7 +24,7 @@ REFRESH_EVERY = 3  # generations between lesson re-extractions (and at the end o
 
 def _repaired_onto_cells(session: Any, g: Genome) -> list[Genome]:
     """The nearest legal point of g on every target cell where g itself is illegal (deterministic)."""
-    from evo.space import repair
+    from evo.search.space import repair
 
     tdef = session.templates[g.template]
     out: list[Genome] = []
@@ -136,7 +136,7 @@ class Learner:
 
     def _rejection_rows(self, g: Genome, lesson_id: str, status: str, generation: int, fp: dict,
                         source: str) -> list:
-        from evo.pipeline import eval_id, fingerprint_class
+        from evo.loop.pipeline import eval_id, fingerprint_class
         from memory.rows import CandidateRow
 
         ses = self.session

@@ -12,15 +12,15 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from evo.build import Builder, prepare
-from evo.evaluators import EvalItem, GpuEvaluator
-from evo.genome import Genome
-from evo.jobs import Timing
-from evo.pipeline import arch_number
-from evo.run import GpuRunner, gpu_available
-from evo.space import repair
-from evo.status import Status
-from evo.template import TemplateDef, load_templates
+from evo.build.nvrtc import Builder, prepare
+from evo.measure.evaluators import EvalItem, GpuEvaluator
+from evo.core.genome import Genome
+from evo.measure.jobs import Timing
+from evo.loop.pipeline import arch_number
+from evo.measure.run import GpuRunner, gpu_available
+from evo.search.space import repair
+from evo.core.status import Status
+from evo.templates.template import TemplateDef, load_templates
 from ops import KNOWN, get_op
 from ops.spec import Cell, OpSpec, gbps
 
@@ -128,7 +128,7 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
                           "cells_at_or_above_best_peer": sum(r.speedup_vs_best_peer >= 1.0 for r in ok),
                           "geomean_pct_ceiling": geomean(r.pct_ceiling for r in ok)}
     meta = {"fingerprint": fingerprint, "copy_ceiling_gbps": ceiling, "summary": summary,
-            "method": "the gate (evo/gate.py): median of >=100 samples, L2 flushed and persisting lines reset before "
+            "method": "the gate (evo/measure/gate.py): median of >=100 samples, L2 flushed and persisting lines reset before "
                       "each, CUDA graph of one launch per input set when the cell's bytes take < 5 us at the copy "
                       "ceiling, every named peer timed beside the candidate on the same inputs, interleaved in "
                       "one process, both orders"}
@@ -156,7 +156,7 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
 
 
 def cmd_bench(args: Any) -> int:
-    from evo.cli import UnknownNameError
+    from evo.cli.errors import UnknownNameError
 
     if args.op not in KNOWN:
         raise UnknownNameError(f"unknown op {args.op!r}; known ops: {', '.join(KNOWN)}")
@@ -187,7 +187,7 @@ def cmd_bench(args: Any) -> int:
                 t = tdefs[df.template[0]]
                 cands.append((key[:10], t, Genome.make(op.name, t.name, t.source_hash, json.loads(df.params_json[0]))))
     if not gpu_available():
-        from evo.pipeline import NoGpuError
+        from evo.loop.pipeline import NoGpuError
 
         raise NoGpuError("kfactory bench needs an NVIDIA GPU and none is visible")
     cells = op.matrix()
@@ -195,7 +195,7 @@ def cmd_bench(args: Any) -> int:
         cells = [c for i, c in enumerate(cells) if i % 12 == 0]
     with GpuRunner(timeout_s=120) as runner:
         rows = bench(op, cands, cells, args.arch, runner, Timing())
-        from evo.build import compiler_version
+        from evo.build.nvrtc import compiler_version
 
         write(rows, args.out, dict(runner.fingerprint, nvrtc_build=compiler_version()), runner.ceiling_gbps)
     print(f"wrote {args.out.with_suffix('.csv')}, .md, .json")

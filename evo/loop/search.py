@@ -19,15 +19,15 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from evo.build import Builder
-from evo.config import Backend, ConfigError, Runner, StrategyKind
-from evo.evaluators import CellEval, EvalItem, GpuEvaluator, ReplayEvaluator
-from evo.genome import Genome
-from evo.jobs import Timing
-from evo.learn import REFRESH_EVERY, Learner
-from evo.pipeline import Session, dtype_sets
-from evo.status import Status
-from evo.strategy import GeneticSearch, Observation, RandomSearch
+from evo.build.nvrtc import Builder
+from evo.core.config import Backend, ConfigError, Runner, StrategyKind
+from evo.measure.evaluators import CellEval, EvalItem, GpuEvaluator, ReplayEvaluator
+from evo.core.genome import Genome
+from evo.measure.jobs import Timing
+from evo.loop.learn import REFRESH_EVERY, Learner
+from evo.loop.pipeline import Session, dtype_sets
+from evo.core.status import Status
+from evo.search.strategy import GeneticSearch, Observation, RandomSearch
 
 
 @dataclass
@@ -73,7 +73,7 @@ def observations(session: Session, evals: Sequence[CellEval], genomes: Sequence[
 
 def load_llm_templates(session: Session) -> list:
     """LLM-written templates this run already used (so a resumed run can rebuild their genomes)."""
-    from evo.template import TemplateError, parse_template
+    from evo.templates.template import TemplateError, parse_template
 
     df = session.store.sql(
         "SELECT DISTINCT s.source_hash, s.text FROM sources s JOIN candidates c USING (source_hash) "
@@ -153,7 +153,7 @@ def run_search(session: Session, evaluator: Any = None) -> int:
     c = session.config
     if c.run.backend is not Backend.RAY:
         return _run_search(session, evaluator)
-    from evo.ray_backend import init_ray, shutdown_ray
+    from evo.measure.ray_backend import init_ray, shutdown_ray
 
     init_ray(c.run.ray_address)
     try:
@@ -174,7 +174,7 @@ def _run_search(session: Session, evaluator: Any = None) -> int:
 def make_builder(c: Any) -> Any:
     """A process pool here, or Ray CPU tasks (the caller has called init_ray)."""
     if c.run.backend is Backend.RAY:
-        from evo.ray_backend import RayBuilder
+        from evo.measure.ray_backend import RayBuilder
 
         return RayBuilder(timeout_s=c.build.timeout_s)
     return Builder(c.build.workers, timeout_s=c.build.timeout_s)
@@ -183,10 +183,10 @@ def make_builder(c: Any) -> Any:
 def make_runner(c: Any) -> Any:
     """One worker process per visible GPU here, or one Ray actor per GPU of the cluster."""
     if c.run.backend is Backend.RAY:
-        from evo.ray_backend import RayRunner
+        from evo.measure.ray_backend import RayRunner
 
         return RayRunner(timeout_s=c.eval.timeout_s)
-    from evo.run import GpuRunner, visible_devices
+    from evo.measure.run import GpuRunner, visible_devices
 
     return GpuRunner(devices=visible_devices(), timeout_s=c.eval.timeout_s)
 
@@ -204,7 +204,7 @@ def _loop(session: Session, evaluator: Any) -> int:
         strategy.add_template(t)
     llm = None
     if session.config.llm.model != "none" or session.config.llm.replay_run:
-        from evo.llm_step import make_session_llm
+        from evo.loop.llm_step import make_session_llm
 
         llm = make_session_llm(session)
     progress = Progress()
@@ -261,7 +261,7 @@ def _generations(session: Session, evaluator: Any, strategy: Any, learner: Learn
             origins.update({g.key(): "warm" for g in learner.seeds if g.key() in origins})
             parents: dict[str, str] = {}
             if llm is not None:
-                from evo.llm_step import llm_children
+                from evo.loop.llm_step import llm_children
 
                 kids, parents = llm_children(session, strategy, llm, progress.best, llm_rng, evaluator.ceiling_gbps)
                 # an answer seen before gives the same template and genome: never evaluate it twice
@@ -319,7 +319,7 @@ class Reused:
 
 def reusable(session: Session, evaluator: Any) -> dict[tuple[str, str], Reused]:
     """Results other runs measured under the same fingerprint class and source: never measured twice."""
-    from evo.pipeline import fingerprint_class
+    from evo.loop.pipeline import fingerprint_class
 
     df = session.store.sql(
         "SELECT e.genome_key, e.cell, e.status, e.median_us, e.p10_us, e.p90_us, e.samples, e.baseline_us, "

@@ -16,10 +16,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from evo.build import BuildInput, BuildResult, compile_one
-from evo.jobs import EvalJob, JobResult
-from evo.run import CRASH, TIMEOUT, WorkerHandle, WorkerStartError
-from evo.status import Status
+from evo.build.nvrtc import BuildInput, BuildResult, compile_one
+from evo.measure.jobs import EvalJob, JobResult
+from evo.measure.run import CRASH, TIMEOUT, WorkerHandle, WorkerStartError
+from evo.core.status import Status
 
 INSTALL_HINT = "pip install 'kernel-factory[ray]'"
 STARTING = -1  # job index of a wait that is an actor coming up, not a job
@@ -36,7 +36,7 @@ def _ray() -> Any:
 def _require_ray() -> Any:
     ray = _ray()
     if not ray.is_initialized():
-        raise RuntimeError("Ray is not initialized: call evo.ray_backend.init_ray(address) first")
+        raise RuntimeError("Ray is not initialized: call evo.measure.ray_backend.init_ray(address) first")
     return ray
 
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from evo.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob
+from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob
 
 GATE_VERSION = "2"  # in every GPU fingerprint: results of an older, foolable gate are never reused
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)

@@ -16,12 +16,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from evo.build import Builder, BuildInput, BuildResult, parse_ptxas, prepare
-from evo.config import Config, ConfigError
-from evo.evaluators import CellEval
-from evo.genome import Genome
-from evo.status import Status
-from evo.template import TemplateDef, TemplateError, load_templates
+from evo.build.nvrtc import Builder, BuildInput, BuildResult, parse_ptxas, prepare
+from evo.core.config import Config, ConfigError
+from evo.measure.evaluators import CellEval
+from evo.core.genome import Genome
+from evo.core.status import Status
+from evo.templates.template import TemplateDef, TemplateError, load_templates
 from memory.rows import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow
 from memory.store import Store
 from ops import get_op
@@ -231,7 +231,7 @@ def new_run_id(config: Config) -> str:
 
 def initial_population(session: Session, rng: random.Random) -> list[Genome]:
     """Each template's default point first, then legal random points, deduplicated by key."""
-    from evo.space import sample
+    from evo.search.space import sample
 
     n = session.config.search.population
     dsets = dtype_sets(session.cells)

@@ -1,7 +1,7 @@
 """Tiling operators: pure functions of a genome, a template and an explicit `random.Random`.
 
 Each returns a new legal Genome, or its (first) parent unchanged when no legal point can be found;
-the caller dedups by `Genome.key()`. Legality is `evo.space.Space.is_legal` for the run's arch,
+the caller dedups by `Genome.key()`. Legality is `evo.search.space.Space.is_legal` for the run's arch,
 dtype sets and (optionally) cell dims.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping, Sequence
 
-from evo.genome import Genome
-from evo.space import Space, index_of, neighbours
-from evo.template import TemplateDef
+from evo.core.genome import Genome
+from evo.search.space import Space, index_of, neighbours
+from evo.templates.template import TemplateDef
 
 STEP_TRIES = 8  # random multi-param steps tried before falling back to every single step
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from evo.build import prepare
-from evo.genome import Genome
+from evo.build.nvrtc import prepare
+from evo.core.genome import Genome
 from evo.llm.client import LLMSettings, make_llm
 from evo.llm.mutate import Measurements, MutationRequest, child_genome, proposal_rows, proposal_template, propose_many
 from evo.llm.replay import ReplayLLM
-from evo.status import Status
+from evo.core.status import Status
 
 
 def make_session_llm(session: Any) -> Any:

@@ -1,6 +1,6 @@
-"""The GPU worker: one process per device, fed EvalJobs over a pipe by the parent (evo/run.py).
+"""The GPU worker: one process per device, fed EvalJobs over a pipe by the parent (evo/measure/run.py).
 
-It implements the gate's device interface (evo/gate.py) with cuda.core: buffers with canary zones,
+It implements the gate's device interface (evo/measure/gate.py) with cuda.core: buffers with canary zones,
 random fills of the op's input kinds, random poison, keyed checksums, comparison of every element
 against a float64 device reference, CUDA-event timing with the L2 flushed (or a CUDA graph), and the
 torch baseline on the same input buffers. A kernel that faults poisons the CUDA context: the worker
@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from evo.gate import GATE_VERSION, SLOTS, Gate
-from evo.jobs import CheckStats, EvalJob, JobResult
+from evo.measure.gate import GATE_VERSION, SLOTS, Gate
+from evo.measure.jobs import CheckStats, EvalJob, JobResult
 
 GUARD = 4096  # bytes of canary before and after every buffer
 CANARY = 0xA5
@@ -152,7 +152,7 @@ class Worker:
     def _support(self, kernel: str, n: int, *args: tuple) -> None:
         self.launch(self.support, kernel, self._grid_for(n), (256, 1, 1), 0, args)
 
-    # ---- the gate's device interface (evo.gate.GateDevice) ------------------------------------
+    # ---- the gate's device interface (evo.measure.gate.GateDevice) ------------------------------------
     def alloc(self, nbytes: int) -> DeviceBuffer:
         buf = DeviceBuffer(self.dev, self.stream, nbytes)
         self.memset8(buf.base, CANARY, GUARD)

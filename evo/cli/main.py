@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn, Sequence
 
-DEFAULT_STORE = Path(".kfactory") / "store.duckdb"
+from evo.cli.errors import DEFAULT_STORE, UnknownNameError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,9 +94,9 @@ def parser() -> argparse.ArgumentParser:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's to fix: printed as one clear line, not a traceback."""
-    from evo.config import ConfigError
-    from evo.pipeline import NoGpuError
-    from evo.template import TemplateError
+    from evo.core.config import ConfigError
+    from evo.loop.pipeline import NoGpuError
+    from evo.templates.template import TemplateError
     from memory.store import StoreError
 
     from ops import UnknownOpError
@@ -104,45 +104,34 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, TemplateError, StoreError, NoGpuError, UnknownNameError, UnknownOpError, UsageError)
 
 
-class UsageError(ValueError):
-    """A command was given something it cannot use (an output path that is a file, ...)."""
-
-
-class UnknownNameError(KeyError):
-    """An op, template or run the user named does not exist."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     UserError = _user_errors()
-    from evo.commands import Interrupted
+    from evo.cli.commands import Interrupted
 
     try:
         if args.cmd == "run":
-            from evo.commands import cmd_run
+            from evo.cli.commands import cmd_run
 
             return cmd_run(args.config, args.store, args.run_id)
         if args.cmd == "resume":
-            from evo.commands import cmd_resume
+            from evo.cli.commands import cmd_resume
 
             return cmd_resume(args.run_id, args.store)
         if args.cmd == "sql":
-            from evo.commands import cmd_sql
+            from evo.cli.commands import cmd_sql
 
             return cmd_sql(args.query, args.store)
         if args.cmd == "lessons":
-            from evo.commands import cmd_lessons
+            from evo.cli.commands import cmd_lessons
 
             return cmd_lessons(args.store, args.op, args.arch, args.kind, args.limit)
         if args.cmd == "report":
-            from evo.report import cmd_report
+            from evo.cli.report import cmd_report
 
             return cmd_report(args.store, args.run_id, args.out)
         if args.cmd == "bench":
-            from evo.bench import cmd_bench
+            from evo.cli.bench import cmd_bench
 
             return cmd_bench(args)
     except UserError as e:

@@ -15,8 +15,8 @@ from typing import Any, Iterator
 import duckdb
 import pandas as pd
 
-from evo.config import Backend, Config, Runner, load_config, parse_config
-from evo.pipeline import NoGpuError, Session, new_run_id, run_build_stage
+from evo.core.config import Backend, Config, Runner, load_config, parse_config
+from evo.loop.pipeline import NoGpuError, Session, new_run_id, run_build_stage
 from memory.store import Store, StoreError
 
 LESSONS_WIDTH = 100  # `kfactory lessons` wraps to the terminal, at most this wide
@@ -74,13 +74,13 @@ def cmd_run(config_path: Path, store_path: Path, run_id: str = "") -> int:
 
 
 def _run(config: Config, store_path: Path, run_id: str) -> int:
-    from evo.cli import DEFAULT_STORE
+    from evo.cli.errors import DEFAULT_STORE
 
     with Store.open(store_path) as store, interruptible() as caught:
         session = Session(config, store, run_id or new_run_id(config))
         evaluator = None
         if config.run.runner is Runner.REPLAY:
-            from evo.search import replay_evaluator
+            from evo.loop.search import replay_evaluator
 
             evaluator = replay_evaluator(session)  # refuses data that does not cover the cells
         session.record_run()  # refuses a run id started under another config
@@ -108,7 +108,7 @@ def _execute(session: Session, store_path: Path, evaluator: Any) -> int:
     print(f"run {session.run_id}: op {config.run.op}, arch {config.run.arch}, {len(session.cells)} cells, "
           f"templates {', '.join(session.templates)}; store {store_path}")
     if config.run.runner is Runner.GPU:
-        from evo.run import gpu_available
+        from evo.measure.run import gpu_available
 
         if config.run.backend is Backend.LOCAL and not gpu_available():
             run_build_stage(session)
@@ -118,7 +118,7 @@ def _execute(session: Session, store_path: Path, evaluator: Any) -> int:
                 f"are recorded in {store_path}. Run on a GPU machine, or use a replay config "
                 "(run.runner = 'replay') to search against recorded measurements.")
     if config.run.runner in (Runner.GPU, Runner.REPLAY):
-        from evo.search import run_search
+        from evo.loop.search import run_search
 
         return run_search(session, evaluator)
     run_build_stage(session)

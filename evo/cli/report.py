@@ -1,6 +1,6 @@
 """A run's report: markdown summary of one run in the store, with best-so-far, speedup and %-of-ceiling plots.
 
-Best per cell means what the search means by it (evo.search.update_progress): the fastest OK evaluation
+Best per cell means what the search means by it (evo.loop.search.update_progress): the fastest OK evaluation
 (lowest median_us, the earlier one on a tie), and its speedup is that row's baseline_us / median_us.
 """
 
@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from evo.cli import UnknownNameError, UsageError
+from evo.cli.errors import UnknownNameError, UsageError
 from memory.store import Store, StoreError
 
 # Plots are drawn on an explicit Agg canvas instead of through pyplot: no display is needed, and
@@ -312,7 +312,7 @@ def cmd_report(store: Path, run_id: str, out: Path | None) -> int:
         raise StoreError(f"no store at {store} (run an experiment first, or pass --store PATH)")
     if out is not None and out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file; give a folder (it is created if missing)")
-    from evo.commands import open_reader
+    from evo.cli.commands import open_reader
 
     with open_reader(store) as s:
         run_id = resolve_run_id(s, run_id)

@@ -1,0 +1,1 @@
+"""The kfactory command line: run, resume, report, sql, lessons, bench."""

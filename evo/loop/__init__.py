@@ -1,0 +1,1 @@
+"""The loop: a run's session, propose -> screen -> build -> measure -> record -> learn."""

@@ -1,0 +1,1 @@
+"""Measure: the gate, the GPU worker and its watchdog, verdicts, evaluators (GPU, replay, Ray)."""

@@ -1,0 +1,1 @@
+"""Search: parameter spaces, pure mutation operators, strategies (GA through DEAP, random)."""

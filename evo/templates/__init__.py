@@ -1,0 +1,1 @@
+"""Templates: the TOML header (space, constraints, launch plan), the Jinja sandbox, rendering."""
