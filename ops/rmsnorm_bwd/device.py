@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 SOURCE = Path(__file__).with_name("device.cu")
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
