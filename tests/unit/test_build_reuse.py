@@ -13,29 +13,16 @@ from evo.build.nvrtc import Builder, BuildResult
 from evo.cli.main import main
 from evo.core.config import parse_config
 from evo.core.genome import Genome
-from evo.loop.pipeline import Session, stored_builds
 from evo.core.status import Status
+from evo.loop.pipeline import Session, stored_builds
 from evo.templates.template import parse_template
 from memory import Store
+from tests.unit.test_render_build import HEADER
 from tests.unit.test_search_replay import SMALL
 from tests.unit.test_store import build_row
 
-BROKEN = """{#- kfactory
-[template]
-op = "rmsnorm"
-name = "broken"
-[space]
-threads = [128]
-[defaults]
-threads = 128
-[[launch]]
-kernel = "k"
-grid = ["M"]
-block = ["threads"]
-args = ["x"]
--#}
-extern "C" __global__ void k(float* x) { this is not C++ }
-"""
+BROKEN = HEADER.replace('name = "evil"', 'name = "broken"') + (
+    'extern "C" __global__ void k(float* x) { this is not C++ }\n')
 
 
 def _session(store: Store, run_id: str) -> Session:
