@@ -103,7 +103,8 @@ class BuildInput:
     consts: tuple[tuple[str, int], ...]
     source: str = field(default="", compare=False, repr=False)
     kernels: tuple[str, ...] = ()
-    threads: int = 0  # largest block of the plan, for the register check
+    threads: int = 0  # largest block of the plan
+    kernel_threads: tuple[tuple[str, int], ...] = ()  # each kernel's largest block, for the register check
     render_error: str = ""
 
     def key(self) -> str:
@@ -174,11 +175,12 @@ def prepare(
             return replace(bi, render_error="unsafe rendered CUDA: " + "; ".join(problems))
     # The register check needs the block size; one that reads a dim is checked per cell at launch.
     ctx = tdef.context(genome.params_dict(), arch_n, dict(dt), consts)
-    threads = max(
-        (_product(e.eval(ctx) for e in d.block) for d in tdef.launches if all(e.names <= set(ctx) for e in d.block)),
-        default=0,
-    )
-    return replace(bi, source=r.source, kernels=tdef.kernel_names(), threads=threads)
+    per: dict[str, int] = {}
+    for d in tdef.launches:
+        if all(e.names <= set(ctx) for e in d.block):
+            per[d.kernel] = max(per.get(d.kernel, 0), _product(e.eval(ctx) for e in d.block))
+    return replace(bi, source=r.source, kernels=tdef.kernel_names(), threads=max(per.values(), default=0),
+                   kernel_threads=tuple(sorted(per.items())))
 
 
 def _product(vals: Iterable[Any]) -> int:
@@ -216,15 +218,17 @@ def compile_one(bi: BuildInput) -> BuildResult:
         return BuildResult(
             key, Status.COMPILE_ERROR, log=log, error=f"kernels not in the cubin: {missing}", compile_ms=ms, compiler=version
         )
-    status, error = check_resources(res, bi.threads)
+    status, error = check_resources(res, dict(bi.kernel_threads) or bi.threads)
     return BuildResult(key, status, tuple(sorted(res.items())), obj.code, log, error, ms, version)
 
 
-def check_resources(res: Mapping[str, KernelResources], threads: int) -> tuple[Status, str]:
-    """RESOURCE_ERROR when a kernel cannot launch with its block size on the target."""
+def check_resources(res: Mapping[str, KernelResources], threads: int | Mapping[str, int]) -> tuple[Status, str]:
+    """RESOURCE_ERROR when a kernel cannot launch with its block size on the target. `threads`: one
+    block size for every kernel, or each kernel's own (a plan's launches may differ)."""
     for name, r in res.items():
-        if threads and r.regs * threads > REGS_PER_SM:
-            return Status.RESOURCE_ERROR, f"{name}: {r.regs} regs x {threads} threads > {REGS_PER_SM}"
+        n = threads.get(name, 0) if isinstance(threads, Mapping) else threads
+        if n and r.regs * n > REGS_PER_SM:
+            return Status.RESOURCE_ERROR, f"{name}: {r.regs} regs x {n} threads > {REGS_PER_SM}"
         if r.smem_bytes > MAX_SMEM_PER_BLOCK:
             return Status.RESOURCE_ERROR, f"{name}: {r.smem_bytes} B static smem > {MAX_SMEM_PER_BLOCK}"
     return Status.OK, ""

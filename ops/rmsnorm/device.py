@@ -33,15 +33,24 @@ def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
         return torch.nn.functional.rms_norm(t["x"], (t["x"].shape[-1],), t["w"], s["eps"])
 
     def liger() -> Callable:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.rms_norm import rms_norm_forward  # the kernel behind LigerRMSNormFunction
 
-        return lambda t, s: LigerRMSNormFunction.apply(t["x"], t["w"], s["eps"])
+        # (X, W, eps, offset, casting_mode, row_mode) -> (Y, X, RSTD, BLOCK_SIZE, num_warps, casting_mode)
+        return lambda t, s: rms_norm_forward(t["x"], t["w"], s["eps"], 0.0, "llama", None)[0]
 
     def quack(tuned: bool) -> Callable:
         import quack.rmsnorm as q
 
-        fn = q.rmsnorm_fwd_tuned if tuned else q.rmsnorm
-        return lambda t, s: fn(t["x"], t["w"], eps=s["eps"])
+        if not tuned:  # the analytical heuristic's config: rmsnorm_fwd -> (out, residual_out, rstd)
+            return lambda t, s: q.rmsnorm_fwd(t["x"], t["w"], eps=s["eps"])[0]
+
+        def tuned_fwd(t: Mapping[str, Any], s: Mapping[str, float]) -> Any:
+            # @autotune benches every config on the first call per (shape, dtype) key and keeps the best
+            out = torch.empty_like(t["x"])
+            q.rmsnorm_fwd_tuned(t["x"], t["w"], out, eps=s["eps"])
+            return out
+
+        return tuned_fwd
 
     makers = {"torch.rms_norm": lambda: eager, "torch.compile": lambda: compiled(torch, eager),
               "liger": liger, "quack": lambda: quack(False), "quack.autotuned": lambda: quack(True)}

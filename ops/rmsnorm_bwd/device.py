@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 SOURCE = Path(__file__).with_name("device.cu")
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -24,7 +24,8 @@ def tail_width(dims: Mapping[str, int]) -> int:
 
 
 def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    """torch's autograd of rms_norm (it recomputes the forward's statistics from x; rstd is not read)."""
+    """name -> fn(tensors, scalars) returning (dx, dw), or why the peer is absent. torch's autograd
+    recomputes the forward's statistics from x (rstd is not read); the others read rstd as given."""
     from ops.baselines import absent_unless
 
     def autograd(t: Mapping[str, Any], s: Mapping[str, float]) -> Any:
@@ -33,5 +34,35 @@ def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
         y = torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6)
         return torch.autograd.grad(y, (x, w), t["dout"])
 
-    makers = {"torch.autograd(rms_norm)": lambda: autograd}
+    def liger() -> Callable:
+        from liger_kernel.ops.rms_norm import rms_norm_backward
+        from liger_kernel.ops.utils import calculate_settings
+
+        def run(t: Mapping[str, Any], s: Mapping[str, float]) -> Any:
+            block, warps = calculate_settings(t["x"].shape[-1])  # raises past Triton's largest block
+            # (dY, X, W, RSTD, offset, casting_mode, BLOCK_SIZE, num_warps, in_place, row_mode) -> (dX, dW);
+            # in_place=False: dout is an input of every other peer and of the candidate
+            return rms_norm_backward(t["dout"], t["x"], t["w"], t["rstd"], 0.0, "llama", block, warps, False, None)
+
+        return run
+
+    def quack(tuned: bool) -> Callable:
+        import quack.rmsnorm as q
+
+        if not tuned:  # rmsnorm_bwd -> (dx, dw, db, dresidual); dw from fp32 partials summed by torch
+            return lambda t, s: q.rmsnorm_bwd(t["x"], t["w"], t["dout"], t["rstd"])[:2]
+        from quack.rmsnorm_config import get_sm_count
+
+        def tuned_bwd(t: Mapping[str, Any], s: Mapping[str, float]) -> Any:
+            x, w = t["x"], t["w"]
+            sm = get_sm_count(x.shape[-1], x.device)
+            dx = torch.empty_like(x)
+            part = torch.empty((sm, x.shape[-1]), device=x.device, dtype=torch.float32)
+            q.rmsnorm_bwd_tuned(x, w, t["dout"], t["rstd"], dx, part, sm_count=sm, has_dw_partial=True)
+            return dx, part.sum(dim=0).to(w.dtype)
+
+        return tuned_bwd
+
+    makers = {"torch.autograd(rms_norm)": lambda: autograd, "liger": liger,
+              "quack": lambda: quack(False), "quack.autotuned": lambda: quack(True)}
     return {n: absent_unless(makers, n) for n in (names or ("torch.autograd(rms_norm)",))}
