@@ -89,19 +89,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("bench"), help="output prefix: writes PREFIX.csv and PREFIX.md")
     p.add_argument("--quick", action="store_true", help="first cell of each dtype only (smoke test)")
     _store_arg(p)
+
+    p = sub.add_parser("export", help="write a pip-installable Python package from finished runs' dispatch tables",
+                       description="Package the dispatch table of a finished rmsnorm run (and optionally of an "
+                                   "rmsnorm_bwd run): rendered .cu and measured cubins per cell, templates for "
+                                   "other shapes, a cuda-python loader with an NVRTC fallback, a torch custom op "
+                                   "with autograd, a QuACK-compatible API, tests, a benchmark and provenance.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids: one rmsnorm run, optionally one rmsnorm_bwd run")
+    p.add_argument("--out", type=Path, required=True, help="output folder (new or empty)")
+    p.add_argument("--name", default="kf_rmsnorm", help="package name (default: kf_rmsnorm)")
+    _store_arg(p)
     return ap
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's to fix: printed as one clear line, not a traceback."""
     from evo.core.config import ConfigError
+    from evo.export.errors import ExportError
     from evo.loop.pipeline import NoGpuError
     from evo.templates.template import TemplateError
     from memory.store import StoreError
 
     from ops import UnknownOpError
 
-    return (ConfigError, TemplateError, StoreError, NoGpuError, UnknownNameError, UnknownOpError, UsageError)
+    return (ConfigError, TemplateError, StoreError, NoGpuError, UnknownNameError, UnknownOpError, UsageError,
+            ExportError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -134,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from evo.cli.bench import cmd_bench
 
             return cmd_bench(args)
+        if args.cmd == "export":
+            from evo.cli.export import cmd_export
+
+            return cmd_export(args.runs, args.store, args.out, args.name)
     except UserError as e:
         print(f"kfactory {args.cmd}: error: {_one_line(e)}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 EVO = Path(__file__).resolve().parents[2] / "evo"
-STAGES = {"core", "templates", "build", "search", "measure", "loop", "llm", "cli"}
+STAGES = {"core", "templates", "build", "search", "measure", "loop", "llm", "cli", "export"}
 
 
 def imports() -> dict[str, set[str]]:

@@ -1,0 +1,16 @@
+"""What `kfactory export` does: write the package and say what went into it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from evo.export.make import export
+
+
+def cmd_export(runs: Sequence[str], store: Path, out: Path, name: str) -> int:
+    done = export(store, runs, out, name)
+    for op, run_id, cells, kernels in done.ops:
+        print(f"{op}: run {run_id}, {cells} cells, {kernels} kernels")
+    print(f"wrote package {done.name} to {done.out}; install it with: pip install {done.out}")
+    return 0

@@ -1,0 +1,79 @@
+"""`kfactory export`: finished runs' dispatch tables to a pip-installable package, written whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from evo.build.nvrtc import compiler_version
+from evo.export.document import dispatch_document, op_document, provenance_document
+from evo.export.errors import ExportError
+from evo.export.kernels import build_kernels
+from evo.export.readme import readme
+from evo.export.runs import RunTable, read_run
+from evo.export.write import write_package
+from memory.store import Store
+
+FORWARD, BACKWARD = "rmsnorm", "rmsnorm_bwd"
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class Exported:
+    out: Path
+    name: str
+    ops: tuple[tuple[str, str, int, int], ...]  # (op, run id, cells, kernels)
+
+
+def check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file; give a new or empty folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise ExportError(f"--out {out} is not empty; give a new or empty folder (nothing is overwritten)")
+
+
+def check_runs(runs: Sequence[RunTable]) -> None:
+    ops = [r.op for r in runs]
+    other = sorted({op for op in ops if op not in (FORWARD, BACKWARD)})
+    if other:
+        raise ExportError(f"runs of op {', '.join(other)} cannot be exported: the package is RMSNorm "
+                          f"({FORWARD} forward, optionally {BACKWARD})")
+    for op in (FORWARD, BACKWARD):
+        if ops.count(op) > 1:
+            raise ExportError(f"{ops.count(op)} runs of op {op} given; export one per op")
+    if FORWARD not in ops:
+        raise ExportError(f"no {FORWARD} run given: the package needs a forward run (a {BACKWARD} run is optional)")
+
+
+def export(store_path: Path, run_ids: Sequence[str], out: Path, name: str, workers: int = 2) -> Exported:
+    """Write the package for these runs to `out` (new or empty); ExportError for anything the user must fix."""
+    if not _NAME.fullmatch(name):
+        raise ExportError(f"--name {name!r} is not a package name (lower case letters, digits, _; not first a digit)")
+    check_out(out)
+    if not store_path.exists():
+        raise ExportError(f"no store at {store_path} (pass --store PATH)")
+    with Store.open(store_path, read_only=True) as store:
+        runs = [read_run(store, r) for r in dict.fromkeys(run_ids)]
+        check_runs(runs)
+        built = {r.op: build_kernels(store, r, workers) for r in runs}
+    kernels = {op: ks for op, (ks, _) in built.items()}
+    cell_kernel = {op: ids for op, (_, ids) in built.items()}
+    dispatch = dispatch_document(name, {r.op: op_document(r, kernels[r.op], cell_kernel[r.op]) for r in runs})
+    prov = provenance_document(name, runs, kernels, compiler_version())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_package(tmp, name, VERSION, runs, kernels, dispatch, prov, readme(name, runs, cell_kernel, prov))
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Exported(out, name, tuple((r.op, r.run["run_id"], len(r.entries), len(kernels[r.op])) for r in runs))

@@ -1,0 +1,144 @@
+"""The exported package's README: what it holds, how to use it, where every number comes from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from evo.export.runs import RunTable
+
+
+def _us(v: float | None) -> str:
+    return f"{v:.2f}" if v is not None else "-"
+
+
+def _cells(run: RunTable, cell_kernel: dict[str, str]) -> list[str]:
+    lines = ["| cell | kernel | median us | baseline | baseline us | speedup |", "| --- | --- | --- | --- | --- | --- |"]
+    for e in run.entries:
+        lines.append(f"| {e.cell} | `{e.genome.short()}` | {_us(e.median_us)} | {e.baseline or '-'} | "
+                     f"{_us(e.baseline_us)} | {f'{e.speedup:.3f}' if e.speedup else '-'} |")
+    return lines
+
+
+def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str, str]],
+           provenance: dict[str, Any]) -> str:
+    fwd = next(r for r in runs if r.op == "rmsnorm")
+    bwd = next((r for r in runs if r.op == "rmsnorm_bwd"), None)
+    arch = fwd.arch
+    prov = provenance["ops"]
+    lines = [
+        f"# {name}",
+        "",
+        f"RMSNorm CUDA kernels found by Kernel Factory's search, exported from run `{fwd.run['run_id']}` (forward)"
+        + (f" and run `{bwd.run['run_id']}` (backward)" if bwd else "") + f", built for `{arch}`. The package holds",
+        "the rendered CUDA source and the cubin the search measured for every cell of the dispatch table, the",
+        "templates they were rendered from (for shapes outside the table), a loader through cuda-python",
+        "(cuda.core), a `torch.library` custom op with autograd, and a QuACK-compatible API.",
+        "",
+        "## Install",
+        "",
+        "```bash",
+        "pip install .                 # torch, numpy, jinja2, cuda-core, cuda-bindings, cuda-pathfinder",
+        "pip install '.[nvrtc]'        # plus NVRTC and CUDA headers: off-table N and other GPUs compile at first use",
+        "pip install --no-build-isolation --no-deps .   # offline, with those already installed",
+        "```",
+        "",
+        "`import` needs neither a GPU nor torch (`explain`, `tables`, `provenance` read the shipped data); the",
+        "torch API imports torch and registers the custom ops on first use.",
+        "",
+        "## Use",
+        "",
+        "```python",
+        f"import torch, {name} as kf",
+        "x = torch.randn(4096, 8192, device='cuda', dtype=torch.bfloat16, requires_grad=True)",
+        "w = torch.ones(8192, device='cuda', dtype=torch.bfloat16, requires_grad=True)",
+        "y = kf.rmsnorm(x, w, eps=1e-6)          # QuACK's signature; autograd through the custom op",
+        "y.sum().backward()",
+        "print(kf.explain(x.shape, x.dtype))     # which kernel this shape gets, and why",
+        "print(kf.stats())                        # calls per path in this process",
+        "```",
+        "",
+        "- `rmsnorm(x, weight=None, bias=None, residual=None, out_dtype=None, residual_dtype=None, eps=1e-6,",
+        "  prenorm=False)`: over the last dim; with `prenorm`, returns `(out, residual_out)`.",
+        "- `rmsnorm_fwd(x, weight=None, bias=None, residual=None, out_dtype=None, residual_dtype=None, eps=1e-6,",
+        "  store_rstd=False) -> (out, residual_out, rstd)` and `rmsnorm_bwd(x, weight, dout, rstd,",
+        "  dresidual_out=None, has_bias=False, has_residual=False) -> (dx, dw, db, dresidual)`, as QuACK's.",
+        "- `RMSNorm(dim, eps=1e-6)`: a `torch.nn.RMSNorm` computed by `rmsnorm`.",
+        f"- Custom ops `torch.ops.{name}.rmsnorm_fwd(x, weight, eps)` (2-d x) with autograd, and",
+        f"  `torch.ops.{name}.rmsnorm_bwd(x, weight, dout, rstd) -> (dx, dw)`; both have fake kernels for",
+        "  torch.compile.",
+        "",
+        "## Which path a call takes (`explain`)",
+        "",
+        "- `table`: a searched cell: the cubin the search measured there.",
+        "- `table-build`: another M (or any shape) served by a prebuilt cubin of the table (same genome, dtypes",
+        "  and compiled-in dims); the factory's gate ran that cubin at M = 1, 37 and 1059 as well.",
+        "- `rerender`: the nearest searched genome (same dtypes first, then nearest dims) whose template admits",
+        "  the shape, rendered for it from the shipped template and compiled with NVRTC at first use. Templates",
+        "  compile N into the code (`specialize` in their header), so a new N needs this. Cubins are cached in",
+        f"  `~/.cache/{name}` (`{name.upper()}_CACHE_DIR`).",
+        "- `repaired`: no searched genome is legal for the shape as it is; the nearest one with the fewest",
+        "  parameters changed so that its template's constraints hold, rendered and compiled as above.",
+        "- `torch`: float32 torch operations, correct but not searched: bias, a residual add, an `out_dtype`",
+        "  other than x's, CPU tensors, a shape no exported template admits, or a kernel that failed to compile",
+        "  or check. `weight=None` runs the kernels with a weight of ones (exact).",
+        "",
+        f"A `rerender`ed or `repaired` kernel (and any kernel compiled for a GPU other than `{arch}`) was never",
+        "run by the factory's gate: its first call is checked against a float64 reference on that call's data (first,",
+        "middle and last rows; dw in full). A kernel that fails to compile or to check is not used again in",
+        f"the process; a warning says why and its calls take the `torch` path (`{name.upper()}_SELFCHECK=0`",
+        "turns the check off). Inside CUDA graph capture an unchecked kernel is not used.",
+        "",
+        "Decision: the package ships the templates and a small Jinja renderer (the factory's sandbox settings)",
+        "rather than pre-rendered variants, because N is compiled into the code and the set of N users call",
+        "with is open. The renderer gives back every shipped source exactly (`tests/test_cpu.py`).",
+        "",
+        "## Backward",
+        "",
+    ]
+    if bwd:
+        lines += [f"Backward kernels from run `{bwd.run['run_id']}` compute dx and dw; the forward kernels do not",
+                  "store rstd, so autograd recomputes it from x in float32 torch (one extra read of x).", ""]
+        lines += _cells(bwd, cell_kernel["rmsnorm_bwd"]) + [""]
+    else:
+        lines += ["No backward run was exported: the backward (autograd, `rmsnorm_bwd`) is float32 torch",
+                  "(`reference.backward_2d`), correct and not searched. rstd is recomputed from x in float32.", ""]
+    lines += ["## Forward cells (as measured by the search)", ""]
+    lines += _cells(fwd, cell_kernel["rmsnorm"]) + [""]
+    for r in runs:
+        p = prov[r.op]
+        gm = p["geomean_speedup_vs_baseline"]
+        line = (f"`{r.op}`: {len(r.entries)} cells, table from {p['table_from']}, measured by "
+                f"{', '.join(p['sources'])} (fingerprint classes {', '.join(p['fingerprint_classes']) or '-'}); "
+                f"geomean speedup over the baseline timed beside each kernel {f'{gm:.3f}' if gm else '-'}. "
+                "`source = replay` means the times are recorded measurements replayed by the search, not a fresh "
+                "GPU run.")
+        lines += [line, ""]
+    lines += [
+        "## Tests and benchmark",
+        "",
+        "```bash",
+        "pytest tests                     # tests/test_gpu.py skips, loudly, without a CUDA GPU",
+        f"python -m {name}.bench --out bench.json   # torch eager vs exported, same process, median",
+        "```",
+        "",
+        "The GPU tests compare every searched cell, off-table shapes (M = 1, odd M and N, mixed weight dtype,",
+        "long rows), every API variant, autograd and torch.compile with a float64 reference; the benchmark",
+        "times each cell with CUDA events, the L2 flushed before every launch, both sides interleaved in both",
+        "orders, and writes medians, spreads and GB/s to JSON.",
+        "",
+        "## Provenance",
+        "",
+        f"`{name}/data/provenance.json`: the runs (config included), the fingerprints of the measurements (GPU,",
+        "clocks, driver, CUDA and NVRTC versions), the factory commit and NVRTC used for the export; every",
+        f"evaluation of each run is in `{name}/data/results/`. `{name}/data/dispatch.json` is the table the runtime",
+        "reads: per cell the kernel and its measurement, per template its space, constraints and launch plan.",
+        "",
+        "## Not covered",
+        "",
+        "- Variants the searched kernels do not compute run in float32 torch (see above), not fused.",
+        "- Templates declaring thread-block clusters are not launched with a cluster dimension.",
+        "- The prebuilt cubins load only on the exact arch they were built for; other GPUs compile at first use.",
+        "",
+    ]
+    return "\n".join(lines)

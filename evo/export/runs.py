@@ -1,0 +1,149 @@
+"""A finished run's dispatch table as the store holds it: the winning evaluation per cell, with its
+genome, template text, build and measurement, plus the run's row and every evaluation it recorded.
+
+The table is the one the run published (`runs/RUN/dispatch.json` beside the store, written by the
+search loop at its end), each entry checked against the store; where that file is absent, the same
+rule is applied to the store: per cell, the run's fastest OK evaluation (ties by genome key).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from evo.core.genome import Genome
+from evo.export.errors import ExportError
+from memory.store import Store
+
+_FINISHED = "done"
+
+_ENTRY_SQL = """
+SELECT e.eval_id, e.run_id, e.genome_key, e.build_key, e.cell, e.dtypes_json, e.dims_json, e.median_us, e.p10_us,
+       e.p90_us, e.samples, e.gbps, e.ceiling_gbps, e.baseline, e.baseline_us, e.speedup, e.fingerprint_json,
+       e.fingerprint_class, e.source, coalesce(e.reused_from, e.run_id) AS measured_in,
+       c.op, c.template, c.source_hash, c.params_json
+FROM evaluations e JOIN candidates c USING (genome_key)
+WHERE e.status = 'OK' AND e.median_us IS NOT NULL AND {where}
+ORDER BY e.cell, e.median_us, e.genome_key, e.eval_id
+"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cell of the dispatch table and the evaluation that put its genome there."""
+
+    cell: str
+    dtypes: dict[str, str]
+    dims: dict[str, int]
+    genome: Genome
+    eval_id: str
+    build_key: str
+    measured_in: str
+    median_us: float
+    p10_us: float | None
+    p90_us: float | None
+    samples: int | None
+    gbps: float | None
+    ceiling_gbps: float | None
+    baseline: str
+    baseline_us: float | None
+    speedup: float | None
+    fingerprint: dict[str, Any]
+    fingerprint_class: str
+    source: str
+
+
+@dataclass(frozen=True)
+class RunTable:
+    """What an export needs from one run."""
+
+    run: dict[str, Any]
+    op: str
+    arch: str
+    entries: tuple[Entry, ...]
+    sources: dict[str, tuple[str, str]]  # source hash -> (text, origin)
+    evaluations: pd.DataFrame  # every evaluation the run recorded (the raw results)
+    table_from: str  # "dispatch.json" or "store"
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None or pd.isna(v) or not math.isfinite(float(v)) else float(v)
+
+
+def _entry(r: Any) -> Entry:
+    fp = json.loads(r.fingerprint_json) if isinstance(r.fingerprint_json, str) else {}
+    genome = Genome.make(r.op, r.template, r.source_hash, json.loads(r.params_json))
+    if genome.key() != r.genome_key:
+        raise ExportError(f"cell {r.cell}: candidate {r.genome_key[:12]} does not hash to its own genome "
+                          f"({genome.short()}); the store is inconsistent")
+    return Entry(r.cell, json.loads(r.dtypes_json), json.loads(r.dims_json), genome, r.eval_id,
+                 r.build_key if isinstance(r.build_key, str) else "", r.measured_in, float(r.median_us),
+                 _num(r.p10_us), _num(r.p90_us), None if pd.isna(r.samples) else int(r.samples),
+                 _num(r.gbps), _num(r.ceiling_gbps), r.baseline if isinstance(r.baseline, str) else "",
+                 _num(r.baseline_us), _num(r.speedup), fp,
+                 r.fingerprint_class if isinstance(r.fingerprint_class, str) else "", r.source)
+
+
+def published_table(store: Store, run_id: str) -> Path:
+    return store.path.parent / "runs" / run_id / "dispatch.json"
+
+
+def _from_file(store: Store, run_id: str, path: Path) -> list[Entry]:
+    table = json.loads(path.read_text()).get("dispatch", {})
+    if not table:
+        return []
+    df = store.sql(_ENTRY_SQL.format(where="list_contains(?::VARCHAR[], e.genome_key)"),
+                   [sorted({d["genome_key"] for d in table.values()})])
+    out = []
+    for cell, d in sorted(table.items()):
+        # the run's own row for the pair, else the row of the run it says measured it
+        rows = df[(df.cell == cell) & (df.genome_key == d["genome_key"])]
+        mine = rows[rows.run_id == run_id]
+        rows = mine if not mine.empty else rows[rows.measured_in == d.get("measured_in", "")]
+        if rows.empty:
+            raise ExportError(f"run {run_id}: {path} names genome {d['genome_key'][:12]} for cell {cell!r}, but the "
+                              f"store {store.path} holds no OK evaluation of it there")
+        out.append(_entry(next(rows.itertuples(index=False))))
+    return out
+
+
+def _from_store(store: Store, run_id: str) -> list[Entry]:
+    df = store.sql(_ENTRY_SQL.format(where="e.run_id = ?"), [run_id])
+    return [_entry(next(g.itertuples(index=False))) for _, g in df.groupby("cell", sort=True)]
+
+
+def read_run(store: Store, run_id: str) -> RunTable:
+    """The run's dispatch table and provenance; ExportError when the run is unknown, unfinished or empty."""
+    runs = store.sql("SELECT * FROM runs WHERE run_id = ?", [run_id])
+    if runs.empty:
+        known = store.sql("SELECT run_id FROM runs ORDER BY created_at").run_id.tolist()
+        raise ExportError(f"no run {run_id!r} in {store.path}; known runs: {', '.join(known) or 'none'}")
+    run = {k: (v.isoformat() if isinstance(v, pd.Timestamp) else v) for k, v in runs.iloc[0].to_dict().items()}
+    run = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in run.items()}
+    if run["status"] != _FINISHED:
+        hint = {"running": f"still running, or stopped without a record; `kfactory resume {run_id}` finishes it",
+                "interrupted": f"interrupted; `kfactory resume {run_id}` finishes it",
+                "stopped": "built only, never evaluated (no GPU)", "failed": f"failed: {run.get('message') or ''}"}
+        raise ExportError(f"run {run_id} is not finished (status {run['status']!r}: "
+                          f"{hint.get(run['status'], 'not done')}); only a finished run can be exported")
+    path = published_table(store, run_id)
+    entries = _from_file(store, run_id, path) if path.exists() else _from_store(store, run_id)
+    if not entries:
+        raise ExportError(f"run {run_id} has an empty dispatch table: no OK evaluation with a time, so there is "
+                          "no kernel to export")
+    hashes = sorted({e.genome.source_hash for e in entries})
+    src = store.sql("SELECT source_hash, text, origin FROM sources WHERE list_contains(?::VARCHAR[], source_hash)",
+                    [hashes])
+    sources = {r.source_hash: (r.text, r.origin) for r in src.itertuples(index=False)}
+    missing = [h[:12] for h in hashes if h not in sources]
+    if missing:
+        raise ExportError(f"run {run_id}: the store holds no template text for source(s) {', '.join(missing)}")
+    evals = store.sql("SELECT e.*, c.template, c.params_json FROM evaluations e JOIN candidates c USING (genome_key) "
+                      "WHERE e.run_id = ? ORDER BY e.cell, e.generation, e.eval_id", [run_id])
+    return RunTable(run, run["op"], run["arch"], tuple(entries), sources, evals,
+                    "dispatch.json" if path.exists() else "store")

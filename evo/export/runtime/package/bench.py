@@ -1,0 +1,151 @@
+"""Torch eager against the exported kernels on every searched cell, in one process, on the same inputs.
+
+Each launch is timed with CUDA events after a 256 MiB write that flushes the L2; the two sides take
+turns (both orders), and the median of all samples is kept. Outputs are checked against a float64
+reference before timing. Forward: torch.nn.functional.rms_norm against `rmsnorm`; backward (when a
+backward run was exported): torch's autograd backward of rms_norm against `rmsnorm_bwd`.
+
+    python -m <package>.bench [--out bench.json] [--samples 100] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from . import api, verify
+from .choose import explain
+from .loader import PACKAGE
+from .table import Entry, provenance, tables
+
+_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_FLUSH_BYTES = 256 << 20
+
+
+def samples_us(fns: list[Callable[[], object]], n: int, warmup: int = 10) -> list[list[float]]:
+    """n CUDA-event timings per function, L2 flushed before each, the functions taking turns in both orders."""
+    flush = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    out: list[list[float]] = [[] for _ in fns]
+    for i in range(n):
+        order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
+        for j in order:
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[j]()
+            end.record()
+            end.synchronize()
+            out[j].append(start.elapsed_time(end) * 1e3)
+    return out
+
+
+def _inputs(dtype: str, wdtype: str, m: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(m * 31 + n)
+    x = torch.randn(m, n, device="cuda", generator=g).to(_TORCH[dtype])
+    w = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(_TORCH[wdtype])
+    return x, w
+
+
+def _forward_cell(e: Entry, samples: int, eps: float) -> dict:
+    dt, dims = dict(e.dtypes), dict(e.dims)
+    m, n = dims["M"], dims["N"]
+    x, w = _inputs(dt["x"], dt["w"], m, n)
+    problem = verify.check_forward(x, w, eps, api.rmsnorm(x, w, eps=eps))
+    t_torch, t_ours = samples_us([lambda: torch.nn.functional.rms_norm(x, (n,), w, eps),
+                                  lambda: api.rmsnorm(x, w, eps=eps)], samples)
+    nbytes = 2 * m * n * x.element_size() + n * w.element_size()
+    return _row("rmsnorm", e.cell, dt, m, n, t_torch, t_ours, nbytes, e.median_us, problem)
+
+
+def _backward_cell(e: Entry, samples: int, eps: float) -> dict:
+    dt, dims = dict(e.dtypes), dict(e.dims)
+    m, n = dims["M"], dims["N"]
+    x, w = _inputs(dt["x"], dt["w"], m, n)
+    dout = torch.randn_like(x)
+    r = torch.rsqrt(x.float().square().mean(-1) + eps)
+    dx, dw, _, _ = api.rmsnorm_bwd(x, w, dout, r)
+    problem = verify.check_backward(x, w, dout, r, dx, dw)
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    y = torch.nn.functional.rms_norm(xr, (n,), wr, eps)
+    t_torch, t_ours = samples_us([lambda: torch.autograd.grad(y, (xr, wr), dout, retain_graph=True),
+                                  lambda: api.rmsnorm_bwd(x, w, dout, r)], samples)
+    nbytes = 3 * m * n * x.element_size() + 2 * n * w.element_size() + 4 * m
+    return _row("rmsnorm_bwd", e.cell, dt, m, n, t_torch, t_ours, nbytes, e.median_us, problem)
+
+
+def bench(op: str, samples: int, quick: bool, eps: float = 1e-6) -> list[dict]:
+    """One row per searched cell of `op` (with --quick, the first cell of each dtype)."""
+    if op not in tables():
+        return []
+    cell = _forward_cell if op == "rmsnorm" else _backward_cell
+    rows, seen = [], set()
+    for e in tables()[op].entries:
+        if quick and e.dtypes in seen:
+            continue
+        seen.add(e.dtypes)
+        rows.append(cell(e, samples, eps))
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _row(op: str, cell: str, dt: dict, m: int, n: int, t_torch: list[float], t_ours: list[float], nbytes: int,
+         searched_us: float, problem: str) -> dict:
+    a, b = statistics.median(t_torch), statistics.median(t_ours)
+    return {"op": op, "cell": cell, "dtypes": dt, "M": m, "N": n,
+            "path": explain((m, n), dt["x"], dt["w"], op=op).path,
+            "torch_us": a, "exported_us": b, "speedup": a / b, "torch_gbps": nbytes / a / 1e3,
+            "exported_gbps": nbytes / b / 1e3, "searched_median_us": searched_us, "samples": len(t_ours),
+            "torch_p10_p90_us": _spread(t_torch), "exported_p10_p90_us": _spread(t_ours),
+            "correct": not problem, "error": problem}
+
+
+def _spread(v: list[float]) -> list[float]:
+    q = statistics.quantiles(v, n=10)
+    return [q[0], q[-1]]
+
+
+def _geomean(rows: list[dict], op: str) -> float | None:
+    v = [r["speedup"] for r in rows if r["op"] == op]
+    return math.exp(sum(math.log(s) for s in v) / len(v)) if v else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(f"{PACKAGE}_bench.json"))
+    ap.add_argument("--samples", type=int, default=100, help="timed launches per side and cell (default 100)")
+    ap.add_argument("--quick", action="store_true", help="one cell per dtype")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"{PACKAGE}.bench: no CUDA GPU visible", file=sys.stderr)
+        return 2
+    rows = bench("rmsnorm", args.samples, args.quick) + bench("rmsnorm_bwd", args.samples, args.quick)
+    prov = provenance()
+    doc = {"package": PACKAGE, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "python": platform.python_version(),
+           "timer": "CUDA events, 256 MiB L2 flush before each launch, sides interleaved in both orders, median",
+           "runs": {op: d["run"]["run_id"] for op, d in prov["ops"].items()},
+           "searched_fingerprints": {op: d["fingerprints"] for op, d in prov["ops"].items()},
+           "geomean_speedup": {op: _geomean(rows, op) for op in ("rmsnorm", "rmsnorm_bwd")},
+           "cells": rows}
+    args.out.write_text(json.dumps(doc, indent=2))
+    wrong = [r["cell"] for r in rows if not r["correct"]]
+    print(f"{len(rows)} cells; geomean speedup over torch eager: {doc['geomean_speedup']}; wrote {args.out}")
+    if wrong:
+        print(f"WRONG on {len(wrong)} cells: {', '.join(wrong)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Which kernel a shape gets, and why: the dispatch table, a re-rendered or repaired genome, or torch.
+
+Paths, best first:
+- table: the cell was searched; the kernel the search measured there (its prebuilt cubin).
+- table-build: a prebuilt cubin of the table fits (same genome, dtypes and specialized dims; only the
+  launch plan changes, e.g. another M); the factory's gate ran that cubin at M = 1, 37 and 1059 too.
+- rerender: the nearest searched genome (same dtypes first, then nearest dims) whose template admits
+  the shape, rendered for it and compiled with NVRTC at first use (cached in memory and on disk);
+  its first call is checked against torch.
+- repaired: no searched genome is legal as it is; the nearest one with the fewest parameters changed
+  so that its template's constraints hold, rendered and compiled as above, checked on its first call.
+- torch: float32 torch operations, correct but not searched (a variant the kernels do not compute,
+  no template admits the shape, a CPU tensor, or a kernel that failed to compile or check).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from . import expr
+from .table import OpTable, tables
+
+PATHS = ("table", "table-build", "rerender", "repaired", "torch")
+KERNEL_PATHS = PATHS[:-1]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The path one (op, shape, dtypes, arch) takes; `str()` says it in one line."""
+
+    op: str
+    path: str
+    dims: tuple[tuple[str, int], ...]
+    dtypes: tuple[tuple[str, str], ...]
+    arch: int
+    reason: str
+    template: str = ""  # template id (name-sourcehash) of the kernel, "" for torch
+    params: tuple[tuple[str, Any], ...] = ()
+    consts: tuple[tuple[str, int], ...] = ()  # the dims the kernel is compiled for
+    build: str = ""  # the prebuilt kernel used as it is, if any
+    source_cell: str = ""  # the searched cell whose genome this is
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def kernel(self) -> bool:
+        return self.path != "torch"
+
+    @property
+    def checked_by_factory(self) -> bool:
+        """True when the factory's gate ran this very cubin (on this cell, or on M = 1, 37, 1059)."""
+        return self.path in ("table", "table-build")
+
+    def __str__(self) -> str:
+        dims = " ".join(f"{k}={v}" for k, v in self.dims)
+        dts = ",".join(f"{k}={expr.short(v)}" for k, v in self.dtypes)
+        what = f"{self.template}({', '.join(f'{k}={v}' for k, v in self.params)})" if self.kernel else "torch fp32"
+        extra = "".join(f"; {n}" for n in self.notes)
+        return f"{self.op} {dts} {dims} sm_{self.arch}: {self.path}: {what}: {self.reason}{extra}"
+
+
+def dims_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
+    """Euclidean distance of log2 dims (as the factory's warm start ranks cells)."""
+    return math.sqrt(sum((math.log2(max(a[k], 1)) - math.log2(max(b.get(k, 1), 1))) ** 2 for k in a))
+
+
+def repair(t: Any, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, str],
+           dims: Mapping[str, int]) -> dict[str, Any] | None:
+    """The nearest legal point: fewest params changed, then smallest total step in the declared lists."""
+    space = dict(t.space)
+    free = [p for p, vals in t.space if len(vals) > 1]
+    at = {p: space[p].index(params[p]) if params.get(p) in space[p] else 0 for p in space}
+    base = {p: space[p][at[p]] for p in space}
+    if not t.violations(base, arch, dtypes, dims):
+        return base
+    for k in range(1, len(free) + 1):
+        options = []
+        for subset in itertools.combinations(free, k):
+            others = [[j for j in range(len(space[p])) if j != at[p]] for p in subset]
+            for pick in itertools.product(*others):
+                options.append((sum(abs(j - at[p]) for p, j in zip(subset, pick)), subset, pick))
+        options.sort(key=lambda o: o[0])  # stable: ties keep the declared order
+        for _, subset, pick in options:
+            point = dict(base)
+            point.update({p: space[p][j] for p, j in zip(subset, pick)})
+            if not t.violations(point, arch, dtypes, dims):
+                return point
+    return None
+
+
+def _torch(op: str, dims: Mapping[str, int], dtypes: Mapping[str, str], arch: int, reason: str) -> Choice:
+    return Choice(op, "torch", tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), arch, reason)
+
+
+@lru_cache(maxsize=4096)
+def choose(op: str, dims: tuple[tuple[str, int], ...], dtypes: tuple[tuple[str, str], ...], arch: int) -> Choice:
+    """The path for one shape and dtype assignment on a GPU of arch `arch` (e.g. 90)."""
+    want_dims, want_dt = dict(dims), dict(dtypes)
+    table: OpTable | None = tables().get(op)
+    if table is None:
+        return _torch(op, want_dims, want_dt, arch, f"no {op} run was exported")
+    if any(d not in expr.DTYPES for d in want_dt.values()):
+        return _torch(op, want_dims, want_dt, arch, f"dtypes {want_dt} are not all kernel dtypes")
+    same_arch = arch == table.arch_number
+    ranked = sorted(table.entries, key=lambda e: (dict(e.dtypes) != want_dt,
+                                                  round(dims_distance(want_dims, dict(e.dims)), 9), e.cell))
+    seen = set()
+    genomes = []
+    for e in ranked:  # each genome once, at its nearest cell
+        if (e.template, e.params) not in seen:
+            seen.add((e.template, e.params))
+            genomes.append(e)
+    notes = () if same_arch else (f"the prebuilt cubins are {table.arch}, this GPU is sm_{arch}: compiled for it",)
+    for e in genomes:
+        t = table.templates[e.template]
+        params = dict(e.params)
+        if t.violations(params, arch, want_dt, want_dims):
+            continue
+        consts = {d: want_dims[d] for d in t.specialize}
+        build = table.find_build(e.template, params, want_dt, consts) if same_arch else None
+        exact = dict(e.dims) == want_dims and dict(e.dtypes) == want_dt
+        if build is not None:
+            path, why = ("table", f"searched cell {e.cell}") if exact else (
+                "table-build", f"prebuilt {build.id} (the genome of {e.cell}, same build; launch plan for this shape)")
+        else:
+            path, why = "rerender", f"the genome of {e.cell} rendered for this shape"
+        return Choice(op, path, dims, dtypes, arch, why, e.template, e.params, tuple(sorted(consts.items())),
+                      build.id if build else "", e.cell, notes)
+    for e in genomes[:4]:  # the nearest few, repaired
+        t = table.templates[e.template]
+        fixed = repair(t, dict(e.params), arch, want_dt, want_dims)
+        if fixed is None:
+            continue
+        changed = ", ".join(f"{k} {dict(e.params)[k]}->{v}" for k, v in sorted(fixed.items()) if dict(e.params)[k] != v)
+        consts = {d: want_dims[d] for d in t.specialize}
+        return Choice(op, "repaired", dims, dtypes, arch, f"the genome of {e.cell} with {changed}", e.template,
+                      tuple(sorted(fixed.items())), tuple(sorted(consts.items())), "", e.cell, notes)
+    nearest = genomes[0] if genomes else None
+    why = "no entries" if nearest is None else (
+        f"no exported template admits it (nearest genome, of {nearest.cell}, breaks "
+        f"{', '.join(table.templates[nearest.template].violations(dict(nearest.params), arch, want_dt, want_dims))})")
+    return _torch(op, want_dims, want_dt, arch, why)
+
+
+def device_arch() -> int | None:
+    """The arch of the current CUDA device (90 for an H100/H200), or None without torch or a GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
+def shape_dims(shape: Sequence[int]) -> dict[str, int]:
+    """(..., N) as the kernels see it: M rows of N."""
+    if len(shape) < 1:
+        raise ValueError("rmsnorm needs at least one dim (the normalized one)")
+    return {"M": math.prod(shape[:-1]), "N": int(shape[-1])}
+
+
+def explain(shape: Sequence[int], dtype: Any = "bfloat16", weight_dtype: Any = None, *, op: str = "rmsnorm",
+            weight: bool = True, bias: bool = False, residual: bool = False, out_dtype: Any = None,
+            residual_dtype: Any = None, arch: int | None = None) -> Choice:
+    """Which path `rmsnorm` (op='rmsnorm') or its backward (op='rmsnorm_bwd') takes for a CUDA tensor of
+    `shape` and `dtype` with these variants; arch defaults to the current GPU's, else the export's."""
+    dt = expr.dtype_name(dtype)
+    wdt = expr.dtype_name(weight_dtype) if weight_dtype is not None else dt
+    dims = shape_dims(shape)
+    if arch is None:
+        arch = device_arch()
+    if arch is None:
+        t = tables().get(op) or tables()["rmsnorm"]
+        arch = t.arch_number
+    variant = unsupported(dt, bias=bias, residual=residual, out_dtype=out_dtype)
+    if variant:
+        return _torch(op, dims, {"x": dt, "w": wdt}, arch, variant)
+    c = choose(op, tuple(sorted(dims.items())), tuple(sorted({"x": dt, "w": wdt}.items())), arch)
+    extra = []
+    if not weight:
+        extra.append("weight=None: a weight of ones (exact)")
+    if residual_dtype is not None and expr.dtype_name(residual_dtype) != dt:
+        extra.append("residual_out cast by torch")
+    return Choice(**{**c.__dict__, "notes": c.notes + tuple(extra)}) if extra else c
+
+
+def unsupported(dtype: str, *, bias: bool, residual: bool, out_dtype: Any) -> str:
+    """Why the searched kernels cannot compute this variant ('' when they can)."""
+    if bias:
+        return "bias: the searched kernels add no bias"
+    if residual:
+        return "residual: the searched kernels do no residual add"
+    if out_dtype is not None and expr.dtype_name(out_dtype) != dtype:
+        return f"out_dtype {expr.dtype_name(out_dtype)}: the searched kernels write the input's dtype ({dtype})"
+    return ""

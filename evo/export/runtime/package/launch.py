@@ -1,0 +1,87 @@
+"""Launch a choice's plan (one or more kernels, with workspaces) on torch tensors, on torch's stream."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from .choose import Choice
+from .loader import Modules
+from .table import Launch, tables
+
+_SCALAR = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64,
+           "u64": np.uint64}
+_STATIC_SMEM = 48 * 1024  # dynamic shared memory beyond this needs the kernel's opt-in
+
+
+@lru_cache(maxsize=4096)
+def plan(c: Choice) -> tuple[tuple[Launch, ...], dict[str, int]]:
+    """The launches and workspace bytes of a choice (its template's plan evaluated for its shape)."""
+    t = tables()[c.op].templates[c.template]
+    return t.plan(dict(c.params), c.arch, dict(c.dtypes), dict(c.dims))
+
+
+def _allow_smem(kernel: Any, nbytes: int, device: int) -> None:
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    h = kernel.handle
+    if isinstance(h, driver.CUkernel):
+        (err,) = driver.cuKernelSetAttribute(attr, nbytes, h, driver.CUdevice(device))
+    else:
+        (err,) = driver.cuFuncSetAttribute(h, attr, nbytes)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cannot allow {nbytes} B of dynamic shared memory: {err}")
+
+
+class Launcher:
+    """Binds a plan's args to tensors, dims and scalars and launches it."""
+
+    def __init__(self) -> None:
+        self.modules = Modules()
+        self._local = threading.local()  # the devices made current in this thread
+
+    def _current(self, index: int) -> None:
+        done = getattr(self._local, "devices", None)
+        if done is None:
+            done = self._local.devices = set()
+        if index not in done:
+            from cuda.core import Device
+
+            Device(index).set_current()  # torch's primary context: the same one
+            done.add(index)
+
+    def run(self, c: Choice, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, float]) -> None:
+        from cuda.core import LaunchConfig, Stream, launch
+
+        table = tables()[c.op]
+        launches, workspaces = plan(c)
+        device = next(iter(tensors.values())).device
+        bufs = dict(tensors)
+        bufs.update({n: torch.empty(max(1, b), dtype=torch.uint8, device=device) for n, b in workspaces.items()})
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._current(index)
+        mod = self.modules.get(table, c)
+        stream = Stream.from_handle(torch.cuda.current_stream(device).cuda_stream)
+        dims, kinds = dict(c.dims), dict(table.scalars)
+        for ln in launches:
+            args = []
+            for a in ln.args:
+                name, _, typ = a.partition(":")
+                if name in bufs:
+                    args.append(np.uint64(bufs[name].data_ptr()))
+                elif name in dims:
+                    args.append(_SCALAR[typ or "i32"](dims[name]))
+                elif name in scalars:
+                    args.append(_SCALAR[typ or kinds[name]](scalars[name]))
+                else:
+                    raise KeyError(f"{c.template}: launch arg {name!r} is no tensor, dim or scalar of {c.op}")
+            kernel = mod.get_kernel(ln.kernel)
+            if ln.smem > _STATIC_SMEM:
+                _allow_smem(kernel, ln.smem, index)
+            launch(stream, LaunchConfig(grid=ln.grid, block=ln.block, shmem_size=ln.smem), kernel, *args)

@@ -1,0 +1,181 @@
+"""The exported dispatch tables (data/dispatch.json): per op its templates, prebuilt kernels and cells."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from . import expr
+from .expr import DATA
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch with every expression evaluated for one shape."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LaunchDecl:
+    """One launch of a template's plan: Jinja expressions over params, dtypes, arch and dims."""
+
+    kernel: str
+    grid: tuple[str, ...]
+    block: tuple[str, ...]
+    smem: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Template:
+    """A template as its header declares it: space, constraints, launch plan, specialized dims."""
+
+    id: str
+    name: str
+    file: str
+    specialize: tuple[str, ...]
+    space: tuple[tuple[str, tuple[Any, ...]], ...]
+    constraints: tuple[tuple[str, str], ...]
+    launches: tuple[LaunchDecl, ...]
+    workspaces: tuple[tuple[str, str], ...]
+
+    def text(self) -> str:
+        return (DATA / self.file).read_text()
+
+    def violations(self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, str],
+                   dims: Mapping[str, int]) -> list[str]:
+        """Names of the constraints `params` break on this shape (empty: the template admits it)."""
+        space = dict(self.space)
+        bad = [f"{k}={params.get(k)!r} not in its space" for k in space if params.get(k) not in space[k]]
+        if bad:
+            return bad
+        ctx = expr.context(params, arch, dtypes, dims)
+        return [name for name, text in self.constraints if not expr.evaluate(text, ctx)]
+
+    def plan(self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, str],
+             dims: Mapping[str, int]) -> tuple[tuple[Launch, ...], dict[str, int]]:
+        """The launches and the workspace sizes (bytes) for one shape."""
+        ctx = expr.context(params, arch, dtypes, dims)
+
+        def dim3(texts: tuple[str, ...]) -> tuple[int, int, int]:
+            v = [int(expr.evaluate(t, ctx)) for t in texts] + [1, 1]
+            return (v[0], v[1], v[2])
+
+        launches = tuple(Launch(d.kernel, dim3(d.grid), dim3(d.block), int(expr.evaluate(d.smem, ctx)), d.args)
+                         for d in self.launches)
+        return launches, {name: int(expr.evaluate(text, ctx)) for name, text in self.workspaces}
+
+    def render(self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, str],
+               consts: Mapping[str, int]) -> str:
+        """CUDA C++ for these params, arch, dtypes and specialized dims."""
+        return expr.render(self.text(), expr.context(params, arch, dtypes, consts))
+
+
+@dataclass(frozen=True)
+class Build:
+    """A prebuilt kernel: rendered source and cubin for one (genome, dtypes, specialized dims)."""
+
+    id: str
+    template: str
+    params: tuple[tuple[str, Any], ...]
+    dtypes: tuple[tuple[str, str], ...]
+    consts: tuple[tuple[str, int], ...]
+    cu: str
+    cubin: str
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One searched cell and the kernel the search picked for it, with what it measured."""
+
+    cell: str
+    dtypes: tuple[tuple[str, str], ...]
+    dims: tuple[tuple[str, int], ...]
+    build: str
+    template: str
+    params: tuple[tuple[str, Any], ...]
+    genome_key: str
+    median_us: float
+    baseline: str
+    baseline_us: float | None
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """An argument of the op: symbolic dims, dtype role (or a fixed dtype) and in/out."""
+
+    name: str
+    dims: tuple[str, ...]
+    dtype: str
+    role: str
+
+
+@dataclass(frozen=True)
+class OpTable:
+    """Everything exported for one op (rmsnorm, rmsnorm_bwd) from one run."""
+
+    op: str
+    run_id: str
+    arch: str  # the arch the cubins were built for, e.g. "sm_90a"
+    tensors: tuple[Tensor, ...]
+    scalars: tuple[tuple[str, str], ...]  # (name, launch type)
+    templates: Mapping[str, Template]
+    builds: Mapping[str, Build]
+    entries: tuple[Entry, ...]
+
+    @property
+    def arch_number(self) -> int:
+        return int("".join(ch for ch in self.arch if ch.isdigit()))
+
+    def find_build(self, template: str, params: Mapping[str, Any], dtypes: Mapping[str, str],
+                   consts: Mapping[str, int]) -> Build | None:
+        key = (template, tuple(sorted(params.items())), tuple(sorted(dtypes.items())), tuple(sorted(consts.items())))
+        for b in self.builds.values():
+            if (b.template, b.params, b.dtypes, b.consts) == key:
+                return b
+        return None
+
+
+def _items(d: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(d.items()))
+
+
+def _template(tid: str, t: Mapping[str, Any]) -> Template:
+    launches = tuple(LaunchDecl(d["kernel"], tuple(d["grid"]), tuple(d["block"]), d["smem"], tuple(d["args"]))
+                     for d in t["launches"])
+    return Template(tid, t["name"], t["file"], tuple(t["specialize"]),
+                    tuple((k, tuple(v)) for k, v in t["space"].items()), tuple(t["constraints"].items()),
+                    launches, tuple(t["workspaces"].items()))
+
+
+def _op_table(op: str, d: Mapping[str, Any]) -> OpTable:
+    builds = {bid: Build(bid, b["template"], _items(b["params"]), _items(b["dtypes"]), _items(b["consts"]), b["cu"],
+                         b["cubin"]) for bid, b in d["builds"].items()}
+    entries = tuple(Entry(e["cell"], _items(e["dtypes"]), _items(e["dims"]), e["build"], e["template"],
+                          _items(e["params"]), e["genome_key"], e["median_us"], e["baseline"], e["baseline_us"])
+                    for e in d["entries"])
+    return OpTable(op, d["run_id"], d["arch"], tuple(Tensor(t["name"], tuple(t["dims"]), t["dtype"], t["role"])
+                                                   for t in d["tensors"]),
+                   tuple((s["name"], s["type"]) for s in d["scalars"]),
+                   {tid: _template(tid, t) for tid, t in d["templates"].items()}, builds, entries)
+
+
+@lru_cache(maxsize=1)
+def tables() -> dict[str, OpTable]:
+    """The exported ops by name: 'rmsnorm', and 'rmsnorm_bwd' when a backward run was exported."""
+    doc = json.loads((DATA / "dispatch.json").read_text())
+    return {op: _op_table(op, d) for op, d in doc["ops"].items()}
+
+
+@lru_cache(maxsize=1)
+def provenance() -> dict[str, Any]:
+    """Where the kernels come from: runs, fingerprints of the measurements, versions (data/provenance.json)."""
+    return json.loads((DATA / "provenance.json").read_text())

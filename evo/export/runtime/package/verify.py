@@ -1,0 +1,57 @@
+"""The first-use check of a kernel the factory's gate never ran (re-rendered, repaired, or compiled for
+another arch): its output on the call's own data against a float64 torch reference, once per kernel.
+
+Rows checked: the first and last four and the middle one (tails and the first row are where an
+indexing bug shows); dw (a sum over all rows) in full. Tolerances are the factory's per dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+# elementwise |a - b| <= atol + rtol * |b|, as ops/rmsnorm/spec.py in the factory
+TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+_CHUNK = 1024  # rows of dw's float64 reference at a time
+
+
+def rows(m: int) -> Tensor:
+    picks = sorted({i for i in (0, 1, 2, 3, m // 2, m - 4, m - 3, m - 2, m - 1) if 0 <= i < m})
+    return torch.tensor(picks, dtype=torch.long)
+
+
+def compare(name: str, got: Tensor, ref: Tensor, dtype: torch.dtype, atol_scale: float = 1.0) -> str:
+    """'' when every element is within tolerance (NaN never is), else what is wrong."""
+    atol, rtol = TOLERANCE[dtype]
+    err = (got.double() - ref).abs()
+    ok = err <= atol * atol_scale + rtol * ref.abs()
+    bad = int((~ok).sum())
+    if not bad:
+        return ""
+    worst = float(torch.nan_to_num(err, nan=math.inf).max())
+    return f"{name}: {bad} of {got.numel()} checked elements off the float64 reference (max |err| {worst:.3g})"
+
+
+def check_forward(x: Tensor, weight: Tensor, eps: float, y: Tensor) -> str:
+    idx = rows(x.shape[0]).to(x.device)
+    xs = x.index_select(0, idx).double()
+    ref = xs * torch.rsqrt(xs.square().mean(dim=-1, keepdim=True) + eps) * weight.double()
+    return compare("y", y.index_select(0, idx), ref, x.dtype)
+
+
+def check_backward(x: Tensor, weight: Tensor, dout: Tensor, r: Tensor, dx: Tensor, dw: Tensor) -> str:
+    idx = rows(x.shape[0]).to(x.device)
+    rs = r.index_select(0, idx).double().unsqueeze(-1)
+    xhat = x.index_select(0, idx).double() * rs
+    g = dout.index_select(0, idx).double() * weight.double()
+    ref = rs * (g - xhat * (g * xhat).mean(dim=-1, keepdim=True))
+    problem = compare("dx", dx.index_select(0, idx), ref, x.dtype)
+    if problem:
+        return problem
+    dw_ref = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
+    for start in range(0, x.shape[0], _CHUNK):
+        sl = slice(start, start + _CHUNK)
+        dw_ref += (dout[sl].double() * x[sl].double() * r[sl].double().unsqueeze(-1)).sum(dim=0)
+    return compare("dw", dw, dw_ref, weight.dtype, atol_scale=math.sqrt(x.shape[0]))

@@ -1,0 +1,154 @@
+"""The package on a CUDA GPU: every searched cell, off-table shapes, every API variant and autograd
+against a float64 torch reference. Skipped, loudly, without a CUDA GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kf_pkg as kf
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="SKIPPED: needs a CUDA GPU (none visible)")
+
+TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# (atol, rtol, rel_norm) per output dtype: the factory's gate tolerances
+TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.float16: (2e-3, 2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1.6e-2, 8e-3)}
+EPS = 1e-6
+TABLES = kf.tables()
+FWD = [(dict(e.dtypes), dict(e.dims)) for e in TABLES["rmsnorm"].entries]
+BWD = [(dict(e.dtypes), dict(e.dims)) for e in TABLES["rmsnorm_bwd"].entries] if "rmsnorm_bwd" in TABLES else []
+OFF_TABLE = [  # (x dtype, w dtype, shape): tails, M = 1, odd N, mixed weight dtype, long rows, 3-d input
+    ("bfloat16", "bfloat16", (1, 1024)), ("bfloat16", "bfloat16", (37, 1000)), ("float16", "float16", (5, 4100)),
+    ("float32", "float32", (3, 33)), ("bfloat16", "bfloat16", (1059, 3072)), ("float16", "float16", (77, 12288)),
+    ("bfloat16", "float32", (19, 2048)), ("float16", "float32", (19, 2056)), ("bfloat16", "bfloat16", (2, 65536)),
+    ("float32", "float32", (4, 7, 768)), ("bfloat16", "bfloat16", (3, 262144)),
+]
+
+
+def _label(dt: dict, dims: dict) -> str:
+    return f"x={dt['x']},w={dt['w']}-" + "-".join(f"{k}{v}" for k, v in sorted(dims.items()))
+
+
+def inputs(xdt: str, wdt: str, shape: tuple, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(shape, device="cuda", generator=g) * 2).to(TORCH[xdt])
+    w = (1 + 0.1 * torch.randn(shape[-1], device="cuda", generator=g)).to(TORCH[wdt])
+    return x, w
+
+
+def ref_fwd(x, w=None, bias=None, residual=None, eps=EPS):
+    h = x.double() + (residual.double() if residual is not None else 0)
+    y = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps)
+    y = y * w.double() if w is not None else y
+    return (y + bias.double() if bias is not None else y), h
+
+
+def assert_close(got, ref, dtype, atol_scale: float = 1.0):
+    atol, rtol, rel = TOL[dtype]
+    assert got.shape == ref.shape
+    g = got.double()
+    assert torch.isfinite(g).all(), "non-finite values"
+    err = (g - ref).abs()
+    bad = err > atol * atol_scale + rtol * ref.abs()
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} elements off (max |err| {float(err.max()):.3g})"
+    assert float(torch.linalg.vector_norm(g - ref) / max(float(torch.linalg.vector_norm(ref)), 1e-30)) <= rel
+
+
+@pytest.mark.parametrize("dt,dims", FWD, ids=[_label(*c) for c in FWD])
+def test_searched_cells_forward(dt, dims):
+    x, w = inputs(dt["x"], dt["w"], (dims["M"], dims["N"]))
+    assert kf.explain(x.shape, x.dtype, w.dtype).path == "table"
+    before = kf.stats().get("rmsnorm", {}).get("table", 0)
+    y = kf.rmsnorm(x, w, eps=EPS)
+    assert kf.stats()["rmsnorm"]["table"] == before + 1
+    assert y.dtype == x.dtype
+    assert_close(y, ref_fwd(x, w)[0], x.dtype)
+
+
+@pytest.mark.parametrize("xdt,wdt,shape", OFF_TABLE, ids=[f"{a}-{b}-{'x'.join(map(str, s))}" for a, b, s in OFF_TABLE])
+def test_off_table_shapes_forward_and_the_path_explain_names(xdt, wdt, shape):
+    x, w = inputs(xdt, wdt, shape, seed=1)
+    c = kf.explain(shape, xdt, wdt)
+    before = dict(kf.stats().get("rmsnorm", {}))
+    y = kf.rmsnorm(x, w, eps=EPS)
+    assert_close(y, ref_fwd(x, w)[0], x.dtype)
+    after = kf.stats()["rmsnorm"]
+    took = [p for p in after if after[p] != before.get(p, 0)]
+    assert took == [c.path], f"explain said {c}, the call took {took}"
+
+
+@pytest.mark.parametrize("dt,dims", BWD, ids=[_label(*c) for c in BWD])
+def test_searched_cells_backward(dt, dims):
+    m, n = dims["M"], dims["N"]
+    x, w = inputs(dt["x"], dt["w"], (m, n))
+    dout = torch.randn_like(x)
+    r = torch.rsqrt(x.float().square().mean(-1) + EPS)
+    dx, dw, _, _ = kf.rmsnorm_bwd(x, w, dout, r)
+    xhat = x.double() * r.double()[:, None]
+    g = dout.double() * w.double()
+    assert_close(dx, r.double()[:, None] * (g - xhat * (g * xhat).mean(-1, keepdim=True)), x.dtype)
+    assert_close(dw, (dout.double() * xhat).sum(0), w.dtype, atol_scale=math.sqrt(m))
+
+
+@pytest.mark.parametrize("xdt,shape", [("bfloat16", (64, 4096)), ("float16", (37, 1000)), ("float32", (8, 3, 2048))])
+def test_autograd_matches_float64(xdt, shape):
+    x, w = inputs(xdt, xdt, shape, seed=2)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    dy = torch.randn_like(x)
+    kf.rmsnorm(x, w, eps=EPS).backward(dy)
+    x64, w64 = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    ref_fwd(x64, w64)[0].backward(dy.double())
+    rows = math.prod(shape[:-1])
+    assert_close(x.grad, x64.grad, x.dtype)
+    assert_close(w.grad, w64.grad, w.dtype, atol_scale=math.sqrt(rows))
+
+
+def test_variants_through_the_fallback_are_right():
+    x, w = inputs("bfloat16", "bfloat16", (33, 1024), seed=3)
+    res = torch.randn_like(x)
+    b = torch.randn(1024, device="cuda").to(torch.bfloat16)
+    assert_close(kf.rmsnorm(x, None, eps=EPS), ref_fwd(x)[0], x.dtype)
+    assert_close(kf.rmsnorm(x, w, b, eps=EPS), ref_fwd(x, w, b)[0], x.dtype)
+    out, res_out = kf.rmsnorm(x, w, residual=res, eps=EPS, prenorm=True)
+    y, h = ref_fwd(x, w, residual=res)
+    assert_close(out, y, x.dtype)
+    assert_close(res_out, h, res.dtype)
+    y32 = kf.rmsnorm(x, w, out_dtype=torch.float32, eps=EPS)
+    assert y32.dtype == torch.float32
+    assert_close(y32, ref_fwd(x, w)[0], torch.bfloat16)  # inputs are bf16: the bf16 tolerance
+    out, res_out = kf.rmsnorm(x, w, residual_dtype=torch.float32, eps=EPS, prenorm=True)
+    assert res_out.dtype == torch.float32 and torch.equal(res_out, x.float())
+    _, ro, r = kf.rmsnorm_fwd(x, w, eps=EPS, store_rstd=True)
+    assert ro is x and r.shape == (33,)
+    assert_close(r, torch.rsqrt(x.double().square().mean(-1) + EPS), torch.float32)
+
+
+def test_autograd_through_the_fallback_with_bias_and_residual():
+    x, w = inputs("float32", "float32", (16, 512), seed=4)
+    res, b = torch.randn_like(x), torch.randn(512, device="cuda")
+    leaves = [t.requires_grad_(True) for t in (x, w, res, b)]
+    out, res_out = kf.rmsnorm(x, w, b, res, eps=EPS, prenorm=True)
+    (out.sum() + 2 * res_out.sum()).backward()
+    ref = [t.detach().double().requires_grad_(True) for t in leaves]
+    y, h = ref_fwd(ref[0], ref[1], ref[3], ref[2])
+    (y.sum() + 2 * h.sum()).backward()
+    for got, want in zip(leaves, ref):
+        assert_close(got.grad, want.grad, torch.float32, atol_scale=4.0)
+
+
+def test_torch_compile_traces_the_custom_op():
+    x, w = inputs("bfloat16", "bfloat16", (128, 4096), seed=5)
+    f = torch.compile(lambda a, b: kf.rmsnorm(a, b, eps=EPS), fullgraph=True)
+    assert_close(f(x, w), ref_fwd(x, w)[0], x.dtype)
+
+
+def test_module_matches_torch_rmsnorm():
+    m = kf.RMSNorm(2048, eps=EPS, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        m.weight.copy_(1 + 0.1 * torch.randn(2048, device="cuda"))
+    x, _ = inputs("bfloat16", "bfloat16", (4, 9, 2048), seed=6)
+    assert_close(m(x), ref_fwd(x, m.weight)[0], x.dtype)

@@ -1,0 +1,118 @@
+"""A small store with finished RMSNorm runs for the export tests: the real templates, real NVRTC builds
+for sm_90a (cubins in the store, as a run leaves them), and evaluations with planted times.
+
+Run RUN's table (best per cell):
+- bf16 M4096 N1024  -> cta_row(threads=128, vec=8)   (cta_row(threads=64, vec=8) slower)
+- bf16 M4096 N8192  -> cta_row(threads=512, vec=8)   (warp_row slower; a faster WRONG_ANSWER has no time)
+- bf16 M32768 N8192 -> cta_row(threads=512, vec=8)   (the same build as M4096: N is compiled in, M is not)
+- fp32 M4096 N1024  -> warp_row(threads=128, vec=4)
+- fp32 M4096 N4096  -> warp_row(threads=128, vec=4)  (the same build: warp_row compiles nothing in)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evo.build.nvrtc import Builder, BuildInput, prepare
+from evo.core.genome import Genome
+from evo.templates.template import load_templates
+from memory import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow, Store
+from ops.rmsnorm.spec import cell
+
+ARCH = "sm_90a"
+RUN = "exp-r1"
+FP = {"gpu": "NVIDIA H200", "arch": "sm_90", "driver": "580.00", "nvrtc": "nvrtc-13.5"}
+FP_CLASS = "NVIDIA H200|sm_90|580.00"
+TEMPLATES = load_templates("rmsnorm")
+CTA = {"min_blocks": 1, "weight_early": False, "load_hint": "nc", "store_hint": "wb"}
+WARP = {"unroll": 2, "rows_per_warp": 1, "cache_items": 8, "load_hint": "nc", "store_hint": "wb"}
+WIN_1K = ("cta_row", {**CTA, "threads": 128, "vec": 8})
+WIN_8K = ("cta_row", {**CTA, "threads": 512, "vec": 8})
+WIN_FP32 = ("warp_row", {**WARP, "threads": 128, "vec": 4})
+LOSE_1K = ("cta_row", {**CTA, "threads": 64, "vec": 8})
+LOSE_8K = ("warp_row", {**WARP, "threads": 256, "vec": 8})
+WRONG_8K = ("cta_row", {**CTA, "threads": 256, "vec": 8})
+# (dtype, M, N) -> [(genome, median us or None for a WRONG_ANSWER)]
+PLAN = {
+    ("bf16", 4096, 1024): [(WIN_1K, 4.0), (LOSE_1K, 5.0)],
+    ("bf16", 4096, 8192): [(WIN_8K, 20.0), (LOSE_8K, 26.0), (WRONG_8K, None)],
+    ("bf16", 32768, 8192): [(WIN_8K, 150.0), (LOSE_8K, 180.0)],
+    ("fp32", 4096, 1024): [(WIN_FP32, 8.0)],
+    ("fp32", 4096, 4096): [(WIN_FP32, 30.0)],
+}
+
+
+def genome(template: str, params: dict[str, Any]) -> Genome:
+    return Genome.make("rmsnorm", template, TEMPLATES[template].source_hash, params)
+
+
+@dataclass
+class Built:
+    inputs: dict[tuple, BuildInput]  # (genome key, cell label) -> build input
+    results: dict[str, Any]  # build key -> BuildResult
+
+
+def build_all() -> Built:
+    """Real NVRTC builds of every (genome, cell) of PLAN."""
+    inputs = {}
+    for (dt, m, n), rows in PLAN.items():
+        c = cell(dt, m, n)
+        for (t, p), _ in rows:
+            g = genome(t, p)
+            inputs[(g.key(), c.label())] = prepare(TEMPLATES[t], g, ARCH, c.dtypes_dict(), c.dims_dict())
+    with Builder(2) as b:
+        results = {r.build_key: r for r in b.build(list({bi.key(): bi for bi in inputs.values()}.values()))}
+    return Built(inputs, results)
+
+
+def write_run(store: Store, built: Built, run_id: str = RUN, status: str = "done", plan: dict | None = None,
+              corrupt_cubin: bool = False) -> None:
+    """One run of PLAN (or `plan`) in the store, finished with `status`."""
+    plan = PLAN if plan is None else plan
+    rows: list[Any] = [RunRow(run_id=run_id, op="rmsnorm", arch=ARCH, config_toml="# export fixture\n",
+                              config_hash=f"h-{run_id}", seed=0, status="running")]
+    rows += [SourceRow.of(t.text, op="rmsnorm", template=t.name, origin="file") for t in TEMPLATES.values()]
+    seen: set[str] = set()
+    for (dt, m, n), entries in plan.items():
+        c = cell(dt, m, n)
+        for (t, p), us in entries:
+            g = genome(t, p)
+            bi = built.inputs[(g.key(), c.label())]
+            r = built.results[bi.key()]
+            if g.key() not in seen:
+                seen.add(g.key())
+                rows.append(CandidateRow(genome_key=g.key(), op="rmsnorm", template=t, source_hash=g.source_hash,
+                                         params_json=g.params_json(), origin="init", parents_json="[]",
+                                         run_id=run_id, generation=0))
+            if bi.key() not in seen:
+                seen.add(bi.key())
+                cubin = r.cubin[:-1] + bytes([r.cubin[-1] ^ 1]) if corrupt_cubin else r.cubin
+                rows.append(BuildRow(build_key=bi.key(), genome_key=g.key(), run_id=run_id, arch=ARCH,
+                                     dtypes_json=json.dumps(dict(bi.dtypes), sort_keys=True),
+                                     consts_json=json.dumps(dict(bi.consts), sort_keys=True), status=r.status.value,
+                                     regs=r.regs, spill_stores=r.spill_stores, compile_ms=r.compile_ms,
+                                     compiler=r.compiler, log=r.log, cubin=cubin))
+            base = 1.3 * (us or 10.0)
+            rows.append(EvaluationRow(
+                eval_id=f"{run_id}:{g.key()[:12]}:{c.label()}", run_id=run_id, genome_key=g.key(),
+                build_key=bi.key(), cell=c.label(), dtypes_json=json.dumps(c.dtypes_dict(), sort_keys=True),
+                dims_json=json.dumps(c.dims_dict(), sort_keys=True), status="OK" if us else "WRONG_ANSWER",
+                median_us=us, p10_us=us and 0.98 * us, p90_us=us and 1.03 * us, samples=100 if us else None,
+                baseline="torch.rms_norm", baseline_us=base if us else None, speedup=base / us if us else None,
+                error=None if us else "tail elements wrong", fingerprint_json=json.dumps(FP, sort_keys=True),
+                fingerprint_class=FP_CLASS, generation=0, source="replay"))
+    store.write(rows)
+    store.finish_run(run_id, status, "fixture")
+
+
+def make_store(path: Path, built: Built) -> Path:
+    """RUN (done), 'exp-running' (running), 'exp-empty' (done, no OK result), 'exp-r2' (a second done run)."""
+    with Store.open(path) as store:
+        write_run(store, built)
+        write_run(store, built, "exp-running", status="running")
+        write_run(store, built, "exp-empty", plan={("bf16", 4096, 8192): [(WRONG_8K, None)]})
+        write_run(store, built, "exp-r2", plan={("bf16", 4096, 1024): [(LOSE_1K, 5.0)]})
+    return path
