@@ -11,23 +11,25 @@ from torch import Tensor
 
 
 def rstd(x: Tensor, eps: float) -> Tensor:
-    """1 / sqrt(mean(x^2) + eps) per row of a (M, N) tensor, in float32."""
-    xf = x.float()
+    """1 / sqrt(mean(x^2) + eps) per row of a (M, N) tensor, in float32 (float64 for float64 x)."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
     return torch.rsqrt(xf.square().mean(dim=-1) + eps)
 
 
 def forward_2d(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """y = x * rstd * w for (M, N) x, computed in float32, returned in x's dtype."""
-    xf = x.float()
-    return (xf * rstd(xf, eps).unsqueeze(-1) * weight.float()).to(x.dtype)
+    """y = x * rstd * w for (M, N) x, computed in float32 (float64 for float64 x), returned in x's dtype."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    xf = x.to(acc)
+    return (xf * rstd(xf, eps).unsqueeze(-1) * weight.to(acc)).to(x.dtype)
 
 
 def backward_2d(x: Tensor, weight: Tensor, dout: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
     """dx = r * (g - xhat * mean(g * xhat)) with g = dout * w, xhat = x * r; dw = sum_rows(dout * xhat)."""
-    xhat = x.float() * r.float().unsqueeze(-1)
-    g = dout.float() * weight.float()
-    dx = r.float().unsqueeze(-1) * (g - xhat * (g * xhat).mean(dim=-1, keepdim=True))
-    return dx.to(x.dtype), (dout.float() * xhat).sum(dim=0).to(weight.dtype)
+    acc = torch.promote_types(x.dtype, torch.float32)
+    xhat = x.to(acc) * r.to(acc).unsqueeze(-1)
+    g = dout.to(acc) * weight.to(acc)
+    dx = r.to(acc).unsqueeze(-1) * (g - xhat * (g * xhat).mean(dim=-1, keepdim=True))
+    return dx.to(x.dtype), (dout.to(acc) * xhat).sum(dim=0).to(weight.dtype)
 
 
 def rmsnorm_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor | None,
@@ -37,15 +39,16 @@ def rmsnorm_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual:
 
     residual_out: with a residual, h in the residual's dtype (as QuACK); without one, x itself, or x
     cast to residual_dtype when that differs."""
-    h = x.float()
+    acc = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for float64 input
+    h = x.to(acc)
     if residual is not None:
-        h = h + residual.float()
+        h = h + residual.to(acc)
     r = torch.rsqrt(h.square().mean(dim=-1) + eps)
     y = h * r.unsqueeze(-1)
     if weight is not None:
-        y = y * weight.float()
+        y = y * weight.to(acc)
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias.to(acc)
     out = y.to(out_dtype or x.dtype)
     if residual is not None:
         residual_out = h.to(residual.dtype)

@@ -40,10 +40,14 @@ class Runtime:
 
     def choice(self, op: str, x: Tensor, weight: Tensor) -> Choice:
         m, n = x.shape
-        dtypes = (("w", dtype_name(weight.dtype)), ("x", dtype_name(x.dtype)))
+        dims = (("M", m), ("N", n))
+        try:
+            dtypes = (("w", dtype_name(weight.dtype)), ("x", dtype_name(x.dtype)))
+        except ValueError as e:  # float64, say: no kernel reads it
+            return Choice(op, "torch", dims, (), 0, str(e))
         if not x.is_cuda:
-            return Choice(op, "torch", (("M", m), ("N", n)), dtypes, 0, "a CPU tensor")
-        return choose(op, (("M", m), ("N", n)), dtypes, _arch(x.device))
+            return Choice(op, "torch", dims, dtypes, 0, "a CPU tensor")
+        return choose(op, dims, dtypes, _arch(x.device))
 
     def count(self, op: str, path: str) -> None:
         with self._lock:

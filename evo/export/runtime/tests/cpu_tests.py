@@ -82,6 +82,9 @@ def test_torch_api_on_cpu_tensors_is_the_float32_fallback_with_autograd():
     (x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6) * w64).sum().backward()
     assert torch.allclose(x.grad.double(), x64.grad, atol=1e-5) and torch.allclose(w.grad.double(), w64.grad, atol=1e-5)
     assert kf.stats()["rmsnorm"]["torch"] >= 1 and kf.stats()["rmsnorm_bwd"]["torch"] >= 1
+    y64 = kf.rmsnorm(x64.detach(), w64.detach(), eps=1e-6)  # float64 is computed in float64
+    assert y64.dtype == torch.float64
+    assert torch.allclose(y64, x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6) * w64, atol=1e-12)
     out, res_out = kf.rmsnorm(x.detach(), w.detach(), residual=torch.ones_like(x), prenorm=True)
     assert torch.equal(res_out, x.detach() + 1) and out.shape == x.shape
 
