@@ -26,6 +26,7 @@ SMALL = f"""
 [run]
 op = "rmsnorm"
 name = "small"
+templates = ["warp_row", "cta_row"]  # pinned: a new rmsnorm template would change what these runs search
 seed = 3
 runner = "replay"
 replay_data = "{SWEEP}"
