@@ -130,6 +130,12 @@ class Batch:
             except duckdb.ConstraintException as e:
                 raise StoreError(f"{self._path}: {t.name}: {e}") from e
 
+    def record_elapsed(self, run_id: str, seconds: float) -> None:
+        """Record how much of its time budget a run has spent, with the batch's rows."""
+        if not self._open:
+            raise StoreError(f"{self._path}: batch already closed")
+        self._conn.execute("UPDATE runs SET elapsed_s = ? WHERE run_id = ?", [seconds, run_id])
+
     def _insert_arrow(self, t: Table, values: list[list[Any]]) -> None:
         """One INSERT ... SELECT over an Arrow table, with the same conflict semantics as row by row."""
         if t.key is not None and t.on_conflict is not OnConflict.ERROR:
@@ -334,8 +340,8 @@ class Store:
 
     def record_elapsed(self, run_id: str, seconds: float) -> None:
         """Record how much of its time budget a run has spent (kept across resumes)."""
-        with self._transaction():
-            self._conn.execute("UPDATE runs SET elapsed_s = ? WHERE run_id = ?", [seconds, run_id])
+        with self.batch() as b:
+            b.record_elapsed(run_id, seconds)
 
     def write_snapshot(self) -> Path:
         """Checkpoint and copy the store to snapshot_path(path) (atomically), for readers while this one writes."""

@@ -7,22 +7,25 @@ during and at the end of a run, so the next run starts from more evidence.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from evo.core.genome import Genome
+from evo.core.outcome import Outcome
 from evo.core.status import Status
+from evo.loop.generation import Generation
+from evo.loop.pipeline import Session
 from memory import lessons as L
 from memory import queries as Q
-from memory.rows import EvaluationRow
+from memory.rows import CandidateRow, Row
+from ops.spec import Cell
 
 LET_THROUGH = 0.1  # share of predicted failures evaluated anyway, to measure the rules' precision
 REFRESH_EVERY = 3  # generations between lesson re-extractions (and at the end of a run)
 
 
-def _repaired_onto_cells(session: Any, g: Genome) -> list[Genome]:
+def _repaired_onto_cells(session: Session, g: Genome) -> list[Genome]:
     """The nearest legal point of g on every target cell where g itself is illegal (deterministic)."""
     from evo.search.space import repair
 
@@ -39,7 +42,7 @@ def _repaired_onto_cells(session: Any, g: Genome) -> list[Genome]:
     return out
 
 
-def _targets(cells: Sequence[Any], sources: dict[str, tuple[str, dict]]) -> dict[str, list[str]]:
+def _targets(cells: Sequence[Cell], sources: dict[str, tuple[str, dict]]) -> dict[str, list[str]]:
     """Per cell, the seeds predicted fastest there: those from the nearest champion cells of its dtypes."""
     out: dict[str, list[str]] = {}
     for cell in cells:
@@ -51,11 +54,21 @@ def _targets(cells: Sequence[Any], sources: dict[str, tuple[str, dict]]) -> dict
     return out
 
 
+@dataclass(frozen=True)
+class Screened:
+    """The screen's split of a batch of proposals, with what it records."""
+
+    keep: tuple[Genome, ...]
+    rejected: tuple[Genome, ...]
+    outcomes: tuple[Outcome, ...]  # REJECTED, for every rejected genome on every cell where it is legal
+    rows: tuple[Row, ...]  # the rejected genomes' candidates, and the rejected/checked lesson uses
+
+
 @dataclass
 class Learner:
     """What a run takes from the store at its start, and what it gives back."""
 
-    session: Any
+    session: Session
     seeds: list[Genome] = field(default_factory=list)
     priors: dict | None = None
     predict: Callable[[str, dict], tuple[str, str] | None] | None = None
@@ -67,7 +80,7 @@ class Learner:
     _prior_sources: dict = field(default_factory=dict)
 
     @classmethod
-    def start(cls, session: Any, fresh: bool) -> "Learner":
+    def start(cls, session: Session, fresh: bool) -> "Learner":
         c = session.config.lessons
         s, op, arch = session.store, session.op.name, session.config.run.arch
         me = cls(session)
@@ -111,12 +124,12 @@ class Learner:
     def seed_uses(self) -> list:
         return L.record_uses(self.session.run_id, L.Use.SEEDED, list(self._seed_lessons.items()))
 
-    def screen(self, genomes: Sequence[Genome], rng: random.Random, generation: int,
-               fingerprint: dict, source: str) -> tuple[list[Genome], list[Genome], list]:
-        """Split proposals into (to evaluate, rejected); rows record rejections and checks."""
+    def screen(self, genomes: Sequence[Genome], rng: random.Random, generation: int) -> Screened:
+        """Split proposals into (to evaluate, rejected) by failure memory; a few predicted failures are let
+        through (and recorded as checks) to measure the rules' precision."""
         if self.predict is None:
-            return list(genomes), [], []
-        keep, rejected, rows = [], [], []
+            return Screened(tuple(genomes), (), (), ())
+        keep, rejected, outcomes, rows = [], [], [], []
         for g in genomes:
             hit = self.predict(g.template, g.params_dict())
             if hit is None:
@@ -131,28 +144,21 @@ class Learner:
             self.rejected += 1
             rejected.append(g)
             rows += L.record_uses(self.session.run_id, L.Use.REJECTED, [(g.key(), lesson_id)])
-            rows += self._rejection_rows(g, lesson_id, status, generation, fingerprint, source)
-        return keep, rejected, rows
+            rows.append(CandidateRow(genome_key=g.key(), op=g.op, template=g.template, source_hash=g.source_hash,
+                                     params_json=g.params_json(), origin="search", parents_json="[]",
+                                     run_id=self.session.run_id, generation=generation))
+            outcomes += self._rejections(g, f"predicted {status} by lesson {lesson_id}")
+        return Screened(tuple(keep), tuple(rejected), tuple(outcomes), tuple(rows))
 
-    def _rejection_rows(self, g: Genome, lesson_id: str, status: str, generation: int, fp: dict,
-                        source: str) -> list:
-        from evo.loop.pipeline import eval_id, fingerprint_class
-        from memory.rows import CandidateRow
-
+    def _rejections(self, g: Genome, why: str) -> list[Outcome]:
         ses = self.session
         tdef = ses.templates[g.template]
-        rows: list = [CandidateRow(genome_key=g.key(), op=g.op, template=g.template, source_hash=g.source_hash,
-                                   params_json=g.params_json(), origin="search", parents_json="[]",
-                                   run_id=ses.run_id, generation=generation)]
-        for cell in ses.cells:
-            if tdef.is_valid(g.params_dict(), ses.arch, cell.dtypes_dict(), cell.dims_dict()):
-                rows.append(EvaluationRow(
-                    eval_id=eval_id(ses.run_id, g.key(), cell.label()), run_id=ses.run_id, genome_key=g.key(), build_key=None, cell=cell.label(),
-                    dtypes_json=json.dumps(cell.dtypes_dict(), sort_keys=True),
-                    dims_json=json.dumps(cell.dims_dict(), sort_keys=True), status=Status.REJECTED.value,
-                    error=f"predicted {status} by lesson {lesson_id}", fingerprint_json=json.dumps(fp, sort_keys=True),
-                    fingerprint_class=fingerprint_class(fp), generation=generation, source=source))
-        return rows
+        return [Outcome(g, cell, Status.REJECTED, error=why) for cell in ses.cells
+                if tdef.is_valid(g.params_dict(), ses.arch, cell.dtypes_dict(), cell.dims_dict())]
+
+    def credit(self, gen: Generation, cells_for: Callable[[Genome], frozenset[str] | None]) -> list[Row]:
+        """The lesson uses a generation earned: priors that biased its bred genomes, refinements it polled."""
+        return self.bias_uses(gen.bred()) + self.refine_uses(gen.genomes, cells_for)
 
     def bias_uses(self, genomes: Sequence[Genome]) -> list:
         """Bred genomes whose template or values a prior favoured (weight above average) credit its lessons."""
@@ -168,7 +174,7 @@ class Learner:
                     uses += [(g.key(), lid) for lid in self._prior_sources.get(g.template, {}).get(p, [])]
         return L.record_uses(self.session.run_id, L.Use.BIASED, uses)
 
-    def refine_uses(self, genomes: Sequence[Genome], cells_for: Callable[[Genome], Any]) -> list:
+    def refine_uses(self, genomes: Sequence[Genome], cells_for: Callable[[Genome], frozenset[str] | None]) -> list:
         """Neighbours polled where a prediction missed credit the lessons behind the seeds that missed."""
         uses = []
         for g in genomes:

@@ -3,7 +3,7 @@
 Each generation, for up to `llm.proposals_per_generation` parents (the best genome of randomly
 chosen cells), the model sees the parent's template and rendered source, its latest measurements,
 and the top lessons and recent failures for this op and arch; an applicable answer becomes a new
-template (stored content-addressed with its parent and the call) whose default point joins the batch.
+template (recorded content-addressed with its parent and the call) whose default point joins the batch.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from typing import Any
 
 from evo.build.nvrtc import prepare
 from evo.core.genome import Genome
+from evo.core.status import Status
 from evo.llm.client import LLMSettings, make_llm
 from evo.llm.mutate import Measurements, MutationRequest, child_genome, proposal_rows, proposal_template, propose_many
 from evo.llm.replay import ReplayLLM
-from evo.core.status import Status
+from evo.loop.pipeline import Session
+from memory.rows import Row
 
 
-def make_session_llm(session: Any) -> Any:
+def make_session_llm(session: Session) -> Any:
     """The run's LLM client: off, live through litellm, or replaying a recorded run."""
     c = session.config.llm
     settings = LLMSettings.of(c)
@@ -29,7 +31,7 @@ def make_session_llm(session: Any) -> Any:
     return make_llm(settings, session.run_id)
 
 
-def _lesson_lines(session: Any, kind: str | None, k: int) -> tuple[str, ...]:
+def _lesson_lines(session: Session, kind: str | None, k: int) -> tuple[str, ...]:
     if k <= 0:
         return ()
     q = "SELECT text FROM lessons WHERE op = ? AND arch LIKE ? || '%'"
@@ -41,7 +43,7 @@ def _lesson_lines(session: Any, kind: str | None, k: int) -> tuple[str, ...]:
     return tuple(df.text)
 
 
-def _recent_failures(session: Any, k: int) -> tuple[str, ...]:
+def _recent_failures(session: Session, k: int) -> tuple[str, ...]:
     if k <= 0:
         return ()
     df = session.store.sql(
@@ -52,12 +54,13 @@ def _recent_failures(session: Any, k: int) -> tuple[str, ...]:
     return tuple(f"{r.template} {r.params_json}: {r.status} {str(r.error or '')[:200]}" for r in df.itertuples())
 
 
-def llm_children(session: Any, strategy: Any, llm: Any, best: dict, rng: random.Random,
-                 ceiling: float) -> tuple[list[Genome], dict[str, str]]:
-    """New genomes from LLM-written templates (and child key -> parent key); calls and sources are recorded."""
+def llm_children(session: Session, strategy: Any, llm: Any, best: dict, rng: random.Random,
+                 ceiling: float) -> tuple[list[Genome], dict[str, str], list[Row]]:
+    """New genomes from LLM-written templates, child key -> parent key, and the rows that record the
+    calls and the new sources. The new templates join the session's and the strategy's."""
     c = session.config.llm
     if (c.model == "none" and not c.replay_run) or c.proposals_per_generation == 0 or not best:
-        return [], {}
+        return [], {}, []
     by_label = {x.label(): x for x in session.cells}
     cells = sorted(best)
     rng.shuffle(cells)
@@ -78,7 +81,7 @@ def llm_children(session: Any, strategy: Any, llm: Any, best: dict, rng: random.
             lessons=_lesson_lines(session, None, c.prompt_lessons), failures=_recent_failures(session, c.prompt_failures),
             dtypes=cell.dtypes_dict(), dims=cell.dims_dict()))
     if not reqs:
-        return [], {}
+        return [], {}, []
     proposals = propose_many(llm, reqs, c.max_concurrency)
     children, parents, rows = [], {}, list(llm.take_rows())
     for p, req in zip(proposals, reqs):
@@ -91,5 +94,4 @@ def llm_children(session: Any, strategy: Any, llm: Any, best: dict, rng: random.
         rows += proposal_rows(p, req)
         children.append(g)
         parents[g.key()] = req.parent.key()
-    session.store.write(rows)
-    return children, parents
+    return children, parents, rows

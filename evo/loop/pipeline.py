@@ -1,31 +1,28 @@
-"""One experiment end to end: propose -> render -> build -> run -> observe, recorded in the store.
+"""A run's context and its build stage: the typed Session, the cells, and genomes -> builds (+ their rows).
 
-The loop stays short; the stages are batch functions that return records, and every record (failed
-builds and evaluations included) is written to the store in one transaction per batch.
+Stages return records and the rows the store should get; they never write the store themselves: the
+loop's one writer records a whole generation in one transaction (evo/loop/record.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import math
 import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from evo.build.nvrtc import Builder, BuildInput, BuildResult, parse_ptxas, prepare
 from evo.core.config import Config, ConfigError
-from evo.measure.evaluators import CellEval
 from evo.core.genome import Genome
 from evo.core.status import Status
 from evo.templates.template import TemplateDef, TemplateError, load_templates
-from memory.rows import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow
+from memory.rows import BuildRow, CandidateRow, Row, RunRow, SourceRow
 from memory.store import Store
 from ops import get_op
-from ops.spec import Cell, OpSpec, gbps
+from ops.spec import Cell, OpSpec
 
 
 class NoGpuError(RuntimeError):
@@ -81,40 +78,36 @@ def dtype_sets(cells: Sequence[Cell]) -> list[dict[str, str]]:
     return [dict(t) for t in dict.fromkeys(tuple(sorted(c.dtypes_dict().items())) for c in cells)]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Session:
-    """The live objects of one run: config, op, templates, store, builder."""
+    """A run's context: config, store, run id, and what follows from the config (op, templates, cells, arch).
+
+    Frozen; `templates` is the one part that grows during a run (the LLM stage adds what it writes)."""
 
     config: Config
     store: Store
     run_id: str
+    log: Callable[[str], None] = print
     op: OpSpec = field(init=False)
     templates: dict[str, TemplateDef] = field(init=False)
-    cells: list[Cell] = field(init=False)
+    cells: tuple[Cell, ...] = field(init=False)
     arch: int = field(init=False)
-    log: Callable[[str], None] = print
-    builds_compiled: int = field(default=0, init=False)  # build inputs this session handed to the compiler
-    builds_reused: int = field(default=0, init=False)  # build inputs answered from the store's builds
 
     def __post_init__(self) -> None:
-        self.op = get_op(self.config.run.op)
-        all_t = load_templates(self.op.name)
+        op = get_op(self.config.run.op)
+        all_t = load_templates(op.name)
         wanted = self.config.run.templates or tuple(all_t)
         missing = [t for t in wanted if t not in all_t]
         if missing:
-            raise TemplateError(f"run.templates: no template(s) {missing} for op {self.op.name} (have {sorted(all_t)})")
+            raise TemplateError(f"run.templates: no template(s) {missing} for op {op.name} (have {sorted(all_t)})")
         extra = sorted(set(self.config.search.space) - set(wanted))
         if extra:
             raise TemplateError(f"search.space: no template(s) {extra} in this run (have {sorted(wanted)})")
-        self.templates = {
-            k: all_t[k].restrict(self.config.search.space[k]) if k in self.config.search.space else all_t[k]
-            for k in wanted
-        }
-        self.cells = cells_for(self.config, self.op)
-        self.arch = arch_number(self.config.run.arch)
-
-    def by_hash(self) -> dict[str, TemplateDef]:
-        return {t.source_hash: t for t in self.templates.values()}
+        space = self.config.search.space
+        derived = {"op": op, "templates": {k: all_t[k].restrict(space[k]) if k in space else all_t[k] for k in wanted},
+                   "cells": tuple(cells_for(self.config, op)), "arch": arch_number(self.config.run.arch)}
+        for k, v in derived.items():
+            object.__setattr__(self, k, v)  # frozen: set once, here
 
     def record_run(self) -> bool:
         """Record a new run, or mark an existing one running again; False when it existed (a resume).
@@ -145,83 +138,49 @@ class Session:
                 out.append((cell, prepare(tdef, genome, self.config.run.arch, cell.dtypes_dict(), cell.dims_dict())))
         return out
 
-    def build(self, builder: Builder, genomes: Sequence[Genome], generation: int,
-              origins: dict[str, str] | None = None,
-              parents: dict[str, str] | None = None) -> dict[str, list[tuple[Cell, BuildResult]]]:
-        """Build every genome for its legal cells; record sources, candidates and every build."""
-        per_genome = {g.key(): self.build_inputs(g) for g in genomes}
-        flat = [bi for pairs in per_genome.values() for _, bi in pairs]
-        unique = list({bi.key(): bi for bi in flat}.values())
-        # Same build key, same cubin: what an earlier run (or this one, before a resume) built is not rebuilt.
-        wanted = [bi.key() for bi in unique if not bi.render_error and not builder.has(bi.key())]
-        stored = stored_builds(self.store, wanted)
-        builder.remember(stored)
-        self.builds_reused += len(stored)
-        before = builder.compiled
-        results = {r.build_key: r for r in builder.build(unique)}
-        self.builds_compiled += builder.compiled - before
-        rows: list = []
-        for g in genomes:
-            tdef = self.templates[g.template]
-            if tdef.trusted:  # templates/ files; LLM-written sources are recorded with their parent and call
-                rows.append(SourceRow.of(tdef.text, op=self.op.name, template=tdef.name, origin="file"))
-            parent = (parents or {}).get(g.key())
-            rows.append(CandidateRow(genome_key=g.key(), op=g.op, template=g.template, source_hash=g.source_hash,
-                                     params_json=g.params_json(), origin=(origins or {}).get(g.key(), "init"),
-                                     parents_json=json.dumps([parent] if parent else []), run_id=self.run_id,
-                                     generation=generation))
-        for bi in unique:
-            r = results[bi.key()]
-            rows.append(BuildRow(build_key=r.build_key, genome_key=bi.genome.key(), run_id=self.run_id, arch=bi.arch,
-                                 dtypes_json=json.dumps(dict(bi.dtypes), sort_keys=True),
-                                 consts_json=json.dumps(dict(bi.consts), sort_keys=True), status=r.status.value,
-                                 regs=r.regs, spill_stores=r.spill_stores, spill_loads=r.spill_loads,
-                                 smem_bytes=r.smem_bytes, stack_bytes=r.stack_bytes, compile_ms=r.compile_ms,
-                                 compiler=r.compiler, log=r.log, error=r.error or None, cubin=r.cubin or None))
-        self.store.write(rows)
-        return {k: [(c, results[bi.key()]) for c, bi in pairs] for k, pairs in per_genome.items()}
 
-    def evaluation_rows(self, evals: Sequence[CellEval], generation: int, fingerprint: dict[str, str],
-                        ceiling: float, source: str) -> list[EvaluationRow]:
-        """Store rows for a batch of (genome, cell) outcomes."""
-        fp_json = json.dumps(fingerprint, sort_keys=True)
-        fp_class = fingerprint_class(fingerprint)
-        default_base = self.op.baselines[0] if self.op.baselines else "baseline"
-        rows = []
-        for ev in evals:
-            ok = ev.status is Status.OK and math.isfinite(ev.median_us)
-            has_base = math.isfinite(ev.baseline_us)
-            rows.append(EvaluationRow(
-                eval_id=eval_id(self.run_id, ev.genome.key(), ev.cell.label()), run_id=self.run_id, genome_key=ev.genome.key(),
-                build_key=ev.build_key or None, cell=ev.cell.label(),
-                dtypes_json=json.dumps(ev.cell.dtypes_dict(), sort_keys=True),
-                dims_json=json.dumps(ev.cell.dims_dict(), sort_keys=True), status=ev.status.value,
-                median_us=ev.median_us if ok else None, p10_us=_finite(ev.p10_us) if ok else None,
-                p90_us=_finite(ev.p90_us) if ok else None, samples=ev.samples or None,
-                gbps=gbps(self.op.bytes_moved(ev.cell), ev.median_us * 1e-6) if ok else None,
-                ceiling_gbps=ceiling or None, baseline=(ev.baseline or default_base) if has_base else None,
-                baseline_us=ev.baseline_us if has_base else None,
-                speedup=ev.baseline_us / ev.median_us if ok and has_base else None,
-                max_abs_err=_finite(ev.max_abs_err), rel_norm_err=_finite(ev.rel_norm_err),
-                error=ev.error or None, fingerprint_json=fp_json, fingerprint_class=fp_class,
-                generation=generation, source=source))
-        return rows
+@dataclass(frozen=True)
+class Built:
+    """The build stage's result: per genome key its (cell, build) pairs, the rows to record, and counts."""
+
+    cells: dict[str, list[tuple[Cell, BuildResult]]]
+    rows: list[Row]  # sources (templates/ files), candidates, every distinct build
+    compiled: int  # build inputs handed to the compiler
+    reused: int  # build inputs answered from the store's builds
 
 
-def eval_id(run_id: str, genome_key: str, cell: str) -> str:
-    """Deterministic id: a (genome, cell) pair is evaluated at most once per run, and reruns of a seeded
-    run produce the same ids (lesson extraction orders by them, so ties break the same way)."""
-    return hashlib.sha256(f"{run_id}|{genome_key}|{cell}".encode()).hexdigest()[:32]
-
-
-def _finite(x: Any) -> float | None:
-    return float(x) if x is not None and math.isfinite(x) else None
-
-
-def fingerprint_class(fp: dict[str, str]) -> str:
-    """Measurements are comparable within a class: same GPU, arch, driver, compiler of the cubins, and
-    gate (a result an older gate accepted is not evidence under a stricter one)."""
-    return "|".join(fp.get(k, "?") for k in ("gpu", "arch", "driver", "nvrtc_build", "gate"))
+def build(session: Session, builder: Builder, genomes: Sequence[Genome], generation: int,
+          origins: Mapping[str, str] | None = None, parents: Mapping[str, str] | None = None) -> Built:
+    """Build every genome for its legal cells; the rows record sources, candidates and every build."""
+    per_genome = {g.key(): session.build_inputs(g) for g in genomes}
+    flat = [bi for pairs in per_genome.values() for _, bi in pairs]
+    unique = list({bi.key(): bi for bi in flat}.values())
+    # Same build key, same cubin: what an earlier run (or this one, before a resume) built is not rebuilt.
+    wanted = [bi.key() for bi in unique if not bi.render_error and not builder.has(bi.key())]
+    stored = stored_builds(session.store, wanted)
+    builder.remember(stored)
+    before = builder.compiled
+    results = {r.build_key: r for r in builder.build(unique)}
+    rows: list[Row] = []
+    for g in genomes:
+        tdef = session.templates[g.template]
+        if tdef.trusted:  # templates/ files; LLM-written sources are recorded with their parent and call
+            rows.append(SourceRow.of(tdef.text, op=session.op.name, template=tdef.name, origin="file"))
+        parent = (parents or {}).get(g.key())
+        rows.append(CandidateRow(genome_key=g.key(), op=g.op, template=g.template, source_hash=g.source_hash,
+                                 params_json=g.params_json(), origin=(origins or {}).get(g.key(), "init"),
+                                 parents_json=json.dumps([parent] if parent else []), run_id=session.run_id,
+                                 generation=generation))
+    for bi in unique:
+        r = results[bi.key()]
+        rows.append(BuildRow(build_key=r.build_key, genome_key=bi.genome.key(), run_id=session.run_id, arch=bi.arch,
+                             dtypes_json=json.dumps(dict(bi.dtypes), sort_keys=True),
+                             consts_json=json.dumps(dict(bi.consts), sort_keys=True), status=r.status.value,
+                             regs=r.regs, spill_stores=r.spill_stores, spill_loads=r.spill_loads,
+                             smem_bytes=r.smem_bytes, stack_bytes=r.stack_bytes, compile_ms=r.compile_ms,
+                             compiler=r.compiler, log=r.log, error=r.error or None, cubin=r.cubin or None))
+    cells = {k: [(c, results[bi.key()]) for c, bi in pairs] for k, pairs in per_genome.items()}
+    return Built(cells, rows, builder.compiled - before, len(stored))
 
 
 def new_run_id(config: Config) -> str:
@@ -257,7 +216,9 @@ def run_build_stage(session: Session) -> dict[str, list[tuple[Cell, BuildResult]
     rng = random.Random(session.config.run.seed)
     pop = initial_population(session, rng)
     with Builder(session.config.build.workers, timeout_s=session.config.build.timeout_s) as builder:
-        built = session.build(builder, pop, generation=0)
+        result = build(session, builder, pop, generation=0)
+    session.store.write(result.rows)
+    built = result.cells
     n_ok = sum(r.status is Status.OK for pairs in built.values() for _, r in pairs)
     n_all = len({r.build_key for pairs in built.values() for _, r in pairs})
     session.log(f"built {len(pop)} genomes -> {n_all} distinct builds for {session.config.run.arch}, "

@@ -1,6 +1,10 @@
-"""The search loop: propose -> build -> evaluate -> record -> observe, within budgets, resumable.
+"""The search loop: propose -> screen -> build -> measure -> record -> learn, within budgets, resumable.
 
-Resume: every batch lands in the store in one transaction, so after a kill the store holds whole
+The stages compute and return records (a Generation); the side effects hang off the loop as Callbacks:
+crediting lessons, recording the generation (one writer, one transaction), showing progress,
+re-extracting lessons, and at the end the dispatch table.
+
+Resume: a generation lands in the store whole or not at all, so after a kill the store holds whole
 generations. A run started again with the same run id rebuilds the strategy from its stored
 observations (the strategy is deterministic given seed + observation history) and evaluates nothing
 that is already recorded.
@@ -14,24 +18,31 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from evo.build.nvrtc import Builder
-from evo.core.config import Backend, ConfigError, Runner, StrategyKind
-from evo.measure.evaluators import CellEval, EvalItem, GpuEvaluator, ReplayEvaluator
+from evo.build.nvrtc import Builder, BuildResult
+from evo.core.config import Backend, Config, ConfigError, Runner, StrategyKind
 from evo.core.genome import Genome
-from evo.measure.jobs import Timing
-from evo.loop.learn import REFRESH_EVERY, Learner
-from evo.loop.pipeline import Session, dtype_sets
+from evo.core.outcome import Outcome
 from evo.core.status import Status
+from evo.loop.generation import Callbacks, Generation
+from evo.loop.learn import REFRESH_EVERY, Learner, Screened
+from evo.loop.pipeline import Session, build, dtype_sets
+from evo.loop.record import Recorder, fingerprint_class
+from evo.measure.evaluators import EvalItem, Evaluator, GpuEvaluator, ReplayEvaluator
+from evo.measure.jobs import Timing
 from evo.search.strategy import GeneticSearch, Observation, RandomSearch
+from memory.rows import Row
+from ops.spec import Cell
 
 
 @dataclass
 class Progress:
+    """The loop's own state across generations (what the budgets and the LLM stage read)."""
+
     generation: int = 0
     evaluated: int = 0  # (genome, cell) evaluations, failures included
     failed: int = 0
@@ -39,6 +50,8 @@ class Progress:
     best: dict[str, tuple[str, float, float]] = field(default_factory=dict)  # cell -> (genome key, us, baseline)
     stale: int = 0
     started: float = field(default_factory=time.monotonic)  # moved back by the time spent before a resume
+    builds_compiled: int = 0  # build inputs handed to the compiler
+    builds_reused: int = 0  # build inputs answered from the store's builds
 
     @property
     def elapsed(self) -> float:
@@ -49,8 +62,11 @@ class Progress:
         return float(np.exp(np.mean(np.log(v)))) if v else 0.0
 
 
+SearchStrategy = GeneticSearch | RandomSearch
+
+
 def make_strategy(session: Session, seeds: Sequence[Genome] = (), priors: dict | None = None,
-                  targets: dict | None = None) -> Any:
+                  targets: dict | None = None) -> SearchStrategy:
     c = session.config
     rng = random.Random(c.run.seed)
     ds = dtype_sets(session.cells)
@@ -62,12 +78,12 @@ def make_strategy(session: Session, seeds: Sequence[Genome] = (), priors: dict |
                          max_template_share=s.max_template_share, seeds=seeds, priors=priors, targets=targets)
 
 
-def observations(session: Session, evals: Sequence[CellEval], genomes: Sequence[Genome]) -> list[Observation]:
+def observations(session: Session, outcomes: Sequence[Outcome], genomes: Sequence[Genome]) -> list[Observation]:
     """One Observation per genome: its time on every cell (inf where illegal or failed)."""
     times: dict[str, dict[str, float]] = {g.key(): {c.label(): math.inf for c in session.cells} for g in genomes}
-    for ev in evals:
-        if ev.status is Status.OK:
-            times[ev.genome.key()][ev.cell.label()] = ev.median_us
+    for o in outcomes:
+        if o.status is Status.OK:
+            times[o.genome.key()][o.cell.label()] = o.median_us
     return [Observation(g, times[g.key()]) for g in genomes]
 
 
@@ -89,44 +105,72 @@ def load_llm_templates(session: Session) -> list:
     return out
 
 
-def stored_history(session: Session) -> tuple[list[Observation], list[CellEval]]:
+# An evaluations row read back as an Outcome (with its candidate's template and params).
+_STORED = ("SELECT e.genome_key, e.cell, e.status, e.median_us, e.p10_us, e.p90_us, e.samples, e.baseline_us, "
+           "e.error, coalesce(e.reused_from, e.run_id) AS measured_in, c.template, c.params_json "
+           "FROM evaluations e JOIN candidates c USING (genome_key) ")
+
+
+def _stored_outcome(g: Genome, cell: Cell, r: Any, reused_from: str = "") -> Outcome:
+    return Outcome(g, cell, Status(r.status), "", r.error if isinstance(r.error, str) else "",
+                   median_us=_f(r.median_us), p10_us=_f(r.p10_us), p90_us=_f(r.p90_us), samples=0 if pd.isna(r.samples) else int(r.samples),
+                   baseline_us=_f(r.baseline_us), reused_from=reused_from)
+
+
+def stored_history(session: Session) -> tuple[list[Observation], list[Outcome]]:
     """This run's recorded evaluations, as observations in generation order (for resume)."""
-    df = session.store.sql(
-        "SELECT e.genome_key, e.cell, e.status, e.median_us, e.baseline_us, e.generation, c.template, c.params_json "
-        "FROM evaluations e JOIN candidates c USING (genome_key) WHERE e.run_id = ? ORDER BY e.generation, e.created_at",
-        [session.run_id])
+    df = session.store.sql(_STORED + "WHERE e.run_id = ? ORDER BY e.generation, e.created_at", [session.run_id])
     if df.empty:
         return [], []
     by_label = {c.label(): c for c in session.cells}
     genomes: dict[str, Genome] = {}
-    evals = []
+    outcomes = []
     for r in df.itertuples(index=False):
         t = session.templates.get(r.template)
         if t is None or r.cell not in by_label:
             continue
         g = genomes.setdefault(r.genome_key, Genome.make(session.op.name, r.template, t.source_hash,
                                                          json.loads(r.params_json)))
-        evals.append(CellEval(g, by_label[r.cell], Status(r.status), median_us=_f(r.median_us),
-                              baseline_us=_f(r.baseline_us)))
-    return observations(session, evals, list(genomes.values())), evals
+        outcomes.append(_stored_outcome(g, by_label[r.cell], r))
+    return observations(session, outcomes, list(genomes.values())), outcomes
+
+
+def reusable(session: Session, evaluator: Evaluator) -> dict[tuple[str, str], Outcome]:
+    """Results other runs measured under the same fingerprint class and source (reused_from names the run
+    that measured each): never measured twice."""
+    df = session.store.sql(
+        _STORED + "WHERE e.fingerprint_class = ? AND e.source = ? AND e.run_id != ? "
+        "AND e.status NOT IN ('REJECTED', 'UNKNOWN', 'TIMEOUT', 'CRASH') ORDER BY e.created_at, e.eval_id",
+        [fingerprint_class(evaluator.fingerprint), evaluator.source, session.run_id])
+    by_label = {c.label(): c for c in session.cells}
+    out: dict[tuple[str, str], Outcome] = {}
+    for r in df.itertuples(index=False):
+        t = session.templates.get(r.template)
+        if t is None or r.cell not in by_label or (r.genome_key, r.cell) in out:
+            continue
+        g = Genome.make(session.op.name, r.template, t.source_hash, json.loads(r.params_json))
+        if g.key() != r.genome_key:
+            continue  # another version of the template text
+        out[(r.genome_key, r.cell)] = _stored_outcome(g, by_label[r.cell], r, r.measured_in)
+    return out
 
 
 def _f(x: Any) -> float:
-    return float(x) if x is not None and x == x else math.inf
+    return math.inf if x is None or pd.isna(x) else float(x)
 
 
-def update_progress(p: Progress, evals: Sequence[CellEval]) -> bool:
+def update_progress(p: Progress, outcomes: Sequence[Outcome]) -> bool:
     """Fold a batch into the progress; True when some cell's best improved."""
     improved = False
-    for ev in evals:
+    for o in outcomes:
         p.evaluated += 1
-        if ev.status is not Status.OK:
+        if o.status is not Status.OK:
             p.failed += 1
             continue
-        label = ev.cell.label()
+        label = o.cell.label()
         cur = p.best.get(label)
-        if cur is None or ev.median_us < cur[1]:
-            p.best[label] = (ev.genome.key(), ev.median_us, ev.baseline_us)
+        if cur is None or o.median_us < cur[1]:
+            p.best[label] = (o.genome.key(), o.median_us, o.baseline_us)
             improved = True
     return improved
 
@@ -148,7 +192,7 @@ def replay_evaluator(session: Session) -> ReplayEvaluator:
     return ev
 
 
-def run_search(session: Session, evaluator: Any = None) -> int:
+def run_search(session: Session, evaluator: Evaluator | None = None) -> int:
     """Run (or resume) the configured search; writes dispatch.json beside the store."""
     c = session.config
     if c.run.backend is not Backend.RAY:
@@ -162,7 +206,7 @@ def run_search(session: Session, evaluator: Any = None) -> int:
         shutdown_ray()
 
 
-def _run_search(session: Session, evaluator: Any = None) -> int:
+def _run_search(session: Session, evaluator: Evaluator | None = None) -> int:
     c = session.config
     if c.run.runner is Runner.REPLAY:
         return _loop(session, evaluator or replay_evaluator(session))
@@ -171,7 +215,7 @@ def _run_search(session: Session, evaluator: Any = None) -> int:
         return _loop(session, GpuEvaluator(session.op, session.arch, runner, timing, c.run.seed))
 
 
-def make_builder(c: Any) -> Any:
+def make_builder(c: Config) -> Any:
     """A process pool here, or Ray CPU tasks (the caller has called init_ray)."""
     if c.run.backend is Backend.RAY:
         from evo.measure.ray_backend import RayBuilder
@@ -180,7 +224,7 @@ def make_builder(c: Any) -> Any:
     return Builder(c.build.workers, timeout_s=c.build.timeout_s)
 
 
-def make_runner(c: Any) -> Any:
+def make_runner(c: Config) -> Any:
     """One worker process per visible GPU here, or one Ray actor per GPU of the cluster."""
     if c.run.backend is Backend.RAY:
         from evo.measure.ray_backend import RayRunner
@@ -191,8 +235,103 @@ def make_runner(c: Any) -> Any:
     return GpuRunner(devices=visible_devices(), timeout_s=c.eval.timeout_s)
 
 
-def _loop(session: Session, evaluator: Any) -> int:
-    show = _display(session)
+class Search:
+    """A run's generations. Each is propose -> screen -> build -> measure (`generation`), then the
+    callbacks credit and record it, the loop learns from it (`learn`), and the rest of the callbacks run."""
+
+    def __init__(self, session: Session, evaluator: Evaluator, strategy: SearchStrategy, learner: Learner,
+                 llm: Any, progress: Progress, reuse: dict[tuple[str, str], Outcome]) -> None:
+        self.session, self.evaluator, self.strategy, self.learner, self.llm = session, evaluator, strategy, learner, llm
+        self.progress, self.reuse = progress, reuse
+        self.done = session.store.evaluated_keys(session.run_id)  # (genome key, cell) pairs this run recorded
+        seed = session.config.run.seed
+        self.llm_rng, self.screen_rng = random.Random(seed + 7), random.Random(seed + 11)
+
+    def run(self, callbacks: Callbacks) -> str:
+        """Generations until a budget is spent or the space is exhausted; returns why it stopped."""
+        with make_builder(self.session.config) as builder:
+            while not (stop := _budget_exhausted(self.session.config, self.progress)):
+                gen = self.generation(builder)
+                callbacks.record(gen, callbacks.credit(gen))  # an empty one still records what the LLM was asked
+                if gen.empty:
+                    return "search space exhausted"
+                self.learn(gen)
+                for after in callbacks.after:
+                    after(gen)
+                self.progress.generation += 1
+            return stop
+
+    def generation(self, builder: Any) -> Generation:
+        """One generation's stages, propose -> screen -> build -> measure; nothing is written here."""
+        n = self.progress.generation
+        screened = self.screen(self.propose(), n)
+        genomes = list(screened.keep)
+        origins = {g.key(): "init" if n == 0 else "search" for g in genomes}
+        origins.update({g.key(): "warm" for g in self.learner.seeds if g.key() in origins})
+        kids, parents, llm_rows = self.llm_children()
+        genomes += [g for g in kids if g.key() not in origins]
+        origins.update({g.key(): "llm" for g in kids})
+        if not genomes and not screened.rejected:
+            return Generation(n, (), origins, (), (), (), tuple(llm_rows), self.progress.elapsed)
+        built = build(self.session, builder, genomes, n, origins, parents)
+        self.progress.builds_compiled += built.compiled
+        self.progress.builds_reused += built.reused
+        outcomes = self.measure(genomes, built.cells)
+        return Generation(n, tuple(genomes), origins, screened.rejected, tuple(outcomes), screened.outcomes,
+                          (*llm_rows, *built.rows, *screened.rows), self.progress.elapsed)
+
+    def propose(self) -> list[Genome]:
+        """The strategy's next genomes, less those this run already evaluated."""
+        c = self.session.config
+        want = min(c.search.population, max(1, c.budget.max_evals - self.progress.evaluated))
+        return [g for g in self.strategy.propose(want) if not self._evaluated(g)]
+
+    def screen(self, genomes: Sequence[Genome], generation: int) -> Screened:
+        """Failure memory; the strategy hears of the rejected at once (never built: inf everywhere)."""
+        screened = self.learner.screen(genomes, self.screen_rng, generation)
+        if screened.rejected:
+            self.strategy.observe(observations(self.session, [], screened.rejected))
+        return screened
+
+    def llm_children(self) -> tuple[list[Genome], dict[str, str], list[Row]]:
+        """The LLM operator's new genomes (none without a model), child -> parent keys, and their rows."""
+        if self.llm is None:
+            return [], {}, []
+        from evo.loop.llm_step import llm_children
+
+        kids, parents, rows = llm_children(self.session, self.strategy, self.llm, self.progress.best, self.llm_rng,
+                                           self.evaluator.ceiling_gbps)
+        # an answer seen before gives the same template and genome: never evaluate it twice
+        kids = [g for g in kids if self.strategy.genome(g.key()) is None and not self._evaluated(g)]
+        return kids, parents, rows
+
+    def measure(self, genomes: Sequence[Genome], built: dict[str, list[tuple[Cell, BuildResult]]]) -> list[Outcome]:
+        """Every built (genome, cell) the strategy wants measured (cells_for): reused where another run
+        measured it under the same fingerprint class, else evaluated."""
+        by_key = {g.key(): g for g in genomes}
+        only = {k: self.strategy.cells_for(g) for k, g in by_key.items()}  # None: every legal cell
+        items = [EvalItem(by_key[k], self.session.templates[by_key[k].template], cell, b)
+                 for k, pairs in built.items() for cell, b in pairs
+                 if only[k] is None or cell.label() in only[k]]
+        old = {(it.genome.key(), it.cell.label()): it for it in items
+               if (it.genome.key(), it.cell.label()) in self.reuse}
+        outcomes = [replace(self.reuse[k], build_key=it.build.build_key) for k, it in old.items()]
+        return outcomes + self.evaluator.evaluate([it for it in items
+                                                   if (it.genome.key(), it.cell.label()) not in old])
+
+    def learn(self, gen: Generation) -> None:
+        """The strategy observes the generation; the loop's progress and evaluated pairs take it in."""
+        self.progress.reused += sum(bool(o.reused_from) for o in gen.outcomes)
+        self.strategy.observe(observations(self.session, gen.outcomes, gen.genomes))
+        self.done |= {o.pair() for o in gen.outcomes}
+        improved = update_progress(self.progress, gen.outcomes)
+        self.progress.stale = 0 if improved else self.progress.stale + 1
+
+    def _evaluated(self, g: Genome) -> bool:
+        return any((g.key(), x.label()) in self.done for x in self.session.cells)
+
+
+def _loop(session: Session, evaluator: Evaluator) -> int:
     llm_tdefs = load_llm_templates(session)
     history, past = stored_history(session)
     learner = Learner.start(session, fresh=not history)
@@ -217,133 +356,74 @@ def _loop(session: Session, evaluator: Any) -> int:
         progress.generation = int(session.store.sql(
             "SELECT coalesce(max(generation), -1) + 1 AS g FROM evaluations WHERE run_id = ?", [session.run_id]).g[0])
         session.log(f"resumed {session.run_id}: {len(history)} genomes, {len(past)} evaluations already recorded")
-    done = session.store.evaluated_keys(session.run_id)
     reuse = reusable(session, evaluator)
     progress.reused = int(session.store.sql("SELECT count(reused_from) AS n FROM evaluations WHERE run_id = ?",
                                             [session.run_id]).n[0])
+    search = Search(session, evaluator, strategy, learner, llm, progress, reuse)
+    callbacks = Callbacks(
+        credit=lambda gen: learner.credit(gen, strategy.cells_for),
+        record=Recorder(session, evaluator.fingerprint, evaluator.ceiling_gbps, evaluator.source),
+        after=(_show_progress(session, progress, learner), _extract_lessons(learner), _snapshot(session)),
+        dispatch=_finish(session, learner, progress, reuse))
     stop = ""
     try:
-        stop = _generations(session, evaluator, strategy, learner, llm, progress, done, reuse, show)
+        stop = search.run(callbacks)
     finally:  # also when interrupted: a resume continues with the time that is left
         session.store.record_elapsed(session.run_id, progress.elapsed)
-    dispatch, from_store = write_dispatch(session, progress, reuse)
-    n_lessons = learner.refresh(final=True)
-    session.store.finish_run(session.run_id, "done", stop)
-    session.log(f"lessons: {n_lessons} re-derived from the store; failure memory rejected {learner.rejected} "
-                f"candidates and let {learner.let_through} predicted failures through to check the rules")
-    session.log(f"evaluations: {progress.evaluated - progress.reused} measured, {progress.reused} reused from "
-                f"earlier runs; builds: {session.builds_compiled} compiled, {session.builds_reused} reused from "
-                "the store")
-    kept = f" ({from_store} from earlier runs' measurements, faster than this run's)" if from_store else ""
-    session.log(f"stopped: {stop}; best per cell over {len(progress.best)} cells, geomean speedup vs torch "
-                f"{progress.geomean_speedup():.3f}; dispatch table {dispatch}{kept}")
+    callbacks.dispatch(stop)
     return 0
 
 
-def _generations(session: Session, evaluator: Any, strategy: Any, learner: Learner, llm: Any, progress: Progress,
-                 done: set[tuple[str, str]], reuse: dict[tuple[str, str], Reused], show: Any) -> str:
-    """Generations until a budget is spent or the space is exhausted; returns why it stopped."""
+def _show_progress(session: Session, progress: Progress, learner: Learner) -> Callable[[Generation], None]:
+    """One line per generation, through rich (plain text when stdout is not a terminal)."""
+    show = session.log
+    if show is print:
+        from rich.console import Console
+
+        console = Console(highlight=False, soft_wrap=True)
+        show = console.print
     c = session.config
-    llm_rng = random.Random(c.run.seed + 7)
-    screen_rng = random.Random(c.run.seed + 11)
-    with make_builder(c) as builder:
-        while True:
-            stop = _budget_exhausted(c, progress)
-            if stop:
-                return stop
-            want = min(c.search.population, max(1, c.budget.max_evals - progress.evaluated))
-            genomes = [g for g in strategy.propose(want) if not any((g.key(), x.label()) in done for x in session.cells)]
-            genomes, rejected, lesson_rows = learner.screen(genomes, screen_rng, progress.generation,
-                                                             evaluator.fingerprint, evaluator.source)
-            if rejected:
-                strategy.observe(observations(session, [], rejected))
-            origins: dict[str, str] = {g.key(): "init" if progress.generation == 0 else "search" for g in genomes}
-            origins.update({g.key(): "warm" for g in learner.seeds if g.key() in origins})
-            parents: dict[str, str] = {}
-            if llm is not None:
-                from evo.loop.llm_step import llm_children
 
-                kids, parents = llm_children(session, strategy, llm, progress.best, llm_rng, evaluator.ceiling_gbps)
-                # an answer seen before gives the same template and genome: never evaluate it twice
-                kids = [g for g in kids if strategy.genome(g.key()) is None
-                        and not any((g.key(), x.label()) in done for x in session.cells)]
-                genomes += [g for g in kids if g.key() not in origins]
-                origins.update({g.key(): "llm" for g in kids})
-            if not genomes and not rejected:
-                return "search space exhausted"
-            built = session.build(builder, genomes, progress.generation, origins, parents)
-            by_key = {g.key(): g for g in genomes}
-            only = {k: strategy.cells_for(g) for k, g in by_key.items()}  # None: every legal cell
-            items = [EvalItem(by_key[k], session.templates[by_key[k].template], cell, b)
-                     for k, pairs in built.items() for cell, b in pairs
-                     if only[k] is None or cell.label() in only[k]]
-            old = {(it.genome.key(), it.cell.label()): it for it in items if (it.genome.key(), it.cell.label()) in reuse}
-            evals = [replace(reuse[k].result, build_key=it.build.build_key) for k, it in old.items()]
-            evals += evaluator.evaluate([it for it in items if (it.genome.key(), it.cell.label()) not in old])
-            bred = [g for g in genomes if origins.get(g.key()) in ("init", "search")]  # drawn or bred under priors
-            rows = [replace(r, reused_from=reuse[(r.genome_key, r.cell)].run_id) if (r.genome_key, r.cell) in old
-                    else r for r in session.evaluation_rows(evals, progress.generation, evaluator.fingerprint,
-                                                            evaluator.ceiling_gbps, evaluator.source)]
-            session.store.write(rows + lesson_rows + learner.bias_uses(bred)
-                                + learner.refine_uses(genomes, strategy.cells_for))
-            progress.reused += len(old)
-            strategy.observe(observations(session, evals, genomes))
-            done |= {(ev.genome.key(), ev.cell.label()) for ev in evals}
-            improved = update_progress(progress, evals)
-            progress.stale = 0 if improved else progress.stale + 1
-            show(_line(progress, c) + (f"  rejected {learner.rejected}" if learner.predict else ""))
-            progress.generation += 1
-            if progress.generation % REFRESH_EVERY == 0:
-                learner.refresh()
-            session.store.record_elapsed(session.run_id, progress.elapsed)
-            session.store.write_snapshot()  # what `kfactory sql/report/lessons` read while this run holds the store
+    def progress_line(gen: Generation) -> None:
+        show(_line(progress, c) + (f"  rejected {learner.rejected}" if learner.predict else ""))
+
+    return progress_line
 
 
-def _display(session: Session) -> Any:
-    """Per-generation progress through rich (plain text when stdout is not a terminal)."""
-    if session.log is not print:
-        return session.log
-    from rich.console import Console
+def _extract_lessons(learner: Learner) -> Callable[[Generation], None]:
+    def extract(gen: Generation) -> None:
+        if (gen.number + 1) % REFRESH_EVERY == 0:
+            learner.refresh()
 
-    console = Console(highlight=False, soft_wrap=True)
-    return lambda line: console.print(line)
+    return extract
 
 
-@dataclass(frozen=True)
-class Reused:
-    """A result another run measured, usable here: same genome, cell, fingerprint class and source."""
+def _snapshot(session: Session) -> Callable[[Generation], None]:
+    def snapshot(gen: Generation) -> None:
+        session.store.write_snapshot()  # what `kfactory sql/report/lessons` read while this run holds the store
 
-    result: CellEval
-    run_id: str
-
-
-def reusable(session: Session, evaluator: Any) -> dict[tuple[str, str], Reused]:
-    """Results other runs measured under the same fingerprint class and source: never measured twice."""
-    from evo.loop.pipeline import fingerprint_class
-
-    df = session.store.sql(
-        "SELECT e.genome_key, e.cell, e.status, e.median_us, e.p10_us, e.p90_us, e.samples, e.baseline_us, "
-        "e.error, coalesce(e.reused_from, e.run_id) AS measured_in, c.template, c.params_json "
-        "FROM evaluations e JOIN candidates c USING (genome_key) "
-        "WHERE e.fingerprint_class = ? AND e.source = ? AND e.run_id != ? "
-        "AND e.status NOT IN ('REJECTED', 'UNKNOWN', 'TIMEOUT', 'CRASH') ORDER BY e.created_at, e.eval_id",
-        [fingerprint_class(evaluator.fingerprint), evaluator.source, session.run_id])
-    by_label = {c.label(): c for c in session.cells}
-    out = {}
-    for r in df.itertuples(index=False):
-        t = session.templates.get(r.template)
-        if t is None or r.cell not in by_label or (r.genome_key, r.cell) in out:
-            continue
-        g = Genome.make(session.op.name, r.template, t.source_hash, json.loads(r.params_json))
-        if g.key() != r.genome_key:
-            continue  # another version of the template text
-        ev = CellEval(g, by_label[r.cell], Status(r.status), "", _f(r.median_us), _f(r.p10_us), _f(r.p90_us),
-                      int(r.samples or 0), _f(r.baseline_us), error=r.error if isinstance(r.error, str) else "")
-        out[(r.genome_key, r.cell)] = Reused(ev, r.measured_in)
-    return out
+    return snapshot
 
 
-def _budget_exhausted(c: Any, p: Progress) -> str:
+def _finish(session: Session, learner: Learner, progress: Progress,
+            reuse: dict[tuple[str, str], Outcome]) -> Callable[[str], None]:
+    def finish(stop: str) -> None:
+        dispatch, from_store = write_dispatch(session, progress, reuse)
+        n_lessons = learner.refresh(final=True)
+        session.store.finish_run(session.run_id, "done", stop)
+        session.log(f"lessons: {n_lessons} re-derived from the store; failure memory rejected {learner.rejected} "
+                    f"candidates and let {learner.let_through} predicted failures through to check the rules")
+        session.log(f"evaluations: {progress.evaluated - progress.reused} measured, {progress.reused} reused from "
+                    f"earlier runs; builds: {progress.builds_compiled} compiled, {progress.builds_reused} reused "
+                    "from the store")
+        kept = f" ({from_store} from earlier runs' measurements, faster than this run's)" if from_store else ""
+        session.log(f"stopped: {stop}; best per cell over {len(progress.best)} cells, geomean speedup vs torch "
+                    f"{progress.geomean_speedup():.3f}; dispatch table {dispatch}{kept}")
+
+    return finish
+
+
+def _budget_exhausted(c: Config, p: Progress) -> str:
     if p.evaluated >= c.budget.max_evals:
         return f"budget.max_evals ({c.budget.max_evals}) reached"
     if p.generation >= c.budget.generations:
@@ -355,13 +435,13 @@ def _budget_exhausted(c: Any, p: Progress) -> str:
     return ""
 
 
-def _line(p: Progress, c: Any) -> str:
+def _line(p: Progress, c: Config) -> str:
     left = c.budget.max_seconds - (time.monotonic() - p.started)
     return (f"gen {p.generation:3d}  evaluated {p.evaluated:5d}  failed {p.failed:4d}  cells with a best "
             f"{len(p.best):3d}  geomean speedup {p.geomean_speedup():6.3f}  time left {left:6.0f} s")
 
 
-def write_dispatch(session: Session, p: Progress, reuse: dict[tuple[str, str], Reused] | None = None
+def write_dispatch(session: Session, p: Progress, reuse: dict[tuple[str, str], Outcome] | None = None
                    ) -> tuple[Path, int]:
     """shape -> genome table (best per cell), plus the single genome with the best geomean.
 
@@ -375,12 +455,11 @@ def write_dispatch(session: Session, p: Progress, reuse: dict[tuple[str, str], R
         "JOIN candidates c USING (genome_key) WHERE e.run_id = ? AND e.status = 'OK' AND e.median_us IS NOT NULL",
         [session.run_id])
     ours = set(zip(df.genome_key, df.cell))
-    extra = pd.DataFrame([{"genome_key": key, "cell": cell, "median_us": r.result.median_us,
-                           "baseline_us": r.result.baseline_us, "template": r.result.genome.template,
-                           "params_json": r.result.genome.params_json(), "measured_in": r.run_id}
-                          for (key, cell), r in (reuse or {}).items()
-                          if (key, cell) not in ours and r.result.status is Status.OK
-                          and math.isfinite(r.result.median_us)], columns=df.columns)
+    extra = pd.DataFrame([{"genome_key": key, "cell": cell, "median_us": o.median_us,
+                           "baseline_us": o.baseline_us, "template": o.genome.template,
+                           "params_json": o.genome.params_json(), "measured_in": o.reused_from}
+                          for (key, cell), o in (reuse or {}).items()
+                          if (key, cell) not in ours and o.timed], columns=df.columns)
     df = pd.concat([df, extra], ignore_index=True) if not extra.empty else df
     table, from_store = {}, 0
     for cell, grp in df.groupby("cell"):

@@ -1,1 +1,1 @@
-"""Measure: the gate, the GPU worker and its watchdog, verdicts, evaluators (GPU, replay, Ray)."""
+"""Measure: the gate, the GPU worker and its watchdog, judging into Outcomes, evaluators (GPU, replay, Ray)."""

@@ -1,6 +1,6 @@
 """Evaluators: answer (genome, cell) measurements from the GPU, or from recorded data (replay).
 
-Both speak the same interface, `evaluate(items) -> list[CellEval]`, so the search loop does not know
+Both speak the same interface, `evaluate(items) -> list[Outcome]`, so the search loop does not know
 which one it talks to.
 """
 
@@ -15,12 +15,13 @@ from typing import Any, Protocol, Sequence
 import pandas as pd
 
 from evo.build.nvrtc import BuildResult
-from evo.measure.evaluate import make_job
 from evo.core.genome import Genome
-from evo.measure.jobs import Timing
+from evo.core.outcome import Outcome
 from evo.core.status import Status
+from evo.measure.evaluate import make_job
+from evo.measure.jobs import Timing
+from evo.measure.verify import judge
 from evo.templates.template import TemplateDef
-from evo.measure.verify import Verdict, judge
 from ops.spec import Cell, OpSpec
 
 
@@ -32,40 +33,17 @@ class EvalItem:
     build: BuildResult
 
 
-@dataclass(frozen=True)
-class CellEval:
-    """One (genome, cell) outcome."""
-
-    genome: Genome
-    cell: Cell
-    status: Status
-    build_key: str = ""
-    median_us: float = math.inf
-    p10_us: float = math.inf
-    p90_us: float = math.inf
-    samples: int = 0
-    baseline_us: float = math.inf
-    max_abs_err: float = math.nan
-    rel_norm_err: float = math.nan
-    error: str = ""
-    baseline: str = ""  # name of the baseline timed beside it ('' = the op's first declared baseline)
-    peers: tuple[tuple[str, float], ...] = ()  # median of every named baseline timed beside it
-    absent: tuple[tuple[str, str], ...] = ()  # baselines asked for that could not be had, and why
-    graph: bool = False
-
-
 class Evaluator(Protocol):
     source: str  # 'gpu' or 'replay'
     fingerprint: dict[str, str]
     ceiling_gbps: float
 
-    def evaluate(self, items: Sequence[EvalItem]) -> list[CellEval]: ...
+    def evaluate(self, items: Sequence[EvalItem]) -> list[Outcome]: ...
 
 
-def from_verdict(item: EvalItem, v: Verdict) -> CellEval:
-    return CellEval(item.genome, item.cell, v.status, item.build.build_key, v.median_us, v.p10_us, v.p90_us,
-                    v.samples, v.baseline_us, v.max_abs_err, v.rel_norm_err, v.error, v.baseline, v.peers, v.absent,
-                    v.graph)
+def build_failed(item: EvalItem) -> Outcome:
+    """The Outcome of an item whose build failed: nothing to run."""
+    return Outcome(item.genome, item.cell, item.build.status, item.build.build_key, item.build.error)
 
 
 def gate_cells_for(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell, arch: int) -> list[Cell]:
@@ -100,7 +78,7 @@ class GpuEvaluator:
         self.ceiling_gbps = runner.ceiling_gbps
         self._n = 0
 
-    def evaluate(self, items: Sequence[EvalItem]) -> list[CellEval]:
+    def evaluate(self, items: Sequence[EvalItem]) -> list[Outcome]:
         """One runner call per batch, so several devices work in parallel."""
         jobs, ok_items = [], []
         for it in items:
@@ -112,16 +90,10 @@ class GpuEvaluator:
                                  self.seed * 100003 + self._n, self.timing, baseline=True, gate_cells=gates,
                                  baselines=self.baselines))
             ok_items.append(it)
-        verdicts = {}
+        judged = {}
         for it, job, res in zip(ok_items, jobs, self.runner.run(jobs)):
-            verdicts[id(it)] = judge(res, {k: t[2] for k, t in job.tolerances})
-        out = []
-        for it in items:
-            if not it.build.status.ok:
-                out.append(CellEval(it.genome, it.cell, it.build.status, it.build.build_key, error=it.build.error))
-                continue
-            out.append(from_verdict(it, verdicts[id(it)]))
-        return out
+            judged[id(it)] = judge(res, {k: t[2] for k, t in job.tolerances}, it.genome, it.cell, it.build.build_key)
+        return [judged[id(it)] if it.build.status.ok else build_failed(it) for it in items]
 
 
 class ReplayEvaluator:
@@ -153,23 +125,23 @@ class ReplayEvaluator:
                 best[cell] = min(best.get(cell, math.inf), float(r.median_us))
         return best
 
-    def evaluate(self, items: Sequence[EvalItem]) -> list[CellEval]:
+    def evaluate(self, items: Sequence[EvalItem]) -> list[Outcome]:
         out = []
         for it in items:
             if not it.build.status.ok:
-                out.append(CellEval(it.genome, it.cell, it.build.status, it.build.build_key, error=it.build.error))
+                out.append(build_failed(it))
                 continue
             r = self._rows.get((it.genome.key(), it.cell.label()))
             base = self._baseline.get(it.cell.label(), math.inf)
             if r is None:
-                out.append(CellEval(it.genome, it.cell, Status.UNKNOWN, it.build.build_key, baseline_us=base,
-                                    error="no recorded measurement for this genome and cell"))
+                out.append(Outcome(it.genome, it.cell, Status.UNKNOWN, it.build.build_key,
+                                   "no recorded measurement for this genome and cell", baseline_us=base))
                 continue
             status = Status(r.status)
             ok = status is Status.OK
-            out.append(CellEval(it.genome, it.cell, status, it.build.build_key,
-                                float(r.median_us) if ok else math.inf,
-                                float(getattr(r, "p10_us", math.inf) or math.inf) if ok else math.inf,
-                                float(getattr(r, "p90_us", math.inf) or math.inf) if ok else math.inf,
-                                int(getattr(r, "samples", 0) or 0), base, error=str(r.error or "") if not ok else ""))
+            out.append(Outcome(it.genome, it.cell, status, it.build.build_key, str(r.error or "") if not ok else "",
+                               median_us=float(r.median_us) if ok else math.inf,
+                               p10_us=float(getattr(r, "p10_us", math.inf) or math.inf) if ok else math.inf,
+                               p90_us=float(getattr(r, "p90_us", math.inf) or math.inf) if ok else math.inf,
+                               samples=int(getattr(r, "samples", 0) or 0), baseline_us=base))
         return out

@@ -111,7 +111,7 @@ def main() -> int:
                         ("bare", BareTiming), ("gate", Gate)):
                     rng = random.Random(int.from_bytes(os.urandom(8), "little"))
                     res = cls(w, job, obj, ref_obj, mod, rng, w.fingerprint, w.ceiling_gbps).run()
-                    v = judge(res, {k: t[2] for k, t in job.tolerances})
+                    v = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, b.build_key)
                     if v.status.value != "OK":
                         raise RuntimeError(f"{name} on {c.label()}: {v.status.value} {v.error}")
                     got[name].append(v.median_us)

@@ -110,7 +110,7 @@ def run_gallery(timeout_s: float = 20.0) -> tuple[list[GalleryOutcome], dict[str
             if name == "SUSPECT_BYTES":
                 j = replace(j, bytes_moved=64 * j.bytes_moved)
             res = runner.run([j])[0]
-            v = judge(res, {"y": SPEC.tolerance(c, "y").rel_norm})
+            v = judge(res, {"y": SPEC.tolerance(c, "y").rel_norm}, Genome.make("rmsnorm", f"gallery_{name}", "", {}), c)
             us = v.median_us
             gbps = SPEC.bytes_moved(c) / (us * 1e3) if us < float("inf") else 0.0
             out.append(GalleryOutcome(name, c.label(), tuple(s.value for s in allowed), v.status.value,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evo.measure.jobs import GateCell, LaunchJob, Timing
+from evo.core.genome import Genome
 from evo.core.status import Status
+from evo.measure.jobs import GateCell, LaunchJob, Timing
 from evo.measure.verify import judge
 from ops.rmsnorm.spec import SPEC, cell
 from tests.unit.fake_device import (
@@ -24,6 +25,7 @@ from tests.unit.fake_device import (
 from tests.unit.rms_shortcuts import SHORTCUTS
 
 CELL = cell("fp16", 37, 256)
+G = Genome.make("rmsnorm", "fake", "", {})
 REL = {"y": SPEC.tolerance(CELL, "y").rel_norm}
 
 
@@ -41,7 +43,7 @@ def skip(dev, args):
 def status_of(kernel, job=None, seed=0, **dev_kw):
     dev = FakeDevice({"cand": kernel}, **dev_kw)
     res = run_gate(dev, job or rms_job(CELL), seed)
-    return judge(res, REL), res, dev
+    return judge(res, REL, G, CELL), res, dev
 
 
 def test_honest_kernel_passes_every_round():

@@ -7,13 +7,24 @@ import math
 import numpy as np
 import pytest
 
+from evo.core.genome import Genome
+from evo.core.outcome import Outcome
+from evo.core.status import Status
+from evo.measure import verify
 from evo.measure.jobs import CheckStats, JobResult
 from evo.measure.run import CRASH, TIMEOUT
-from evo.core.status import Status
-from evo.measure.verify import Verdict, failed, judge, pattern
+from evo.measure.verify import failed, pattern
+from ops.rmsnorm.spec import cell
 
 N = 1024  # 8 rows of 128
 REL = {"y": 1e-3, "s": 1e-3}
+G = Genome.make("rmsnorm", "t", "h", {"vec": 4})
+CELL = cell("bf16", 8, 128)
+
+
+def judge(r: JobResult, rel: dict[str, float], **kw: float) -> Outcome:
+    """verify.judge for one fixed genome and cell (the Outcome carries them)."""
+    return verify.judge(r, rel, G, CELL, "b1", **kw)
 
 
 def stats(output: str = "y", **kw: float) -> CheckStats:
@@ -202,7 +213,7 @@ def test_ok_with_times_no_baseline() -> None:
 
 def test_ok_without_times() -> None:
     v = judge(three_sets(), REL)
-    assert v == Verdict(Status.OK, max_abs_err=1e-4, rel_norm_err=1e-5)
+    assert v == Outcome(G, CELL, Status.OK, "b1", max_abs_err=1e-4, rel_norm_err=1e-5)
     assert v.median_us == math.inf and v.samples == 0
 
 
