@@ -13,43 +13,84 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from evo.build.nvrtc import Builder, prepare
-from evo.measure.evaluators import EvalItem, GpuEvaluator
 from evo.core.genome import Genome
-from evo.measure.jobs import Timing
+from evo.core.outcome import Outcome
+from evo.core.status import Status
 from evo.loop.pipeline import arch_number
+from evo.measure.evaluators import EvalItem, GpuEvaluator
+from evo.measure.jobs import Timing
 from evo.measure.run import GpuRunner, gpu_available
 from evo.search.space import repair
-from evo.core.status import Status
 from evo.templates.template import TemplateDef, load_templates
 from ops import KNOWN, get_op
 from ops.spec import Cell, OpSpec, gbps
 
+# PREFIX.csv's columns (the committed bench files have them, in this order)
+CSV_COLUMNS = ("candidate", "template", "genome_key", "params", "cell", "dtype", "dims", "status", "median_us", "p10_us",
+               "p90_us", "samples", "baseline_us", "speedup", "gbps", "pct_ceiling", "graph", "regs", "error", "peers",
+               "absent", "best_peer", "speedup_vs_best_peer")
+
 
 @dataclass(frozen=True)
 class BenchRow:
+    """One bench line: a candidate's Outcome on one cell (None: no legal point there). The CSV columns
+    (`columns()`) are derived from it, with the cell's bytes and the run's copy ceiling."""
+
     candidate: str
     template: str
-    genome_key: str
-    params: str
-    cell: str
-    dtype: str
-    dims: str
-    status: str
-    median_us: float
-    p10_us: float
-    p90_us: float
-    samples: int
-    baseline_us: float
-    speedup: float
-    gbps: float
-    pct_ceiling: float
-    graph: bool
+    cell: Cell
+    dtype: str  # the op's first dtype role on this cell, short ('bf16')
+    outcome: Outcome | None
     regs: int
-    error: str
-    peers: str = "{}"  # JSON: every named baseline timed beside it -> median us
-    absent: str = "{}"  # JSON: baselines asked for that could not be had -> why
-    best_peer: str = ""
-    speedup_vs_best_peer: float = 0.0
+    bytes_moved: int
+    ceiling_gbps: float
+
+    @property
+    def status(self) -> str:
+        return (self.outcome.status if self.outcome else Status.INVALID).value
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is not None and self.outcome.status is Status.OK
+
+    @property
+    def speedup(self) -> float:
+        """vs the first named baseline (the one the store records)."""
+        o = self.outcome
+        return o.baseline_us / o.median_us if o and self.ok else 0.0
+
+    @property
+    def gbps(self) -> float:
+        return gbps(self.bytes_moved, self.outcome.median_us * 1e-6) if self.outcome and self.ok else 0.0
+
+    @property
+    def pct_ceiling(self) -> float:
+        return 100.0 * self.gbps / self.ceiling_gbps if self.ok and self.ceiling_gbps else 0.0
+
+    @property
+    def best_peer(self) -> tuple[str, float]:
+        """The fastest named baseline timed beside it, and its median ('' and inf when none)."""
+        peers = self.outcome.peers if self.outcome else ()
+        return min(peers, key=lambda p: p[1]) if peers else ("", math.inf)
+
+    @property
+    def speedup_vs_best_peer(self) -> float:
+        name, us = self.best_peer
+        return us / self.outcome.median_us if self.outcome and self.ok and name else 0.0
+
+    def columns(self) -> dict[str, Any]:
+        """The CSV line, in column order."""
+        o, g = self.outcome, self.outcome.genome if self.outcome else None
+        return {"candidate": self.candidate, "template": self.template, "genome_key": g.key() if g else "",
+                "params": g.params_json() if g else "", "cell": self.cell.label(), "dtype": self.dtype,
+                "dims": json.dumps(self.cell.dims_dict(), sort_keys=True), "status": self.status,
+                "median_us": o.median_us if o else math.inf, "p10_us": o.p10_us if o else math.inf,
+                "p90_us": o.p90_us if o else math.inf, "samples": o.samples if o else 0,
+                "baseline_us": o.baseline_us if o else math.inf, "speedup": self.speedup, "gbps": self.gbps,
+                "pct_ceiling": self.pct_ceiling, "graph": o.graph if o else False, "regs": self.regs,
+                "error": o.error if o else "no legal point for this cell",
+                "peers": json.dumps(dict(o.peers if o else ())), "absent": json.dumps(dict(o.absent if o else ())),
+                "best_peer": self.best_peer[0], "speedup_vs_best_peer": self.speedup_vs_best_peer}
 
 
 def default_for_cell(tdef: TemplateDef, arch: int, cell: Cell) -> dict[str, Any] | None:
@@ -76,33 +117,23 @@ def bench(
     with Builder(workers=2) as builder:
         for label, tdef, fixed in candidates:
             for cell in cells:
+                where = {"candidate": label, "template": tdef.name, "cell": cell,
+                         "dtype": cell.dtype(op.dtype_roles[0]).short, "bytes_moved": op.bytes_moved(cell),
+                         "ceiling_gbps": runner.ceiling_gbps}
                 params = fixed.params_dict() if fixed else default_for_cell(tdef, arch_n, cell)
                 if params is None or not tdef.is_valid(params, arch_n, cell.dtypes_dict(), cell.dims_dict()):
-                    rows.append(_row(label, tdef, None, cell, Status.INVALID, "no legal point for this cell"))
+                    rows.append(BenchRow(**where, outcome=None, regs=0))
                     continue
                 g = Genome.make(op.name, tdef.name, tdef.source_hash, params)
                 (b,) = builder.build([prepare(tdef, g, arch, cell.dtypes_dict(), cell.dims_dict())])
-                (ev,) = evaluator.evaluate([EvalItem(g, tdef, cell, b)])
-                ok = ev.status is Status.OK
-                bw = gbps(op.bytes_moved(cell), ev.median_us * 1e-6) if ok else 0.0
-                best = min(ev.peers, key=lambda p: p[1]) if ev.peers else ("", math.inf)
-                rows.append(BenchRow(
-                    label, tdef.name, g.key(), g.params_json(), cell.label(), cell.dtype(op.dtype_roles[0]).short,
-                    json.dumps(cell.dims_dict(), sort_keys=True), ev.status.value, ev.median_us, ev.p10_us, ev.p90_us,
-                    ev.samples, ev.baseline_us, ev.baseline_us / ev.median_us if ok else 0.0, bw,
-                    100.0 * bw / runner.ceiling_gbps if ok and runner.ceiling_gbps else 0.0, ev.graph, b.regs,
-                    ev.error, json.dumps(dict(ev.peers)), json.dumps(dict(ev.absent)), best[0],
-                    best[1] / ev.median_us if ok and best[0] else 0.0))
-                print(f"{label:>10} {cell.label():<28} {ev.status.value:<12} {ev.median_us:9.2f} us "
-                      f"{ev.baseline or 'baseline'} {ev.baseline_us:9.2f} us  x{rows[-1].speedup:5.2f}  "
-                      f"best peer {best[0] or '-'} x{rows[-1].speedup_vs_best_peer:5.2f}  {bw:7.0f} GB/s", flush=True)
+                (o,) = evaluator.evaluate([EvalItem(g, tdef, cell, b)])
+                r = BenchRow(**where, outcome=o, regs=b.regs)
+                rows.append(r)
+                print(f"{label:>10} {cell.label():<28} {o.status.value:<12} {o.median_us:9.2f} us "
+                      f"{o.baseline or 'baseline'} {o.baseline_us:9.2f} us  x{r.speedup:5.2f}  "
+                      f"best peer {r.best_peer[0] or '-'} x{r.speedup_vs_best_peer:5.2f}  {r.gbps:7.0f} GB/s",
+                      flush=True)
     return rows
-
-
-def _row(label: str, tdef: TemplateDef, g: Genome | None, cell: Cell, status: Status, error: str, regs: int = 0) -> BenchRow:
-    return BenchRow(label, tdef.name, g.key() if g else "", g.params_json() if g else "", cell.label(),
-                    cell.dtypes[0][1].short, json.dumps(cell.dims_dict(), sort_keys=True), status.value,
-                    math.inf, math.inf, math.inf, 0, math.inf, 0.0, 0.0, 0.0, False, regs, error)
 
 
 def geomean(xs: Iterable[float]) -> float:
@@ -113,12 +144,12 @@ def geomean(xs: Iterable[float]) -> float:
 def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], ceiling: float) -> None:
     """PREFIX.csv (every cell), PREFIX.md (table + geomean), PREFIX.json (fingerprint and summary)."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    fields = list(BenchRow.__dataclass_fields__)
+    lines_csv = [r.columns() for r in rows]
     with open(prefix.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(fields)
-        for r in rows:
-            w.writerow([getattr(r, k) for k in fields])
+        w.writerow(CSV_COLUMNS)
+        for c in lines_csv:
+            w.writerow([c[k] for k in CSV_COLUMNS])
     summary = {}
     for label in dict.fromkeys(r.candidate for r in rows):
         mine = [r for r in rows if r.candidate == label]
@@ -139,11 +170,11 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
              f"{ceiling:.0f} GB/s.", "",
              "| candidate | cell | status | µs | torch µs | speedup | best peer | vs best peer | GB/s | % copy | regs |",
              "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r.candidate} | {r.cell} | {r.status} | {r.median_us:.2f} | {r.baseline_us:.2f} | "
-                     f"{r.speedup:.2f} | {r.best_peer or '-'} | {r.speedup_vs_best_peer:.3f} | {r.gbps:.0f} | "
-                     f"{r.pct_ceiling:.0f}% | {r.regs} |")
-    absent = sorted({f"{k}: {v}" for r in rows for k, v in json.loads(r.absent).items()})
+    for c in lines_csv:
+        lines.append(f"| {c['candidate']} | {c['cell']} | {c['status']} | {c['median_us']:.2f} | {c['baseline_us']:.2f} | "
+                     f"{c['speedup']:.2f} | {c['best_peer'] or '-'} | {c['speedup_vs_best_peer']:.3f} | {c['gbps']:.0f} | "
+                     f"{c['pct_ceiling']:.0f}% | {c['regs']} |")
+    absent = sorted({f"{k}: {v}" for r in rows if r.outcome for k, v in r.outcome.absent})
     if absent:
         lines += ["", "Peers asked for but absent (never replaced): " + "; ".join(absent)]
     lines += ["", "| candidate | OK cells | geomean vs torch | geomean vs best peer | cells >= best peer | "

@@ -40,11 +40,11 @@ def honest_controls(timing_s: float = 30.0) -> list[dict]:
     with GpuRunner(timeout_s=120.0) as runner:
         rows = bench(op, [("cta_row", tdef, None)], cells, "sm_90a", runner, Timing())
     out = []
-    for r in rows:
-        before = float(old[r.cell]["median_us"]) if r.cell in old else float("nan")
-        out.append({"cell": r.cell, "status": r.status, "median_us": r.median_us, "baseline_us": r.baseline_us,
-                    "graph": r.graph, "committed_median_us": before, "ratio_to_committed": r.median_us / before,
-                    "params": r.params})
+    for c in (r.columns() for r in rows):
+        before = float(old[c["cell"]]["median_us"]) if c["cell"] in old else float("nan")
+        out.append({"cell": c["cell"], "status": c["status"], "median_us": c["median_us"],
+                    "baseline_us": c["baseline_us"], "graph": c["graph"], "committed_median_us": before,
+                    "ratio_to_committed": c["median_us"] / before, "params": c["params"]})
     return out
 
 

@@ -5,23 +5,32 @@ from __future__ import annotations
 import csv
 import json
 
-from evo.cli.bench import BenchRow, write
+from evo.cli.bench import CSV_COLUMNS, BenchRow, write
+from evo.core.genome import Genome
+from evo.core.outcome import Outcome
+from evo.core.status import Status
+from ops.rmsnorm.spec import cell as rms_cell
+
+G = Genome.make("rmsnorm", "cta_row", "h", {"threads": 256})
 
 
-def row(cell: str, us: float, peers: dict, absent: dict) -> BenchRow:
-    best = min(peers.items(), key=lambda p: p[1])
-    return BenchRow("cta_row", "cta_row", "k", "{}", cell, "bf16", "{}", "OK", us, us, us, 100, peers["torch.rms_norm"],
-                    peers["torch.rms_norm"] / us, 3000.0, 70.0, False, 40, "", json.dumps(peers), json.dumps(absent),
-                    best[0], best[1] / us)
+def row(m: int, us: float, peers: dict, absent: dict) -> BenchRow:
+    c = rms_cell("bf16", m, 1024)
+    o = Outcome(G, c, Status.OK, "b", median_us=us, p10_us=us, p90_us=us, samples=100,
+                baseline_us=peers["torch.rms_norm"], baseline="torch.rms_norm", peers=tuple(peers.items()),
+                absent=tuple(absent.items()))
+    return BenchRow("cta_row", "cta_row", c, "bf16", o, 40, 4 * m * 1024, 4200.0)
 
 
 def test_bench_files_name_every_peer(tmp_path):
-    rows = [row("a", 10.0, {"torch.rms_norm": 20.0, "quack": 9.0}, {"liger": "not installed: No module named 'liger_kernel'"}),
-            row("b", 5.0, {"torch.rms_norm": 6.0, "quack": 5.5}, {"liger": "not installed: No module named 'liger_kernel'"})]
+    rows = [row(64, 10.0, {"torch.rms_norm": 20.0, "quack": 9.0}, {"liger": "not installed: No module named 'liger_kernel'"}),
+            row(128, 5.0, {"torch.rms_norm": 6.0, "quack": 5.5}, {"liger": "not installed: No module named 'liger_kernel'"})]
     write(rows, tmp_path / "b", {"gpu": "H200"}, 4200.0)
     got = list(csv.DictReader(open(tmp_path / "b.csv")))
+    assert tuple(got[0]) == CSV_COLUMNS
     assert [r["best_peer"] for r in got] == ["quack", "quack"]
     assert json.loads(got[0]["peers"]) == {"torch.rms_norm": 20.0, "quack": 9.0}
+    assert float(got[0]["speedup"]) == 2.0 and abs(float(got[0]["gbps"]) - 4 * 64 * 1024 / 10e-6 / 1e9) < 1e-9
     summary = json.loads((tmp_path / "b.json").read_text())["summary"]["cta_row"]
     assert summary["cells_at_or_above_best_peer"] == 1  # 9/10 < 1 on a, 5.5/5 >= 1 on b
     assert abs(summary["geomean_speedup_vs_best_peer"] - (0.9 * 1.1) ** 0.5) < 1e-9
@@ -62,8 +71,8 @@ def test_bench_times_through_the_evaluator_with_every_peer(tmp_path):
     rows = bench(op, [("cta_row", load_templates("rmsnorm")["cta_row"], None)], [cell("bf16", 64, 1024)], "sm_90a",
                  runner, Timing())
     (r,) = rows
-    assert r.status == "OK" and r.best_peer == "quack" and abs(r.speedup_vs_best_peer - 0.9) < 1e-12
-    assert r.speedup == 2.0 and json.loads(r.absent) == {"liger": "not installed: No module named 'liger_kernel'"}
+    assert r.status == "OK" and r.best_peer[0] == "quack" and abs(r.speedup_vs_best_peer - 0.9) < 1e-12
+    assert r.speedup == 2.0 and dict(r.outcome.absent) == {"liger": "not installed: No module named 'liger_kernel'"}
     (job,) = runner.jobs
     assert job.baselines == op.baselines  # every declared peer asked for
     assert job.gate and all(dict(gc.dims)["N"] == 1024 for gc in job.gate)  # the evaluator's gate cells came along
