@@ -64,10 +64,13 @@ def _runnable_problems(spec: OpSpec) -> list[str]:
     bad: list[str] = []
     if not spec.fills:
         return [f"op {spec.name} has templates but declares no input kinds (fills) for the gate"]
-    needed = {t.name for t in spec.tensors if t.role is Role.IN and not t.optional and t.dtype is not DType.INT32}
+    filled = [t for t in spec.tensors if t.role is Role.IN and t.dtype is not DType.INT32]
+    needed = {t.name for t in filled if not t.optional}
+    may = {t.name for t in filled if t.optional}  # filled when a variant uses them
     for kind, specs in spec.fills.items():
-        if set(specs) != needed:
-            bad.append(f"input kind {kind!r} fills {sorted(specs)}, expected {sorted(needed)}")
+        if not needed <= set(specs) <= needed | may:
+            bad.append(f"input kind {kind!r} fills {sorted(specs)}, expected {sorted(needed)}"
+                       + (f" (and may fill {sorted(may)})" if may else ""))
     if not set(spec.timing_kinds) <= set(spec.fills):
         bad.append(f"timing_kinds {spec.timing_kinds} are not all input kinds")
     if not spec.baselines:

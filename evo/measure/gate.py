@@ -83,6 +83,17 @@ class InputSet:
     version: int = 0  # bumped by every snapshot, so the reference is recomputed only when inputs change
 
 
+@dataclass(frozen=True)
+class _Null:
+    """A buffer that is not there: a null device pointer."""
+
+    ptr: int = 0
+    nbytes: int = 0
+
+
+NULL = _Null()
+
+
 class Failed(Exception):
     """A check failed: stop and report what was seen so far."""
 
@@ -366,7 +377,9 @@ class Gate:
                 g.refs[f"ref:{b.name}"] = buf = self.dev.alloc(b.numel * 8)
                 self._bufs.append(buf)
         if g.ref_of != (id(s), s.version):
-            bufs = {**s.priv, **g.refs}
+            # an optional tensor the variant leaves out reaches the reference as a null pointer
+            nulls = {n: NULL for t in self.job.left_out for n in (t, f"ref:{t}")}
+            bufs = {**nulls, **s.priv, **g.refs}
             for kernel, grid, block, args in self.ref_mod.reference(g.dims, self.dtypes, g.scalars):
                 self.dev.launch(self.ref_obj, kernel, grid, block, 0, self._bind(args, bufs))
             g.ref_of = (id(s), s.version)

@@ -88,6 +88,7 @@ class EvalJob:
     bytes_moved: int = 0  # the op's bytes for the cell: a time implying more than the copy ceiling is SUSPECT
     gate: tuple[GateCell, ...] = ()
     baselines: tuple[str, ...] = ()  # names to time beside the candidate ('' = the op hooks' first one)
+    left_out: tuple[str, ...] = ()  # optional tensors this variant does not use: no buffer, null in the reference
 
     def fill_of(self, kind: str) -> dict[str, FillSpec]:
         for k, specs in self.fills:
