@@ -15,10 +15,10 @@ log="$out/log.txt"
 if [ "$stage" = ga ]; then
   timeout 120 python3 -m pytest -q -rs tests/gpu/test_op_device_reference.py >> "$log" 2>&1
   echo "device references rc=$?" >> "$log"
-  timeout 280 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200.toml \
+  timeout 250 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200.toml \
     --store /tmp/kf_bwd/store.duckdb --out "$out/bwd" >> "$log" 2>&1
   echo "bwd GA rc=$?" >> "$log"
-  timeout 220 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes.toml \
+  timeout 190 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes.toml \
     --store /tmp/kf_fwd/store.duckdb --out "$out/fwd" >> "$log" 2>&1
   echo "fwd GA rc=$?" >> "$log"
   cp /tmp/kf_bwd/store.duckdb "$out/bwd/store.duckdb" 2>/dev/null
