@@ -213,6 +213,17 @@ def cmd_bench(args: Any) -> int:
     if args.quick:
         cells = [c for i, c in enumerate(cells) if i % 12 == 0]
     plan = [(cands, cells)] if not args.dispatch else dispatch_plan(op, tdefs, args.dispatch)
+    if args.cells:
+        import re
+
+        try:
+            pick = re.compile(args.cells)
+        except re.error as e:
+            raise UnknownNameError(f"--cells {args.cells!r} is not a regular expression: {e}") from None
+        plan = [(cs, [c for c in cl if pick.search(c.label())]) for cs, cl in plan]
+        plan = [(cs, cl) for cs, cl in plan if cl]
+        if not plan:
+            raise UnknownNameError(f"--cells {args.cells!r} matches no cell (labels look like 'w=bf16,x=bf16 M4096-N1024')")
     peers = args.peer if args.peer is not None else None
     bad = [p for p in (peers or ()) if p not in op.baselines]
     if bad:
@@ -221,10 +232,12 @@ def cmd_bench(args: Any) -> int:
         from evo.loop.pipeline import NoGpuError
 
         raise NoGpuError("kfactory bench needs an NVIDIA GPU and none is visible")
-    with GpuRunner(timeout_s=args.timeout_s) as runner:
-        rows = [r for cs, cl in plan for r in bench(op, cs, cl, args.arch, runner, Timing(), peers=peers)]
-        from evo.build.nvrtc import compiler_version
+    from evo.build.nvrtc import compiler_version
 
-        write(rows, args.out, dict(runner.fingerprint, nvrtc_build=compiler_version()), runner.ceiling_gbps)
+    with GpuRunner(timeout_s=args.timeout_s) as runner:
+        rows: list[BenchRow] = []
+        for cs, cl in plan:  # written after every step: a run cut short keeps what it measured
+            rows += bench(op, cs, cl, args.arch, runner, Timing(), peers=peers)
+            write(rows, args.out, dict(runner.fingerprint, nvrtc_build=compiler_version()), runner.ceiling_gbps)
     print(f"wrote {args.out.with_suffix('.csv')}, .md, .json")
     return 0

@@ -92,6 +92,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a run's dispatch.json: time each entry's genome on its own cell (instead of --template)")
     p.add_argument("--peer", action="append", default=None,
                    help="baseline to time beside each candidate (repeatable; default: every one the op declares)")
+    p.add_argument("--cells", default="", help="only the cells whose label matches this regular expression")
     p.add_argument("--timeout-s", type=float, default=120.0,
                    help="per-job limit; first calls of peers (torch.compile, autotuners) count in it")
     _store_arg(p)
