@@ -13,7 +13,8 @@ stage=${1:?ga, bwdga, stash or peers}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stage" = stash ]; then ls -la /tmp/kfw; exit 0; fi
-export PYTHONPATH=/tmp/site:$PWD
+# pip --target skips the CUTLASS DSL's .pth file: put its packages folder on the path by hand
+export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD
 if [ "$stage" = peers ]; then
   cat /tmp/kfw/cu13.part.* > /tmp/kfw/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
   rm -f /tmp/kfw/cu13.part.*
@@ -45,15 +46,15 @@ case "$stage" in
     export QUACK_COMPILE_WORKERS=14
     bwd=$(ls -t /tmp/kf_bwd/runs/*/dispatch.json 2>/dev/null | head -1)
     bwd=${bwd:-experiments/results/rmsnorm_bwd_h200/dispatch.json}
-    python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1
-    timeout 170 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$bwd" --timeout-s 160 \
+    python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1 || { tail -3 "$log"; exit 1; }
+    timeout 150 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$bwd" --timeout-s 140 \
       --out "$out/bwd_peers" >> "$log" 2>&1
     echo "bwd peers rc=$?" >> "$log"
-    timeout 200 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
-      --peer torch.rms_norm --peer torch.compile --peer liger --peer quack --timeout-s 120 --out "$out/fwd_peers" >> "$log" 2>&1
+    timeout 170 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
+      --peer torch.rms_norm --peer torch.compile --peer liger --peer quack --timeout-s 100 --out "$out/fwd_peers" >> "$log" 2>&1
     echo "fwd peers rc=$?" >> "$log"
-    timeout 150 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
-      --cells 'x=bf16' --peer quack.autotuned --timeout-s 140 --out "$out/fwd_quack_tuned" >> "$log" 2>&1
+    timeout 110 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
+      --cells 'x=bf16' --peer quack.autotuned --timeout-s 100 --out "$out/fwd_quack_tuned" >> "$log" 2>&1
     echo "fwd quack.autotuned rc=$?" >> "$log" ;;
 esac
 smi
