@@ -6,6 +6,7 @@
 #   ga OUT      device references of every op, the backward GA and the forward-regimes GA
 #   bwdga OUT   the backward GA only (experiments/rmsnorm_bwd_h200.toml)
 #   stash OUT   keep this call's .kfw/ pieces in /tmp/kfw for the next call
+#   quack OUT   as peers, QuACK (heuristic and autotuned) alone
 #   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
 #               against every peer in one process (kfactory bench --dispatch)
 set -uo pipefail
@@ -15,7 +16,7 @@ for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stage" = stash ]; then ls -la /tmp/kfw; exit 0; fi
 # pip --target skips the CUTLASS DSL's .pth file: put its packages folder on the path by hand
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD
-if [ "$stage" = peers ]; then
+if [ "$stage" = peers ] || [ "$stage" = quack ]; then
   cat /tmp/kfw/cu13.part.* > /tmp/kfw/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
   rm -f /tmp/kfw/cu13.part.*
   extra=(/tmp/kfw/*.whl)
@@ -55,6 +56,19 @@ case "$stage" in
     echo "fwd peers rc=$?" >> "$log"
     timeout 110 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
       --cells 'x=bf16' --peer quack.autotuned --timeout-s 100 --out "$out/fwd_quack_tuned" >> "$log" 2>&1
+    echo "fwd quack.autotuned rc=$?" >> "$log" ;;
+  quack)
+    export QUACK_COMPILE_WORKERS=14
+    python3 -c "import importlib; importlib.import_module('quack.rmsnorm').rmsnorm_fwd; print('quack import')" >> "$log" 2>&1 \
+      || { tail -3 "$log"; exit 1; }
+    timeout 120 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
+      --peer quack --timeout-s 60 --out "$out/fwd_quack" >> "$log" 2>&1
+    echo "fwd quack rc=$?" >> "$log"
+    timeout 90 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch experiments/results/rmsnorm_bwd_h200/dispatch.json \
+      --peer quack --peer quack.autotuned --timeout-s 80 --out "$out/bwd_quack" >> "$log" 2>&1
+    echo "bwd quack rc=$?" >> "$log"
+    timeout 60 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
+      --cells 'x=bf16 M32768' --peer quack.autotuned --timeout-s 55 --out "$out/fwd_quack_tuned" >> "$log" 2>&1
     echo "fwd quack.autotuned rc=$?" >> "$log" ;;
 esac
 smi
