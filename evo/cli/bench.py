@@ -186,6 +186,29 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
     prefix.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
+def dispatch_plan(op: OpSpec, tdefs: dict[str, TemplateDef], path: Path
+                  ) -> list[tuple[list[tuple[str, TemplateDef, Genome | None]], list[Cell]]]:
+    """Each entry of a dispatch.json (cell label -> template, params) as (its genome, [its cell]).
+    The genome is rebuilt from today's template text; an entry whose template is gone is an error."""
+    from evo.cli.errors import UnknownNameError
+
+    try:
+        table = json.loads(Path(path).read_text())["dispatch"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UnknownNameError(f"{path}: not a dispatch table ({type(e).__name__}: {e})") from None
+    by_label = {c.label(): c for c in [*op.matrix(), *op.edge_cells()]}
+    plan = []
+    for label, e in table.items():
+        if label not in by_label:
+            raise UnknownNameError(f"{path}: cell {label!r} is not in op {op.name}'s matrix or edge cells")
+        if e.get("template") not in tdefs:
+            raise UnknownNameError(f"{path}: template {e.get('template')!r} of {label!r} is not a template of {op.name}")
+        t = tdefs[e["template"]]
+        g = Genome.make(op.name, t.name, t.source_hash, e["params"])
+        plan.append(([(f"{t.name}:{g.key()[:8]}", t, g)], [by_label[label]]))
+    return plan
+
+
 def cmd_bench(args: Any) -> int:
     from evo.cli.errors import UnknownNameError
 
@@ -217,17 +240,35 @@ def cmd_bench(args: Any) -> int:
                     raise UnknownNameError(f"no candidate with genome key {key} in {args.store}")
                 t = tdefs[df.template[0]]
                 cands.append((key[:10], t, Genome.make(op.name, t.name, t.source_hash, json.loads(df.params_json[0]))))
+    cells = op.matrix()
+    if args.quick:
+        cells = [c for i, c in enumerate(cells) if i % 12 == 0]
+    plan = [(cands, cells)] if not args.dispatch else dispatch_plan(op, tdefs, args.dispatch)
+    if args.cells:
+        import re
+
+        try:
+            pick = re.compile(args.cells)
+        except re.error as e:
+            raise UnknownNameError(f"--cells {args.cells!r} is not a regular expression: {e}") from None
+        plan = [(cs, [c for c in cl if pick.search(c.label())]) for cs, cl in plan]
+        plan = [(cs, cl) for cs, cl in plan if cl]
+        if not plan:
+            raise UnknownNameError(f"--cells {args.cells!r} matches no cell (labels look like 'w=bf16,x=bf16 M4096-N1024')")
+    peers = args.peer if args.peer is not None else None
+    bad = [p for p in (peers or ()) if p not in op.baselines]
+    if bad:
+        raise UnknownNameError(f"op {op.name} declares no baseline(s) {bad} (declares {list(op.baselines)})")
     if not gpu_available():
         from evo.loop.pipeline import NoGpuError
 
         raise NoGpuError("kfactory bench needs an NVIDIA GPU and none is visible")
-    cells = op.matrix()
-    if args.quick:
-        cells = [c for i, c in enumerate(cells) if i % 12 == 0]
-    with GpuRunner(timeout_s=120) as runner:
-        rows = bench(op, cands, cells, args.arch, runner, Timing())
-        from evo.build.nvrtc import compiler_version
+    from evo.build.nvrtc import compiler_version
 
-        write(rows, args.out, dict(runner.fingerprint, nvrtc_build=compiler_version()), runner.ceiling_gbps)
+    with GpuRunner(timeout_s=args.timeout_s) as runner:
+        rows: list[BenchRow] = []
+        for cs, cl in plan:  # written after every step: a run cut short keeps what it measured
+            rows += bench(op, cs, cl, args.arch, runner, Timing(), peers=peers)
+            write(rows, args.out, dict(runner.fingerprint, nvrtc_build=compiler_version()), runner.ceiling_gbps)
     print(f"wrote {args.out.with_suffix('.csv')}, .md, .json")
     return 0

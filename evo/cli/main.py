@@ -88,6 +88,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default="", help='JSON params for the single --template, e.g. \'{"threads": 256, ...}\'')
     p.add_argument("--out", type=Path, default=Path("bench"), help="output prefix: writes PREFIX.csv and PREFIX.md")
     p.add_argument("--quick", action="store_true", help="first cell of each dtype only (smoke test)")
+    p.add_argument("--dispatch", type=Path, default=None,
+                   help="a run's dispatch.json: time each entry's genome on its own cell (instead of --template)")
+    p.add_argument("--peer", action="append", default=None,
+                   help="baseline to time beside each candidate (repeatable; default: every one the op declares)")
+    p.add_argument("--cells", default="", help="only the cells whose label matches this regular expression")
+    p.add_argument("--timeout-s", type=float, default=120.0,
+                   help="per-job limit; first calls of peers (torch.compile, autotuners) count in it")
     _store_arg(p)
 
     p = sub.add_parser("export", help="write a pip-installable Python package from finished runs' dispatch tables",

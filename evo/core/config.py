@@ -72,7 +72,8 @@ class CellsSection:
 
     def __post_init__(self) -> None:
         if not self.matrix and not (self.dtypes and self.dims):
-            raise ConfigError("cells: set matrix = true, or give both cells.dtypes and cells.dims")
+            raise ConfigError("cells: set matrix = true (cells.dtypes then keeps only those dtypes), or give both "
+                              "cells.dtypes and cells.dims")
         for k, vals in self.dims.items():
             if not vals or any(v < 1 for v in vals):
                 raise ConfigError(f"cells.dims.{k}: must be a non-empty list of sizes >= 1")

@@ -22,7 +22,7 @@ from evo.templates.template import TemplateDef, TemplateError, load_templates
 from memory.rows import BuildRow, CandidateRow, Row, RunRow, SourceRow
 from memory.store import Store
 from ops import get_op
-from ops.spec import Cell, OpSpec
+from ops.spec import Cell, DType, OpSpec
 
 
 class NoGpuError(RuntimeError):
@@ -62,8 +62,9 @@ def arch_number(arch: str) -> int:
 
 def cells_for(config: Config, op: OpSpec) -> list[Cell]:
     """The cells an experiment optimizes."""
-    if config.cells.matrix:
-        return op.matrix()
+    if config.cells.matrix:  # the op's matrix, optionally only the cells of the given dtypes
+        want = {DType.parse(d) for d in config.cells.dtypes}
+        return [c for c in op.matrix() if not want or c.dtype(op.dtype_roles[0]) in want]
     roles = op.dtype_roles
     dims = config.cells.dims
     names = sorted(dims)

@@ -31,7 +31,11 @@ def main() -> int:
         ev.to_parquet(args.out / "evaluations.parquet", index=False)
         builds = store.sql("SELECT status, count(*) AS n FROM builds WHERE run_id = ? GROUP BY 1", [run_id])
         fingerprint = json.loads(ev.fingerprint_json.dropna().iloc[0]) if ev.fingerprint_json.notna().any() else {}
-    shutil.copy(args.store.parent / "runs" / run_id / "dispatch.json", args.out / "dispatch.json")
+    table = args.store.parent / "runs" / run_id / "dispatch.json"
+    if not table.exists():  # stopped before its first generation was recorded: nothing to dispatch
+        print(f"run {run_id} wrote no dispatch table; exported {len(ev)} evaluations only")
+        return 1
+    shutil.copy(table, args.out / "dispatch.json")
     dispatch = json.loads((args.out / "dispatch.json").read_text())
     picked = {(e["genome_key"], e["cell"]) for e in _entries(dispatch)}
     status_of = {(r.genome_key, r.cell): r.status for r in ev.itertuples()}

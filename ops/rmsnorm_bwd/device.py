@@ -47,7 +47,10 @@ def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
         return run
 
     def quack(tuned: bool) -> Callable:
-        import quack.rmsnorm as q
+        import importlib
+
+        # the module, not the function: quack/__init__.py binds the name quack.rmsnorm to a function
+        q = importlib.import_module("quack.rmsnorm")
 
         if not tuned:  # rmsnorm_bwd -> (dx, dw, db, dresidual); dw from fp32 partials summed by torch
             return lambda t, s: q.rmsnorm_bwd(t["x"], t["w"], t["dout"], t["rstd"])[:2]

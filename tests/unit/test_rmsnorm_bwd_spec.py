@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ops.rmsnorm.reference import rmsnorm_fwd
-from ops.rmsnorm_bwd.spec import SPEC, cell
+from ops.rmsnorm_bwd.spec import DTYPES, SPEC, cell
 from ops.spec import DType
 
 EPS = 1e-6
@@ -60,3 +60,6 @@ def test_dw_tolerance_grows_with_the_rows_it_sums():
 def test_matrix_is_the_issue_matrix():
     dims = {(c.dim("M"), c.dim("N")) for c in SPEC.matrix()}
     assert dims == {(32768, n) for n in (4096, 8192, 16384, 32768, 65536)} | {(16384, 131072), (8192, 262144)}
+    by_dtype = {d: {(c.dim("M"), c.dim("N")) for c in SPEC.matrix() if c.dtype("x") is d} for d in DTYPES}
+    assert by_dtype[DType.BF16] == by_dtype[DType.FP16] == dims
+    assert by_dtype[DType.FP32] == {(m, n) for m, n in dims if m * n <= 1 << 30}

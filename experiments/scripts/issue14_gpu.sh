@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Issue 14's GPU work, rerunnable on an H200 from the project root. Wheels: .whl/ holds
+# experiments/gpu_wheels.txt's (experiments/scripts/gpu_wheels.sh); the peers' wheels
+# (experiments/peer_wheels.txt) travel in .kfw/ in as many calls as the transfer limit needs, the
+# ~92 MB CUTLASS DSL library wheel split into pieces (split -n 3 ... cu13.part.), gathered in /tmp/kfw.
+#   ga OUT      device references of every op, the backward GA and the forward-regimes GA
+#   bwdga OUT   the backward GA only (experiments/rmsnorm_bwd_h200.toml)
+#   stash OUT   keep this call's .kfw/ pieces in /tmp/kfw for the next call
+#   quack OUT   as peers, QuACK (heuristic and autotuned) alone
+#   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
+#               against every peer in one process (kfactory bench --dispatch)
+set -uo pipefail
+stage=${1:?ga, bwdga, stash or peers}; out=${2:?output folder}
+mkdir -p "$out" /tmp/kfw
+for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
+if [ "$stage" = stash ]; then ls -la /tmp/kfw; exit 0; fi
+# pip --target skips the CUTLASS DSL's .pth file: put its packages folder on the path by hand
+export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD
+if [ "$stage" = peers ] || [ "$stage" = quack ]; then
+  cat /tmp/kfw/cu13.part.* > /tmp/kfw/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+  rm -f /tmp/kfw/cu13.part.*
+  extra=(/tmp/kfw/*.whl)
+else
+  extra=()
+fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  "${extra[@]}" || exit 1
+smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version --format=csv >> "$out/nvidia_smi.csv"; }
+smi
+log="$out/log.txt"
+bwd_ga() {
+  timeout 300 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200.toml \
+    --store /tmp/kf_bwd/store.duckdb --out "$out/bwd" >> "$log" 2>&1
+  echo "bwd GA rc=$?" >> "$log"
+  cp /tmp/kf_bwd/store.duckdb "$out/bwd/store.duckdb" 2>/dev/null
+}
+case "$stage" in
+  ga)
+    timeout 120 python3 -m pytest -q -rs tests/gpu/test_op_device_reference.py >> "$log" 2>&1
+    echo "device references rc=$?" >> "$log"
+    bwd_ga
+    timeout 190 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes.toml \
+      --store /tmp/kf_fwd/store.duckdb --out "$out/fwd" >> "$log" 2>&1
+    echo "fwd GA rc=$?" >> "$log" ;;
+  bwdga) bwd_ga ;;
+  peers)
+    export QUACK_COMPILE_WORKERS=14
+    bwd=$(ls -t /tmp/kf_bwd/runs/*/dispatch.json 2>/dev/null | head -1)
+    bwd=${bwd:-experiments/results/rmsnorm_bwd_h200/dispatch.json}
+    python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1 || { tail -3 "$log"; exit 1; }
+    timeout 150 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$bwd" --timeout-s 140 \
+      --out "$out/bwd_peers" >> "$log" 2>&1
+    echo "bwd peers rc=$?" >> "$log"
+    timeout 170 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
+      --peer torch.rms_norm --peer torch.compile --peer liger --peer quack --timeout-s 100 --out "$out/fwd_peers" >> "$log" 2>&1
+    echo "fwd peers rc=$?" >> "$log"
+    timeout 110 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
+      --cells 'x=bf16' --peer quack.autotuned --timeout-s 100 --out "$out/fwd_quack_tuned" >> "$log" 2>&1
+    echo "fwd quack.autotuned rc=$?" >> "$log" ;;
+  quack)
+    export QUACK_COMPILE_WORKERS=14
+    python3 -c "import importlib; importlib.import_module('quack.rmsnorm').rmsnorm_fwd; print('quack import')" >> "$log" 2>&1 \
+      || { tail -3 "$log"; exit 1; }
+    timeout 120 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
+      --peer quack --timeout-s 60 --out "$out/fwd_quack" >> "$log" 2>&1
+    echo "fwd quack rc=$?" >> "$log"
+    timeout 90 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch experiments/results/rmsnorm_bwd_h200/dispatch.json \
+      --peer quack --peer quack.autotuned --timeout-s 80 --out "$out/bwd_quack" >> "$log" 2>&1
+    echo "bwd quack rc=$?" >> "$log"
+    timeout 60 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
+      --cells 'x=bf16 M32768' --peer quack.autotuned --timeout-s 55 --out "$out/fwd_quack_tuned" >> "$log" 2>&1
+    echo "fwd quack.autotuned rc=$?" >> "$log" ;;
+esac
+smi
+tail -5 "$log"
