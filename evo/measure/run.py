@@ -7,8 +7,11 @@ of the batch carries on. Nothing that happens on the GPU side can crash or hang 
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
+import multiprocessing.util  # noqa: F401  its exit hook (which joins children) first: ours, later, runs before it
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -42,11 +45,27 @@ def spawn_worker(device: str, target: Callable[..., None] | None = None) -> _Pro
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    # run_child: the worker ignores Ctrl-C (the parent ends it) and exits if the parent dies
-    proc = ctx.Process(target=run_child, args=(target, child, device), daemon=True)
+    # run_child: the worker ignores Ctrl-C (the parent ends it) and exits if the parent dies.
+    # Not daemonic: a daemonic process may not start processes, and peers do (QuACK's autotuner
+    # compiles its candidate configs in a process pool); _LIVE ends workers left running at exit.
+    proc = ctx.Process(target=run_child, args=(target, child, device), daemon=False)
     proc.start()
     child.close()
+    _LIVE.add(proc)
     return _Proc(proc, parent)
+
+
+_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+@atexit.register
+def _end_live_workers() -> None:
+    """Kill workers nobody closed (registered after multiprocessing's own exit hook, so it runs first:
+    that hook joins non-daemonic children, which would wait forever on a worker blocked on its pipe)."""
+    for proc in list(_LIVE):
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
 
 
 class WorkerHandle:

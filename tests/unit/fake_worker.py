@@ -24,6 +24,10 @@ def _pid() -> tuple[tuple[str, str], ...]:
 def serve(conn: Any, device: str) -> None:
     """A worker that misbehaves on request."""
     conn.send(("ready", {"device": device, "pid": str(os.getpid())}, CEILING_GBPS))
+    serve_jobs(conn)
+
+
+def serve_jobs(conn: Any) -> None:
     while True:
         try:
             job = conn.recv()
@@ -59,3 +63,18 @@ def exits_at_start(conn: Any, device: str) -> None:
 def silent_at_start(conn: Any, device: str) -> None:
     """A worker that never says ready."""
     time.sleep(3600)
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def with_pool(conn: Any, device: str) -> None:
+    """A worker that starts processes of its own, as QuACK's autotuner does (a compile pool)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        sq = pool.submit(_square, 7).result(timeout=60)
+    conn.send(("ready", {"device": device, "pid": str(os.getpid()), "pool": str(sq)}, CEILING_GBPS))
+    serve_jobs(conn)

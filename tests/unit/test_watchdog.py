@@ -147,3 +147,40 @@ def test_runner_batch() -> None:
     # each restart brought up a fresh process for the jobs after it
     assert len({pid(out[0]), pid(out[2]), pid(out[4])}) == 3
     assert not proc.is_alive()  # __exit__ closed the last worker
+
+
+def test_worker_may_start_processes() -> None:
+    """Peers start processes inside the worker (QuACK's autotuner compiles in a process pool): a
+    daemonic worker fails there with 'daemonic processes are not allowed to have children'."""
+    h = WorkerHandle("0", start_timeout=60.0, target=fake_worker.with_pool)
+    try:
+        h.start()
+        assert h.fingerprint["pool"] == "49"
+        assert h.submit(job("ok"), TIMEOUT_S).error_kind == ""
+    finally:
+        h.close()
+
+
+def test_exit_without_close_ends_workers() -> None:
+    """Workers are not daemonic (see above), yet a program that never closes its runner still exits:
+    the run module's exit hook kills them before multiprocessing's own hook would wait on them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import fake_worker\n"
+            "from evo.measure.run import WorkerHandle\n"
+            "h = WorkerHandle('0', target=fake_worker.serve); h.start(); print(h.fingerprint['pid'])\n")
+    r = subprocess.run([sys.executable, "-c", code, str(here)], capture_output=True, text=True, timeout=60,
+                       cwd=here.parents[1])
+    assert r.returncode == 0, r.stderr
+    import os
+
+    pid = int(r.stdout.split()[-1])
+    try:
+        os.kill(pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive, f"worker {pid} outlived its parent"
