@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -245,8 +246,6 @@ def cmd_bench(args: Any) -> int:
         cells = [c for i, c in enumerate(cells) if i % 12 == 0]
     plan = [(cands, cells)] if not args.dispatch else dispatch_plan(op, tdefs, args.dispatch)
     if args.cells:
-        import re
-
         try:
             pick = re.compile(args.cells)
         except re.error as e:
@@ -255,7 +254,7 @@ def cmd_bench(args: Any) -> int:
         plan = [(cs, cl) for cs, cl in plan if cl]
         if not plan:
             raise UnknownNameError(f"--cells {args.cells!r} matches no cell (labels look like 'w=bf16,x=bf16 M4096-N1024')")
-    peers = args.peer if args.peer is not None else None
+    peers = args.peer  # None: every baseline the op declares
     bad = [p for p in (peers or ()) if p not in op.baselines]
     if bad:
         raise UnknownNameError(f"op {op.name} declares no baseline(s) {bad} (declares {list(op.baselines)})")

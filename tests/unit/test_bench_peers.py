@@ -1,0 +1,117 @@
+"""`kfactory bench --dispatch/--cells/--peer`, the peers table script, and the matrix filtered by dtype."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from evo.cli.bench import dispatch_plan
+from evo.cli.errors import UnknownNameError
+from evo.cli.main import main
+from evo.core.config import load_config
+from evo.loop.pipeline import cells_for
+from evo.templates.template import load_templates
+from ops import get_op
+
+ROOT = Path(__file__).resolve().parents[2]
+REGIMES = ROOT / "experiments/results/rmsnorm_h200_regimes/dispatch.json"
+
+
+def test_dispatch_plan_rebuilds_every_entry_on_its_own_cell():
+    op = get_op("rmsnorm")
+    plan = dispatch_plan(op, load_templates("rmsnorm"), REGIMES)
+    table = json.loads(REGIMES.read_text())["dispatch"]
+    assert len(plan) == len(table) == 36
+    for (cands, cells) in plan:
+        ((label, tdef, genome),) = cands
+        (cell,) = cells
+        entry = table[cell.label()]
+        assert genome.key() == entry["genome_key"] and tdef.name == entry["template"]  # today's text = the run's
+        assert label == f"{tdef.name}:{genome.key()[:8]}"
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["dispatch"].update({"x=bf16,w=bf16 M7-N7": next(iter(d["dispatch"].values()))}), "not in op rmsnorm"),
+    (lambda d: next(iter(d["dispatch"].values())).update(template="gone"), "template 'gone'"),
+    (lambda d: d.pop("dispatch"), "not a dispatch table"),
+], ids=["unknown-cell", "unknown-template", "no-table"])
+def test_dispatch_plan_errors_name_the_problem(tmp_path, edit, match):
+    d = json.loads(REGIMES.read_text())
+    edit(d)
+    p = tmp_path / "dispatch.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(UnknownNameError, match=match):
+        dispatch_plan(get_op("rmsnorm"), load_templates("rmsnorm"), p)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--cells", "("], "not a regular expression"),
+    (["--cells", "x=int8"], "matches no cell"),
+    (["--peer", "nope"], "declares no baseline"),
+], ids=["bad-regex", "no-cell", "unknown-peer"])
+def test_bench_user_errors_are_one_line(capsys, args, match):
+    rc = main(["bench", "--op", "rmsnorm", "--dispatch", str(REGIMES), *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and match in err and len(err.splitlines()) == 1
+
+
+def test_bench_without_gpu_says_so(capsys, monkeypatch):
+    monkeypatch.setattr("evo.cli.bench.gpu_available", lambda: False)
+    rc = main(["bench", "--op", "rmsnorm", "--dispatch", str(REGIMES), "--cells", "x=bf16 M4096-N1024$",
+               "--peer", "quack"])
+    assert rc == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
+
+
+def test_matrix_filtered_by_dtype(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[run]\nop = "rmsnorm_bwd"\nrunner = "gpu"\n'
+                   '[cells]\nmatrix = true\ndtypes = ["bf16"]\n')
+    cells = cells_for(load_config(cfg), get_op("rmsnorm_bwd"))
+    assert len(cells) == 7 and {c.dtype("x").short for c in cells} == {"bf16"}
+    assert cells == [c for c in get_op("rmsnorm_bwd").matrix() if c.dtype("x").short == "bf16"]
+
+
+def _peers_table():
+    spec = importlib.util.spec_from_file_location("peers_table", ROOT / "experiments/scripts/peers_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _bench_file(path: Path, rows: list[dict], ceiling: float = 4000.0) -> Path:
+    fields = ["cell", "genome_key", "template", "status", "median_us", "gbps", "peers", "absent"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in fields})
+    path.with_suffix(".json").write_text(json.dumps({"fingerprint": {"gpu": "test"}, "copy_ceiling_gbps": ceiling}))
+    return path
+
+
+def test_peers_table_keeps_each_ratio_in_its_own_process(tmp_path):
+    """Two bench calls of one dispatch table: each peer's ratio uses the entry's median of the call that
+    timed that peer; the best peer is the smallest ratio; a peer absent in one call but timed in another is present."""
+    base = {"genome_key": "k" * 64, "template": "t", "status": "OK"}
+    a = _bench_file(tmp_path / "a.csv", [
+        dict(base, cell="c1", median_us=100.0, gbps=2000.0, peers=json.dumps({"torch": 150.0}),
+             absent=json.dumps({"quack": "not installed"})),
+        dict(base, cell="c2", median_us=50.0, gbps=1000.0, peers=json.dumps({"torch": 40.0}), absent="{}")])
+    b = _bench_file(tmp_path / "b.csv", [
+        dict(base, cell="c1", median_us=110.0, gbps=1800.0, peers=json.dumps({"quack": 121.0}), absent="{}"),
+        dict(base, cell="c2", median_us=52.0, gbps=960.0, peers="{}", absent=json.dumps({"quack": "boom"}))])
+    t = _peers_table().combine([a, b])
+    c1, c2 = t["cells"]
+    assert c1["peers"]["torch"]["ratio"] == pytest.approx(1.5) and c1["peers"]["quack"]["ratio"] == pytest.approx(1.1)
+    assert c1["best_peer"] == "quack" and c1["vs_best_peer"] == pytest.approx(1.1)  # not 121/100
+    assert c2["best_peer"] == "torch" and c2["vs_best_peer"] == pytest.approx(0.8)
+    s = t["summary"]
+    assert s["cells_at_or_above_best_peer"] == 1 and s["worst_vs_best_peer"] == pytest.approx(0.8)
+    assert s["geomean_vs_best_peer"] == pytest.approx((1.1 * 0.8) ** 0.5)
+    assert "quack" in s["absent_on_some_cells"] and "quack" not in s["absent"]
+    # the best peer's share of the copy ceiling: c2's bytes (1000 GB/s x 50 us) at torch's 40 us
+    assert c2["best_peer_pct_ceiling"] == pytest.approx(100 * (1000 * 50 / 40) / 4000.0)
