@@ -64,13 +64,21 @@ def _runnable_problems(spec: OpSpec) -> list[str]:
     bad: list[str] = []
     if not spec.fills:
         return [f"op {spec.name} has templates but declares no input kinds (fills) for the gate"]
-    filled = [t for t in spec.tensors if t.role is Role.IN and t.dtype is not DType.INT32]
+    filled = [t for t in spec.tensors if t.role is Role.IN]
     needed = {t.name for t in filled if not t.optional}
     may = {t.name for t in filled if t.optional}  # filled when a variant uses them
+    ints = {t.name for t in filled if t.dtype is DType.INT32}  # offsets (cu_seqlens), nothing else
+    dims = {d for t in spec.tensors for d in t.dims}
     for kind, specs in spec.fills.items():
         if not needed <= set(specs) <= needed | may:
             bad.append(f"input kind {kind!r} fills {sorted(specs)}, expected {sorted(needed)}"
                        + (f" (and may fill {sorted(may)})" if may else ""))
+        for name, f in specs.items():
+            if (name in ints) != bool(f.offsets):
+                bad.append(f"input kind {kind!r}: {name} needs " + ("an offsets fill (int32)" if name in ints
+                                                                    else "a value fill, not offsets"))
+            elif f.offsets and f.offsets not in dims:
+                bad.append(f"input kind {kind!r}: offsets of {name} end at {f.offsets!r}, not a dim of the op")
     if not set(spec.timing_kinds) <= set(spec.fills):
         bad.append(f"timing_kinds {spec.timing_kinds} are not all input kinds")
     if not spec.baselines:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import numpy as np
@@ -86,13 +86,22 @@ class ScalarSpec:
         return self.default(cell) if callable(self.default) else self.default
 
 
+# Transforms a FillSpec may apply to its draws (the index is the code the device fill takes).
+TRANSFORMS = ("", "neg_exp", "sigmoid", "l2norm_rows")
+
+
 @dataclass(frozen=True)
 class FillSpec:
     """How the gate fills one input tensor for one input kind; the device fill and `sample` agree.
 
     Each row (the last dim) is: mean + std * N(0, 1) per element + row_shift * (+-1 per row); with
-    `constant_rows` one N(0, 1) draw per row instead of per element; a `zero_rows` fraction of rows
-    all zero; with `outlier` one element per row (at a random column) set to +-outlier.
+    `constant_rows` one N(0, 1) draw per row instead of per element; with `outlier` one element per
+    row (at a random column) set to +-outlier; then `transform`: "neg_exp" -exp(v) (log-space decays),
+    "sigmoid" 1 / (1 + exp(-v)) (values in (0, 1)), "l2norm_rows" each row divided by its L2 norm
+    (unit rows); last, a `zero_rows` fraction of rows all zero.
+    An int32 tensor takes an offsets fill instead: `offsets` names the dim its last value equals, and
+    it holds n + 1 strictly increasing offsets 0 = c_0 < ... < c_n = that dim (uneven lengths, as
+    cu_seqlens); `bind` sets `end` from a cell's dims before the device sees it.
     """
 
     mean: float = 0.0
@@ -101,19 +110,40 @@ class FillSpec:
     zero_rows: float = 0.0
     constant_rows: bool = False
     outlier: float = 0.0
+    transform: str = ""
+    offsets: str = ""
+    end: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.zero_rows <= 1.0:
             raise ValueError(f"FillSpec.zero_rows must be in [0, 1], got {self.zero_rows}")
         if self.std < 0:
             raise ValueError(f"FillSpec.std must be >= 0, got {self.std}")
+        if self.transform not in TRANSFORMS:
+            raise ValueError(f"FillSpec.transform must be one of {TRANSFORMS[1:]} (or empty), got {self.transform!r}")
+        if self.offsets and self.transform:
+            raise ValueError("FillSpec: an offsets fill takes no transform")
+
+    def bind(self, dims: Mapping[str, int]) -> "FillSpec":
+        """The spec for one cell: an offsets fill gets its end from the cell's dims; others unchanged."""
+        if not self.offsets:
+            return self
+        if self.offsets not in dims:
+            raise KeyError(f"offsets fill ends at dim {self.offsets!r}, which the cell lacks (has {sorted(dims)})")
+        return replace(self, end=int(dims[self.offsets]))
 
     def magnitude(self) -> float:
         """A typical |value|: how far the gate moves an element when it perturbs inputs."""
+        if self.transform == "neg_exp":
+            return math.exp(self.mean + self.std)
+        if self.transform:
+            return 1.0
         return max(abs(self.mean) + self.std + abs(self.row_shift), abs(self.outlier), 1e-3)
 
     def sample(self, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
         """Float64 values with this distribution (the numpy mirror of the device fill)."""
+        if self.offsets:
+            return self._offsets(shape, rng)
         rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
         n = shape[-1] if shape else 1
         if self.constant_rows:
@@ -124,9 +154,28 @@ class FillSpec:
         v = v + sign * self.row_shift
         if self.outlier:
             v[np.arange(rows), rng.integers(0, n, size=rows)] = sign[:, 0] * self.outlier
+        if self.transform == "neg_exp":
+            v = -np.exp(v)
+        elif self.transform == "sigmoid":
+            v = 1.0 / (1.0 + np.exp(-v))
+        elif self.transform == "l2norm_rows":
+            norm = np.linalg.norm(v, axis=1, keepdims=True)
+            v = np.divide(v, norm, out=np.zeros_like(v), where=norm > 0)
         if self.zero_rows:
             v[rng.random(rows) < self.zero_rows] = 0.0
         return v.reshape(shape)
+
+    def _offsets(self, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+        """0 = c_0 < ... < c_n = end: c_i = i + floor((end - n) * W_i / W_n), W the running sum of
+        squared exponential weights (a few long sequences and several short ones)."""
+        n = int(np.prod(shape)) - 1
+        if len(shape) != 1 or n < 1 or self.end < n:
+            raise ValueError(f"offsets fill: shape {shape} needs (n + 1,) with 1 <= n <= end = {self.end}")
+        w = rng.exponential(size=n) ** 2
+        cum = np.concatenate([[0.0], np.cumsum(w)]) / w.sum()
+        out = np.arange(n + 1) + np.floor((self.end - n) * cum[:n + 1])
+        out[n] = self.end
+        return out.astype(np.float64)
 
 
 @dataclass(frozen=True)

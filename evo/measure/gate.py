@@ -219,7 +219,9 @@ class Gate:
             kind = self.job.timing_kinds[j % len(self.job.timing_kinds)]
             specs = self.job.fill_of(kind)
             for b in g.ins:
-                if b.dtype in ("float32", "float16", "bfloat16"):
+                # a transformed fill keeps its values in a range (unit rows, (0, 1), negative decays) that
+                # a far move would leave: the op would be asked something its inputs never are
+                if b.dtype in ("float32", "float16", "bfloat16") and not specs[b.name].transform:
                     self.dev.perturb(s.ins[b.name], b.dtype, b.numel, PERTURB_EVERY, 16.0 * specs[b.name].magnitude(),
                                      self._next_seed())
             self._snapshot(g, s)
@@ -323,7 +325,7 @@ class Gate:
         for b in g.ins:
             if b.name not in specs:
                 raise KeyError(f"input kind {kind!r} has no fill for tensor {b.name!r}")
-            self.dev.fill(s.ins[b.name], b.dtype, b.numel, b.shape[-1] if b.shape else 1, specs[b.name],
+            self.dev.fill(s.ins[b.name], b.dtype, b.numel, b.shape[-1] if b.shape else 1, specs[b.name].bind(g.dims),
                           self._next_seed())
         self._snapshot(g, s)
 

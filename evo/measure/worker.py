@@ -23,6 +23,7 @@ import numpy as np
 
 from evo.measure.gate import GATE_VERSION, SLOTS, Gate
 from evo.measure.jobs import CheckStats, EvalJob, JobResult
+from ops.spec import TRANSFORMS
 
 GUARD = 4096  # bytes of canary before and after every buffer
 CANARY = 0xA5
@@ -164,9 +165,21 @@ class Worker:
             buf.close()
 
     def fill(self, buf: DeviceBuffer, dtype: str, numel: int, row_len: int, spec: Any, seed: int) -> None:
+        if spec.offsets:  # n + 1 int32 offsets ending at spec.end (bound per cell): one thread walks them
+            if dtype != "int32":
+                raise ValueError(f"an offsets fill needs an int32 tensor, got {dtype}")
+            self.launch(self.support, "kf_offsets_i32", (1, 1, 1), (32, 1, 1), 0,
+                        (("ptr", buf.ptr), ("i64", numel), ("i64", spec.end), ("u64", seed * 7919 + 17)))
+            return
+        row_len = max(1, row_len)
         self._support(f"kf_fill_{SHORT[dtype]}", numel, ("ptr", buf.ptr), ("i64", numel), ("u64", seed * 7919 + 17),
-                      ("f32", spec.mean), ("f32", spec.std), ("i32", max(1, row_len)), ("f32", spec.row_shift),
-                      ("f32", spec.zero_rows), ("i32", int(spec.constant_rows)), ("f32", spec.outlier))
+                      ("f32", spec.mean), ("f32", spec.std), ("i32", row_len), ("f32", spec.row_shift),
+                      ("f32", spec.zero_rows), ("i32", int(spec.constant_rows)), ("f32", spec.outlier),
+                      ("i32", TRANSFORMS.index(spec.transform)))
+        if spec.transform == "l2norm_rows":  # a second pass: one warp per row divides it by its norm
+            rows = numel // row_len
+            self.launch(self.support, f"kf_l2norm_rows_{SHORT[dtype]}", (max(1, min(132 * 64, (rows + 7) // 8)), 1, 1),
+                        (256, 1, 1), 0, (("ptr", buf.ptr), ("i64", rows), ("i32", row_len)))
 
     def perturb(self, buf: DeviceBuffer, dtype: str, numel: int, every: int, amount: float, seed: int) -> None:
         self._support(f"kf_perturb_{SHORT[dtype]}", numel, ("ptr", buf.ptr), ("i64", numel), ("u64", seed),

@@ -37,6 +37,7 @@ from ops.kda.reference import BetaAct, Gate, Variant, kda_fwd, sigmoid
 from ops.spec import (
     Cell,
     DType,
+    FillSpec,
     OpSpec,
     Role,
     ScalarSpec,
@@ -294,6 +295,52 @@ def edge_cells() -> list[Cell]:
     ]
 
 
+# The gate's input kinds, filled on the device (ops.spec.FillSpec), one set for every cell. They mirror
+# make_inputs for fla's default call (log-space g, post-sigmoid beta, no in-kernel norm); a cell of
+# another variant gets the same values, still finite and mild (a raw gate reads the negative g as
+# its input; beta logits lie in (0, 1)), so its kernels are checked, less sharply than by make_inputs.
+# q, k are unit rows except under no_state, where rows of norm ~0.04 sqrt(K) (0.45 at K = 128) are
+# stable without a norm and make a kernel that skips the in-kernel L2 norm wrong by 2-6x. The
+# initial state's entries are ~128^-1/2 for every K, beta_large's logits are +-40 + N(0, 30^2)
+# (9 in 10 past +-8, make_inputs' smallest), and no_state's initial state is zeros (a plan always
+# binds it). A varlen cell's cu_seqlens gets uneven lengths under every kind, as in make_inputs.
+_UNIT_ROWS = FillSpec(transform="l2norm_rows")
+_LOG_DECAY = {"normal": (-2.0, 1.0), "decay_near_one": (-8.0, 1.0), "decay_near_zero": (2.5, 0.5)}
+
+
+def _fills(kind: str) -> dict[str, FillSpec]:
+    mean, std = _LOG_DECAY.get(kind, _LOG_DECAY["normal"])
+    qk = FillSpec(std=0.04) if kind == "no_state" else _UNIT_ROWS
+    beta = FillSpec(std=30.0, row_shift=40.0, transform="sigmoid") if kind == "beta_large" else FillSpec(transform="sigmoid")
+    return {
+        "q": qk, "k": qk, "v": FillSpec(),
+        "g": FillSpec(mean=mean, std=std, transform="neg_exp"),
+        "beta": beta,
+        "initial_state": FillSpec(mean=0.0, std=0.0) if kind == "no_state" else FillSpec(std=128 ** -0.5),
+        # raw gates only: fla's layer init, A_log = log U(1, 16) and dt = softplus(dt_bias) in [1e-3, 0.1]
+        "A_log": FillSpec(mean=1.96, std=0.7),
+        "dt_bias": FillSpec(mean=-4.6, std=1.3),
+        "cu_seqlens": FillSpec(offsets="T"),
+    }
+
+
+FILLS = {kind: _fills(kind) for kind in INPUT_KINDS if kind != "varlen"}
+
+
+def gate_cells(c: Cell) -> list[Cell]:
+    """Same dtypes, variant, K and V, few heads: one sequence of one token, an odd batch, a short
+    multi-token batch (T = 3), and for a varlen cell a varlen batch with a length-1 sequence."""
+    var = variant_of(c)
+    h = min(c.dim("H"), 2)
+    hv = h * (c.dim("HV") // c.dim("H"))
+    def make(b: int, t: int, n: int | None = None) -> Cell:
+        return cell(c.dtype("x"), b, t, h, c.dim("K"), c.dim("V"), n, hv, g=c.dtype("g"), state=c.dtype("state"),
+                    variant=var)
+
+    out = [make(1, 7, 3)] if is_varlen(c) else [make(1, 1), make(3, 1), make(2, 3)]
+    return [g for g in out if g != c]
+
+
 def _variant_scalar(name: str) -> ScalarSpec:
     return ScalarSpec(name, int, lambda c: c.dim(name))
 
@@ -327,4 +374,10 @@ SPEC = OpSpec(
     matrix=matrix,
     edge_cells=edge_cells,
     flops=flops,
+    fills=FILLS,
+    timing_kinds=("normal",),
+    gate_cells=gate_cells,
+    # fla's decode kernel first (the peer a decode search times by default); chunk_kda for prefill
+    baselines=("fla.fused_recurrent_kda", "fla.chunk_kda"),
+    bucket_edges={"B": (4, 64), "T": (64, 4096)},
 )

@@ -20,7 +20,7 @@ from evo.measure.gate import Gate
 from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob, Timing
 from ops.rmsnorm import device as rms_device
 from ops.rmsnorm.spec import SPEC
-from ops.spec import Cell
+from ops.spec import Cell, DType, to_device_bytes
 
 GUARD = 64
 CANARY = 0xA5
@@ -94,9 +94,13 @@ class FakeDevice:
 
     # ---- the gate's interface ------------------------------------------------------------------
     def fill(self, buf: FakeBuf, dtype: str, numel: int, row_len: int, spec: Any, seed: int) -> None:
-        rows = numel // max(1, row_len)
-        v = spec.sample((rows, row_len), np.random.default_rng(seed))
-        self.data(buf)[:] = v.astype(NP[dtype]).reshape(-1).view(np.uint8)
+        rng = np.random.default_rng(seed)
+        if spec.offsets:  # int32 offsets ending at spec.end, as the worker's kf_offsets_i32
+            v = spec.sample((numel,), rng)
+        else:
+            rows = numel // max(1, row_len)
+            v = spec.sample((rows, row_len), rng)
+        self.data(buf)[:] = to_device_bytes(v.reshape(-1), DType(dtype)).view(np.uint8)
 
     def perturb(self, buf: FakeBuf, dtype: str, numel: int, every: int, amount: float, seed: int) -> None:
         a = self.data(buf).view(NP[dtype])

@@ -29,19 +29,37 @@ template <> __device__ __forceinline__ __half from_float<__half>(float v) { retu
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // One input kind (ops.spec.FillSpec): v = mean + std * N(0,1) + row_shift * (+-1 per row); with
-// constant_rows one draw per row; a zero_rows fraction of rows all zero; with outlier != 0 one element
-// per row (at a hashed column) set to +-outlier.
+// constant_rows one draw per row; with outlier != 0 one element per row (at a hashed column) set to
+// +-outlier; then the transform (ops.spec.TRANSFORMS: 1 -exp(v), 2 sigmoid(v); 3, unit rows, is a
+// second pass, kf_l2norm_rows); last, a zero_rows fraction of rows all zero.
 template <typename T>
 __device__ void fill(T* out, long long n, unsigned long long seed, float mean, float stdev, int row_len,
-                     float row_shift, float zero_rows, int constant_rows, float outlier) {
+                     float row_shift, float zero_rows, int constant_rows, float outlier, int transform) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const long long row = i / row_len;
     const unsigned long long h = mix(seed + 0x5151ull + (unsigned long long)row);
     const float sign = (h & 1ull) ? 1.0f : -1.0f;
     float v = mean + stdev * normal(seed, constant_rows ? -1 - row : i) + sign * row_shift;
     if (outlier != 0.0f && (i % row_len) == (long long)((h >> 24) % (unsigned long long)row_len)) v = sign * outlier;
+    if (transform == 1) v = -expf(v);
+    else if (transform == 2) v = 1.0f / (1.0f + expf(-v));  // expf(-v) = inf gives 0, never NaN
     if ((float)((h >> 8) & 0xFFFFull) < zero_rows * 65536.0f) v = 0.0f;
     out[i] = from_float<T>(v);
+  }
+}
+
+// Each row divided by its L2 norm (of the stored values), one warp per row; an all-zero row stays zero.
+template <typename T>
+__device__ void l2norm_rows(T* p, long long rows, int row_len) {
+  const int lane = threadIdx.x & 31;
+  const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+  for (long long r = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
+    T* x = p + r * row_len;
+    float ss = 0.0f;
+    for (int c = lane; c < row_len; c += 32) { const float f = (float)to_double(x[c]); ss += f * f; }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = ss > 0.0f ? rsqrtf(ss) : 0.0f;
+    for (int c = lane; c < row_len; c += 32) x[c] = from_float<T>((float)to_double(x[c]) * inv);
   }
 }
 
@@ -113,12 +131,34 @@ __device__ void compare(const T* out, const double* ref, long long n, int row_le
 
 #define KF_FILL(S, T) \
   extern "C" __global__ void kf_fill_##S(T* o, long long n, unsigned long long s, float m, float sd, int r, float sh, \
-                                         float z, int c, float ol) { fill(o, n, s, m, sd, r, sh, z, c, ol); } \
+                                         float z, int c, float ol, int tf) { fill(o, n, s, m, sd, r, sh, z, c, ol, tf); } \
+  extern "C" __global__ void kf_l2norm_rows_##S(T* p, long long rows, int row_len) { l2norm_rows(p, rows, row_len); } \
   extern "C" __global__ void kf_perturb_##S(T* p, long long n, unsigned long long s, int every, float amount) { \
     perturb(p, n, s, every, amount); }
 KF_FILL(f32, float)
 KF_FILL(f16, __half)
 KF_FILL(bf16, __nv_bfloat16)
+
+// n1 = n + 1 int32 offsets 0 = c_0 < ... < c_n = end (ops.spec.FillSpec offsets, as cu_seqlens):
+// c_i = i + floor((end - n) * W_i / W_n), W the running sum of squared exponential weights. One
+// thread walks them twice (sum, then offsets); n is a batch's sequence count, small.
+extern "C" __global__ void kf_offsets_i32(int* o, long long n1, long long end, unsigned long long seed) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const long long n = n1 - 1;
+  double total = 0.0;
+  for (long long i = 0; i < n; ++i) {
+    const double u = ((double)(mix(seed ^ mix((unsigned long long)i)) >> 11) + 0.5) * 0x1.0p-53;
+    total += log(u) * log(u);
+  }
+  double acc = 0.0;
+  o[0] = 0;
+  for (long long i = 1; i < n; ++i) {
+    const double u = ((double)(mix(seed ^ mix((unsigned long long)(i - 1))) >> 11) + 0.5) * 0x1.0p-53;
+    acc += log(u) * log(u);
+    o[i] = (int)(i + (long long)floor((double)(end - n) * fmin(acc / total, 1.0)));
+  }
+  if (n >= 1) o[n] = (int)end;
+}
 
 // A fresh random pattern (not a fixed NaN) over a buffer: a kernel cannot tell a poisoned output
 // from one it wrote, nor a checked launch from a timed one.
