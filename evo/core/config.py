@@ -137,6 +137,11 @@ class EvalSection:
     min_samples: int = 100
     max_samples: int = 400
     warmup: int = 10
+    # Time the op's first baseline beside every candidate (its speedup in the store and the dispatch
+    # table). false: rank by the candidate's own time only, roughly twice the evaluations per second
+    # where the baseline is slow (torch's autograd of a backward), and time the peers afterwards on the
+    # dispatch table with `kfactory bench --dispatch`.
+    baseline: bool = True
 
     def __post_init__(self) -> None:
         if self.check_sets < 3:

@@ -212,7 +212,8 @@ def _run_search(session: Session, evaluator: Evaluator | None = None) -> int:
         return _loop(session, evaluator or replay_evaluator(session))
     with make_runner(c) as runner:
         timing = Timing(min_samples=c.eval.min_samples, max_samples=c.eval.max_samples, warmup=c.eval.warmup)
-        return _loop(session, GpuEvaluator(session.op, session.arch, runner, timing, c.run.seed))
+        return _loop(session, GpuEvaluator(session.op, session.arch, runner, timing, c.run.seed,
+                                           baseline=c.eval.baseline))
 
 
 def make_builder(c: Config) -> Any:

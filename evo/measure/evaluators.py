@@ -69,9 +69,10 @@ class GpuEvaluator:
     source = "gpu"
 
     def __init__(self, op: OpSpec, arch: int, runner: Any, timing: Timing, seed: int,
-                 baselines: Sequence[str] | None = None) -> None:
+                 baselines: Sequence[str] | None = None, baseline: bool = True) -> None:
         self.op, self.arch, self.runner, self.timing, self.seed = op, arch, runner, timing, seed
         self.baselines = None if baselines is None else tuple(baselines)
+        self.baseline = baseline  # False: no peer timed beside the candidates
         from evo.build.nvrtc import compiler_version
 
         self.fingerprint = dict(runner.fingerprint, nvrtc_build=compiler_version())
@@ -87,7 +88,7 @@ class GpuEvaluator:
             self._n += 1
             gates = gate_cells_for(self.op, it.tdef, it.genome, it.cell, self.arch)
             jobs.append(make_job(self.op, it.tdef, it.genome, it.build, it.cell, self.arch,
-                                 self.seed * 100003 + self._n, self.timing, baseline=True, gate_cells=gates,
+                                 self.seed * 100003 + self._n, self.timing, baseline=self.baseline, gate_cells=gates,
                                  baselines=self.baselines))
             ok_items.append(it)
         judged = {}

@@ -115,3 +115,42 @@ def test_peers_table_keeps_each_ratio_in_its_own_process(tmp_path):
     assert "quack" in s["absent_on_some_cells"] and "quack" not in s["absent"]
     # the best peer's share of the copy ceiling: c2's bytes (1000 GB/s x 50 us) at torch's 40 us
     assert c2["best_peer_pct_ceiling"] == pytest.approx(100 * (1000 * 50 / 40) / 4000.0)
+
+
+class _CapturingRunner:
+    fingerprint = {"gpu": "none"}
+    ceiling_gbps = 4000.0
+
+    def __init__(self) -> None:
+        self.jobs: list = []
+
+    def run(self, jobs):
+        from evo.measure.jobs import JobResult
+
+        self.jobs += jobs
+        return [JobResult(j.job_id, "launch", "not run: captured") for j in jobs]
+
+
+@pytest.mark.parametrize("text, timed", [("", True), ("baseline = false\n", False)], ids=["default", "off"])
+def test_search_may_leave_the_baseline_out(tmp_path, text, timed):
+    """eval.baseline = false: the search's jobs time no peer beside the candidate (the peers are timed
+    afterwards on the dispatch table); by default the op's first baseline is timed beside each."""
+    from evo.build.nvrtc import compile_one, prepare
+    from evo.core.genome import Genome
+    from evo.measure.evaluators import EvalItem, GpuEvaluator
+    from evo.measure.jobs import Timing
+    from ops.rmsnorm.spec import cell
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[run]\nop = "rmsnorm"\nrunner = "gpu"\n[eval]\n' + text)
+    c = load_config(cfg)
+    assert c.eval.baseline is timed
+    tdef = load_templates("rmsnorm")["cta_row"]
+    g = Genome.make("rmsnorm", "cta_row", tdef.source_hash, tdef.default_params())
+    x = cell("bf16", 64, 4096)
+    b = compile_one(prepare(tdef, g, "sm_90a", x.dtypes_dict(), x.dims_dict()))
+    runner = _CapturingRunner()
+    (o,) = GpuEvaluator(get_op("rmsnorm"), 90, runner, Timing(), 0, baseline=c.eval.baseline).evaluate(
+        [EvalItem(g, tdef, x, b)])
+    (job,) = runner.jobs
+    assert job.baseline is timed and o.status.value == "LAUNCH_ERROR"
