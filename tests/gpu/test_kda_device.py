@@ -1,0 +1,132 @@
+"""On a GPU: KDA's float64 device reference against the numpy reference for every input kind (device
+fills included), and the recurrent decode template through the real gate, timed beside fla."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ops.kda import SPEC
+from ops.kda import device as kda_device
+from ops.kda.spec import DECODE_B, FILLS, cell, gate_cells, is_varlen, variant_of
+from ops.kda.reference import Gate
+from ops.spec import DType, from_device_bytes
+
+RAW = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "int32": np.int32}
+NULL = type("Null", (), {"ptr": 0, "nbytes": 0})()
+DECODE = [c for c in SPEC.matrix() if c.dim("T") == 1]
+# every edge cell, the decode cells' gate cells, and decode-shaped cells (B = 16 and an odd B at H = 32)
+REF_CELLS = [*SPEC.edge_cells(), *gate_cells(DECODE[1]), cell(DType.BF16, 16, 1, 32), cell(DType.BF16, 5, 2, 32)]
+
+
+@pytest.fixture(scope="module")
+def worker():
+    from evo.measure.worker import Worker
+
+    return Worker()
+
+
+def used_tensors(c, kind: str) -> set[str]:
+    """What a plan for this cell binds: the raw gates' A_log/dt_bias, cu_seqlens when varlen, initial_state."""
+    names = {"q", "k", "v", "g", "beta", "initial_state"}
+    if variant_of(c).gate is not Gate.LOG:
+        names |= {"A_log", "dt_bias"}
+    if is_varlen(c):
+        names.add("cu_seqlens")
+    return names
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(FILLS))
+@pytest.mark.parametrize("c", REF_CELLS, ids=lambda c: c.label())
+def test_device_reference_matches_numpy_on_device_fills(worker, c, kind):
+    _, ref_obj = worker._op("kda")
+    used = used_tensors(c, kind)
+    bufs: dict = {}
+    ins = [t for t in SPEC.inputs() if t.name in used]
+    bufs |= {t.name: NULL for t in SPEC.inputs() if t.name not in used}
+    for i, t in enumerate(ins):
+        dt, shape = t.resolve_dtype(c).value, t.shape(c)
+        n = int(np.prod(shape))
+        bufs[t.name] = worker.alloc(n * DType(dt).nbytes)
+        worker.fill(bufs[t.name], dt, n, shape[-1], FILLS[kind][t.name].bind(c.dims_dict()), seed=101 + i)
+    outs = SPEC.outputs()
+    for t in outs:
+        bufs[f"ref:{t.name}"] = worker.alloc(int(np.prod(t.shape(c))) * 8)
+    scal = SPEC.scalar_values(c)
+    for kernel, grid, block, args in kda_device.reference(c.dims_dict(), c.dtypes_dict(), scal):
+        worker.launch(ref_obj, kernel, grid, block, 0, tuple(("ptr", bufs[v].ptr) if k == "buf" else (k, v) for k, v in args))
+    worker.sync("kda reference")
+    host = {}
+    for t in ins:
+        dt = t.resolve_dtype(c).value
+        raw = worker.to_host(bufs[t.name].ptr, bufs[t.name].nbytes, RAW[dt])
+        host[t.name] = from_device_bytes(raw, DType(dt)).reshape(t.shape(c))
+    if "cu_seqlens" in host:
+        cu = host["cu_seqlens"]
+        assert cu[0] == 0 and cu[-1] == c.dim("T") and np.all(np.diff(cu) >= 1), cu
+    if "q" in host and kind != "no_state":
+        np.testing.assert_allclose(np.linalg.norm(host["q"], axis=-1), 1.0, atol=0.02)
+    assert np.all(host["g"] < 0) and np.all((host["beta"] >= 0) & (host["beta"] <= 1))
+    want = SPEC.reference(host, scal)
+    for t in outs:
+        got = worker.to_host(bufs[f"ref:{t.name}"].ptr, bufs[f"ref:{t.name}"].nbytes, np.float64).reshape(t.shape(c))
+        w = want[t.name]
+        rms = float(np.sqrt(np.mean(w * w)))
+        assert np.all(np.isfinite(got)), (t.name, kind)
+        assert np.max(np.abs(got - w)) <= 1e-10 * max(rms, 1e-300), (t.name, kind, c.label())
+    for b in bufs.values():
+        if b is not NULL:
+            worker.free(b)
+
+
+def _job(c, params=None, timing=None, baselines=()):
+    from evo.build.nvrtc import compile_one, prepare
+    from evo.core.genome import Genome
+    from evo.measure.evaluate import make_job
+    from evo.measure.evaluators import gate_cells_for
+    from evo.templates.template import load_templates
+
+    tdef = load_templates("kda")["recurrent"]
+    g = Genome.make("kda", "recurrent", tdef.source_hash, params or tdef.default_params())
+    build = compile_one(prepare(tdef, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
+    assert build.status.ok, build.error
+    gates = gate_cells_for(SPEC, tdef, g, c, 90)
+    job = make_job(SPEC, tdef, g, build, c, 90, seed=5, timing=timing, baseline=bool(baselines), gate_cells=gates,
+                   baselines=baselines)
+    return g, build, job
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", DECODE, ids=lambda c: f"B{c.dim('B')}")
+def test_recurrent_template_passes_the_gate_on_every_decode_cell(worker, c):
+    from evo.core.status import Status
+    from evo.measure.verify import judge
+
+    g, build, job = _job(c)
+    assert {"A_log", "dt_bias", "cu_seqlens"} <= set(job.left_out) and job.gate
+    res = worker.run(job)
+    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
+    assert out.status is Status.OK, (out.status, out.error, res.checks[-3:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [b for b in DECODE_B if b >= 64])
+def test_recurrent_decode_timed_beside_fla(worker, b):
+    """Timed with fla's fused_recurrent_kda in the same process (or fla reported absent): prints the
+    state traffic's share of the copy ceiling, the issue's decode target (>= 90% at B >= 64)."""
+    from evo.core.status import Status
+    from evo.measure.jobs import Timing
+    from evo.measure.verify import judge
+
+    c = next(x for x in DECODE if x.dim("B") == b)
+    g, build, job = _job(c, timing=Timing(min_samples=100, max_samples=200), baselines=("fla.fused_recurrent_kda",))
+    res = worker.run(job)
+    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
+    assert out.status is Status.OK, (out.status, out.error)
+    med = float(np.median(res.times_us))
+    gbps = SPEC.bytes_moved(c) / (med * 1e-6) / 1e9
+    peer = dict(res.peers).get("fla.fused_recurrent_kda")
+    print(f"\nkda decode B={b}: {med:.1f} us, {gbps:.0f} GB/s = {gbps / res.ceiling_gbps:.0%} of the copy ceiling; "
+          + (f"fla {np.median(peer):.1f} us" if peer else f"fla absent: {dict(res.absent)}"))
+    assert peer or "fla.fused_recurrent_kda" in dict(res.absent)

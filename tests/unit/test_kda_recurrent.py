@@ -1,0 +1,343 @@
+"""KDA decode on the CPU: the recurrent template compiles with real NVRTC for sm_90a on every decode cell
+and every edge cell it admits, refuses the variants it does not implement, and a numpy emulation of its
+algorithm (same grid, thread layout, index arithmetic and fp32 operation order) matches the float64
+reference within the spec's tolerance; the device reference and support kernels compile; the gate's
+fills of KDA's kinds (numpy fake device) have make_inputs' statistics."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import numpy as np
+import pytest
+
+from evo.build.nvrtc import compile_one, include_dir, parse_ptxas, prepare
+from evo.core.genome import Genome
+from evo.templates.template import load_templates
+from ops.kda import SPEC
+from ops.kda import device as kda_device
+from ops.kda.reference import BetaAct, Gate, Variant
+from ops.kda.spec import DECODE_B, FILLS, MODEL, cell, gate_cells, is_varlen, variant_of
+from ops.spec import Cell, DType, Tolerance, from_device_bytes, quantize
+from tests.unit.fake_device import FakeDevice
+
+BF, FP16, FP32 = DType.BF16, DType.FP16, DType.FP32
+TDEF = load_templates("kda")["recurrent"]
+DECODE = [c for c in SPEC.matrix() if c.dim("T") == 1]
+ARCH = 90
+
+
+def compile_point(c: Cell, params: dict):
+    g = Genome.make("kda", "recurrent", TDEF.source_hash, params)
+    return compile_one(prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
+
+
+def legal_points(c: Cell, n: int, seed: int = 0) -> list[dict]:
+    """n distinct legal parameter points on c (the default first), drawn from the declared space."""
+    rng = random.Random(seed)
+    space = dict(TDEF.space)
+    out = [TDEF.default_params()]
+    for _ in range(20000):
+        if len(out) == n:
+            break
+        p = {k: rng.choice(v) for k, v in space.items()}
+        if p not in out and TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
+            out.append(p)
+    return out
+
+
+# ---- NVRTC ---------------------------------------------------------------------------------------
+
+def test_decode_matrix_is_what_the_template_serves():
+    assert [c.dim("B") for c in DECODE] == list(DECODE_B)
+    for c in DECODE:
+        assert TDEF.violations(TDEF.default_params(), ARCH, c.dtypes_dict(), c.dims_dict()) == []
+
+
+@pytest.mark.parametrize("c", DECODE, ids=lambda c: f"B{c.dim('B')}-T1-H{c.dim('H')}")
+def test_default_point_compiles_without_spills_on_every_decode_cell(c: Cell):
+    r = compile_point(c, TDEF.default_params())
+    assert r.status.ok, r.error + r.log
+    assert r.cubin[:4] == b"\x7fELF" and "sm_90a" in r.log
+    assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0
+    assert 32 <= r.regs <= 255
+
+
+def test_legal_points_compile_without_spills_on_a_decode_cell():
+    """The register constraints keep every legal point off the spill path (a sample of the space)."""
+    c = DECODE[2]
+    points = legal_points(c, 14)
+    assert len(points) == 14
+    for p in points:
+        r = compile_point(c, p)
+        assert r.status.ok, (p, r.error)
+        assert r.spill_stores == 0, (p, r.regs, r.spill_stores)
+
+
+def admitted_edge_cells() -> list[Cell]:
+    """Edge cells and the decode cells' gate cells the default point admits (what the gate runs it on)."""
+    cells = [*SPEC.edge_cells(), *(g for c in DECODE for g in gate_cells(c))]
+    seen: list[Cell] = []
+    for c in cells:
+        if c not in seen and TDEF.is_valid(TDEF.default_params() | _fit(c), ARCH, c.dtypes_dict(), c.dims_dict()):
+            seen.append(c)
+    return seen
+
+
+def _fit(c: Cell) -> dict:
+    """The default point shrunk to a small cell's K and V (v_tile <= V, K / k_lanes rows, whole warps)."""
+    if c.dim("K") >= 128 and c.dim("V") >= 32:
+        return {}
+    return {"v_tile": min(16, c.dim("V")), "vec": 2 if c.dtype("x").nbytes == 2 else 1, "k_lanes": 4}
+
+
+EDGE = admitted_edge_cells()
+
+
+def test_the_template_admits_small_edge_cells_of_each_dtype_and_variant_it_implements():
+    labels = {(c.dtype("x"), c.dtype("state"), variant_of(c)) for c in EDGE}
+    assert (BF, FP32, Variant()) in labels and (BF, BF, Variant()) in labels and (FP16, FP32, Variant()) in labels
+    assert any(c.dim("T") > 1 for c in EDGE) and any(c.dim("H") > 1 for c in EDGE)
+
+
+@pytest.mark.parametrize("c", EDGE, ids=lambda c: c.label())
+def test_every_admitted_edge_cell_compiles(c: Cell):
+    r = compile_point(c, TDEF.default_params() | _fit(c))
+    assert r.status.ok, r.error + r.log
+    assert r.spill_stores == 0
+
+
+@pytest.mark.parametrize("c, why", [
+    (cell(BF, 2, 1, 2, 16, 16, variant=Variant(Gate.SOFTPLUS)), "gate_is_log_space"),
+    (cell(BF, 2, 1, 2, 16, 16, variant=Variant(Gate.LOWER_BOUND)), "gate_is_log_space"),
+    (cell(BF, 2, 1, 2, 16, 16, variant=Variant(v_first=True)), "state_is_k_first"),
+    (cell(BF, 1, 7, 2, 16, 16, n=3), "no_varlen"),
+    (cell(BF, 1, 65, 1, 16, 16), "short_sequences"),
+    (cell(BF, 2, 1, 2, 16, 16, hv=4, g=BF, state=BF, variant=MODEL), "gate_is_log_space"),
+], ids=lambda v: v if isinstance(v, str) else v.label())
+def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
+    """The search can never pick the template where it would be wrong: each such cell breaks a named rule."""
+    p = TDEF.default_params() | _fit(c)
+    assert why in TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict())
+    for e in SPEC.edge_cells():
+        v = variant_of(e)
+        if v.gate is not Gate.LOG or v.v_first or is_varlen(e) or e.dim("T") > 64:
+            assert not TDEF.is_valid(p, ARCH, e.dtypes_dict(), e.dims_dict()), e.label()
+
+
+def _nvrtc(src: str) -> tuple[bytes, dict]:
+    from cuda.core import Program, ProgramOptions
+
+    log = io.StringIO()
+    opts = ProgramOptions(arch="sm_90a", std="c++17", include_path=[include_dir()], ptxas_options=["-v"])
+    obj = Program(src, code_type="c++", options=opts).compile("cubin", logs=log)
+    return obj.code, parse_ptxas(log.getvalue())
+
+
+def test_device_reference_compiles_with_a_kernel_for_every_cell_dtype():
+    _, res = _nvrtc(kda_device.SOURCE.read_text())
+    cells = [*SPEC.matrix(), *SPEC.edge_cells(), cell(FP32, 1, 2, 1, 16, 16, g=FP16)]
+    for c in cells:
+        (kernel, grid, block, args), = kda_device.reference(c.dims_dict(), c.dtypes_dict(), SPEC.scalar_values(c))
+        assert kernel in res, kernel
+        assert grid == (-(-c.dim("V") // 64), c.dim("HV"), c.dim("N")) and block == (64, 1, 1)
+        names = {v for k, v in args if k == "buf"}
+        assert names == {t.name for t in SPEC.inputs()} | {f"ref:{t.name}" for t in SPEC.outputs()}
+
+
+def test_support_kernels_compile_with_the_new_fills():
+    from evo.measure.worker import SUPPORT
+
+    _, res = _nvrtc(SUPPORT.read_text())
+    assert {"kf_offsets_i32", "kf_l2norm_rows_bf16", "kf_l2norm_rows_f16", "kf_l2norm_rows_f32",
+            "kf_fill_bf16"} <= set(res)
+
+
+# ---- the gate's fills of KDA's kinds -----------------------------------------------------------------
+
+def device_fill(c: Cell, kind: str, seed: int = 3) -> dict[str, np.ndarray]:
+    """Every input the gate fills for kind on c, through the numpy fake device, read back as float64."""
+    dev = FakeDevice({})
+    out = {}
+    for i, t in enumerate(SPEC.inputs()):
+        if t.name == "cu_seqlens" and not is_varlen(c):  # a plan binds it on varlen cells only
+            continue
+        dt = t.resolve_dtype(c)
+        shape = t.shape(c)
+        n = int(np.prod(shape))
+        buf = dev.alloc(n * dt.nbytes)
+        dev.fill(buf, dt.value, n, shape[-1], FILLS[kind][t.name].bind(c.dims_dict()), seed + i)
+        raw = dev.data(buf).view({BF: np.uint16, FP16: np.float16, FP32: np.float32, DType.INT32: np.int32}[dt])
+        out[t.name] = from_device_bytes(raw, dt).reshape(shape)
+    return out
+
+
+STATS_CELL = cell(BF, 4, 64, 4, 128, 128, n=None)
+
+
+@pytest.mark.parametrize("kind", list(FILLS))
+def test_fills_have_make_inputs_statistics(kind: str):
+    got = device_fill(STATS_CELL, kind)
+    want = SPEC.make_inputs(STATS_CELL, kind, np.random.default_rng(0))
+    for name in ("q", "k"):
+        norms = np.linalg.norm(got[name], axis=-1)
+        if kind == "no_state":  # rows of norm ~0.04 sqrt(K): stable unnormalized, wrong for a skipped norm
+            assert 0.3 < np.median(norms) < 0.6
+        else:
+            np.testing.assert_allclose(norms, np.linalg.norm(want[name], axis=-1), atol=0.01)
+    assert abs(np.std(got["v"]) - np.std(want["v"])) < 0.05
+    # log decays: g = -exp(N(mu, sigma)), so log(-g) has make_inputs' mean and spread
+    lg, lw = np.log(-got["g"]), np.log(-want["g"])
+    assert np.all(got["g"] < 0)
+    assert abs(np.mean(lg) - np.mean(lw)) < 0.1 and abs(np.std(lg) - np.std(lw)) < 0.1
+    assert np.all((got["beta"] >= 0) & (got["beta"] <= 1))
+    if kind == "beta_large":
+        sat = lambda b: np.mean((b < 1e-3) | (b > 1 - 1e-3))  # noqa: E731
+        assert sat(got["beta"]) > 0.8 and sat(want["beta"]) > 0.99
+    else:
+        assert abs(np.mean(got["beta"]) - np.mean(want["beta"])) < 0.05
+    if kind == "no_state":
+        assert "initial_state" not in want and np.all(got["initial_state"] == 0)
+    else:
+        assert abs(np.std(got["initial_state"]) - np.std(want["initial_state"])) < 0.01
+
+
+def test_offsets_fill_is_valid_cu_seqlens_on_varlen_cells():
+    for c in (cell(BF, 1, 7, 2, 16, 16, n=3), cell(BF, 1, 8192, 32, n=8), cell(BF, 1, 5, 1, 16, 16, n=5)):
+        for seed in range(5):
+            cu = device_fill(c, "normal", seed)["cu_seqlens"]
+            assert cu[0] == 0 and cu[-1] == c.dim("T") and len(cu) == c.dim("N") + 1
+            assert np.all(np.diff(cu) >= 1)
+            inputs = {k: v for k, v in device_fill(c, "normal", seed).items() if k not in ("A_log", "dt_bias")}
+            assert np.all(np.isfinite(SPEC.reference(inputs, SPEC.scalar_values(c))["o"]))
+    lengths = np.diff(device_fill(cell(BF, 1, 8192, 32, n=8), "normal", 1)["cu_seqlens"])
+    assert lengths.max() > 4 * lengths.min()  # uneven
+
+
+# ---- the template's algorithm, emulated in numpy ------------------------------------------------------
+
+def lanes_sum(x: np.ndarray, kl: int) -> np.ndarray:
+    """The kernel's xor butterfly over the kl consecutive lanes of a column group (last axis: threads)."""
+    shape = x.shape
+    y = x.reshape(*shape[:-1], shape[-1] // kl, kl)
+    lane = np.arange(kl)
+    o = kl // 2
+    while o > 0:
+        y = y + y[..., lane ^ o]
+        o //= 2
+    return y.reshape(shape)
+
+
+def emulate(inputs: dict, scal: dict, c: Cell, p: dict) -> dict[str, np.ndarray]:
+    """templates/kda/recurrent.cu.j2 in numpy, fp32: every CTA and thread of the grid at once, the same
+    flat offsets and per-thread loops; outputs start as NaN, so an element no thread writes fails."""
+    f = np.float32
+    K, V, T, H, HV, N = (c.dim(d) for d in ("K", "V", "T", "H", "HV", "N"))
+    vt, vec, KL = p["v_tile"], p["vec"], p["k_lanes"]
+    R, threads = K // KL, (vt // vec) * KL
+    var = variant_of(c)
+    q, k, v, g, beta = (np.asarray(inputs[n], f).reshape(-1) for n in ("q", "k", "v", "g", "beta"))
+    h0 = np.asarray(inputs.get("initial_state", np.zeros((N, HV, K, V))), f).reshape(-1)
+    o = np.full(N * T * HV * V, np.nan, f)
+    ht = np.full(N * HV * K * V, np.nan, f)
+    n_, hv_, bx, t = np.meshgrid(np.arange(N), np.arange(HV), np.arange(V // vt), np.arange(threads), indexing="ij")
+    kl = t % KL
+    col = bx * vt + (t // KL) * vec
+    h = hv_ // (HV // H)
+    state_at = (n_ * HV + hv_) * K * V + kl * R * V + col
+    rows, js = np.arange(R), np.arange(vec)
+    at = state_at[..., None, None] + rows[:, None] * V + js  # [..., R, VEC]
+    s = h0[at]
+    scale = f(scal["scale"])
+    for i in range(T):
+        tok = n_ * T + i
+        qr = q[((tok * H + h) * K + kl * R)[..., None] + rows]
+        kr = k[((tok * H + h) * K + kl * R)[..., None] + rows]
+        gr = g[((tok * HV + hv_) * K + kl * R)[..., None] + rows]
+        vp = v[((tok * HV + hv_) * V + col)[..., None] + js]
+        b = beta[tok * HV + hv_]
+        with np.errstate(over="ignore"):
+            if var.beta_act is not BetaAct.NONE:
+                b = f(2 if var.beta_act is BetaAct.SIGMOID2 else 1) / (f(1) + np.exp(-b))
+        if var.qk_l2norm:
+            sq, sk = np.zeros(t.shape, f), np.zeros(t.shape, f)
+            for r in range(R):
+                sq, sk = sq + qr[..., r] * qr[..., r], sk + kr[..., r] * kr[..., r]
+            nq = scale / np.sqrt(lanes_sum(sq, KL) + f(1e-6))
+            nk = f(1) / np.sqrt(lanes_sum(sk, KL) + f(1e-6))
+            qr, kr = qr * nq[..., None], kr * nk[..., None]
+        else:
+            qr = qr * scale
+        acc = np.zeros((*t.shape, vec), f)
+        for r in range(R):
+            s[..., r, :] = s[..., r, :] * np.exp(gr[..., r])[..., None]
+            acc = acc + kr[..., r, None] * s[..., r, :]
+        u = b[..., None] * (vp - np.moveaxis(lanes_sum(np.moveaxis(acc, -1, 0), KL), 0, -1))
+        acc = np.zeros((*t.shape, vec), f)
+        for r in range(R):
+            s[..., r, :] = s[..., r, :] + kr[..., r, None] * u
+            acc = acc + qr[..., r, None] * s[..., r, :]
+        out = np.moveaxis(lanes_sum(np.moveaxis(acc, -1, 0), KL), 0, -1)
+        first = kl == 0
+        o[(((tok * HV + hv_) * V + col)[..., None] + js)[first]] = out[first]
+    ht[at] = s
+    return {"o": quantize(o.astype(np.float64).reshape(N, T, HV, V), c.dtype("x")),
+            "final_state": quantize(ht.astype(np.float64).reshape(N, HV, K, V), c.dtype("state"))}
+
+
+def passes(got: np.ndarray, want: np.ndarray, tol: Tolerance) -> tuple[bool, float]:
+    """The gate's verdict (finite, elementwise, RMS-relative) and the share of rel_norm used."""
+    if not np.all(np.isfinite(got)):
+        return False, np.inf
+    d = np.abs(got - want)
+    rel = float(np.sqrt(np.sum(d * d) / np.sum(want * want)))
+    return bool(np.all(d <= tol.atol + tol.rtol * np.abs(want)) and rel <= tol.rel_norm), rel / tol.rel_norm
+
+
+EMU_CASES = [
+    (cell(BF, 2, 1, 2, 16, 16), {"v_tile": 16, "vec": 2, "k_lanes": 4}),
+    (cell(BF, 3, 1, 2, 16, 16), {"v_tile": 8, "vec": 1, "k_lanes": 4}),
+    (cell(BF, 2, 3, 2, 32, 16, hv=4), {"v_tile": 16, "vec": 4, "k_lanes": 8}),
+    (cell(BF, 2, 5, 1, 64, 32, variant=Variant(qk_l2norm=True)), {"v_tile": 32, "vec": 4, "k_lanes": 4}),
+    (cell(BF, 1, 4, 1, 16, 32, state=BF), {"v_tile": 32, "vec": 8, "k_lanes": 8}),
+    (cell(BF, 2, 2, 2, 16, 16, variant=Variant(beta_act=BetaAct.SIGMOID)), {"v_tile": 16, "vec": 1, "k_lanes": 2}),
+    (cell(BF, 1, 3, 1, 16, 16, variant=Variant(beta_act=BetaAct.SIGMOID2, qk_l2norm=True)),
+     {"v_tile": 16, "vec": 2, "k_lanes": 4}),
+    (cell(FP16, 2, 3, 1, 16, 16, g=FP16), {"v_tile": 16, "vec": 4, "k_lanes": 8}),
+    (cell(FP32, 2, 2, 1, 16, 16), {"v_tile": 16, "vec": 4, "k_lanes": 8}),
+    (cell(BF, 2, 1, 4, 128, 128), {}),  # the decode matrix's shape (fewer heads and sequences)
+    (cell(BF, 1, 1, 2, 128, 128), {"v_tile": 128, "vec": 4, "k_lanes": 32}),
+    (cell(BF, 1, 2, 2, 128, 128), {"v_tile": 64, "vec": 4, "k_lanes": 16}),
+]
+
+
+@pytest.mark.parametrize("c, fit", EMU_CASES, ids=[f"{c.label()}-{'-'.join(map(str, p.values()))}" for c, p in EMU_CASES])
+def test_emulated_template_matches_the_float64_reference(c: Cell, fit: dict):
+    p = TDEF.default_params() | fit
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
+    for kind in FILLS:
+        for source in ("make_inputs", "gate fill"):
+            if source == "make_inputs":
+                inputs = SPEC.make_inputs(c, kind, np.random.default_rng(1))
+            else:
+                inputs = {n: a for n, a in device_fill(c, kind).items() if n not in ("A_log", "dt_bias", "cu_seqlens")}
+            scal = SPEC.scalar_values(c)
+            want, got = SPEC.reference(inputs, scal), emulate(inputs, scal, c, p)
+            for name in want:
+                ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+                assert ok and share < 0.6, (kind, source, name, share)
+
+
+def test_emulation_catches_a_wrong_head_mapping():
+    """The check has teeth: the emulation with qk head hv % H instead of hv // (HV / H) fails."""
+    c = cell(BF, 2, 3, 2, 32, 16, hv=4)
+    p = TDEF.default_params() | {"v_tile": 16, "vec": 4, "k_lanes": 8}
+    inputs = SPEC.make_inputs(c, "normal", np.random.default_rng(1))
+    scal = SPEC.scalar_values(c)
+    want = SPEC.reference(inputs, scal)
+    tiled = dict(inputs)
+    for n in ("q", "k"):  # the two qk heads swapped: every value head reads the wrong one
+        tiled[n] = inputs[n][:, :, [1, 0]]
+    got = emulate(tiled, scal, c, p)
+    assert not passes(got["o"], want["o"], SPEC.tolerance(c, "o"))[0]
