@@ -18,6 +18,7 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from evo.core.genome import Genome
@@ -241,12 +242,20 @@ def _first_error(log: str) -> str:
     return log.strip().splitlines()[0][:500] if log.strip() else "compile failed with an empty log"
 
 
-def _serve(conn: Any) -> None:
-    """A compile process: answers each BuildInput with ("ok", BuildResult) until it reads None."""
+def _serve(conn: Any, nvrtc: str | None = None) -> None:
+    """A compile process: answers each BuildInput with ("ok", BuildResult) until it reads None. With
+    `nvrtc` (a folder, see evo.build.nvrtc_lib), that NVRTC instead of the installed one."""
     from evo.core.children import become_child
 
     become_child()
     try:
+        if nvrtc is not None:
+            from evo.build.nvrtc_lib import find_nvrtc, load_nvrtc
+
+            lib = find_nvrtc(Path(nvrtc))
+            load_nvrtc(lib)
+            if compiler_version() != lib.version:
+                raise RuntimeError(f"loaded {lib.nvrtc} ({lib.version}), but NVRTC says {compiler_version()}")
         import cuda.core  # noqa: F401  (loaded before the first deadline starts)
 
         compiler_version()
@@ -273,10 +282,10 @@ class _Compiler:
     sent: float = 0.0
 
     @classmethod
-    def start(cls) -> _Compiler:
+    def start(cls, nvrtc: str | None = None) -> _Compiler:
         ctx = mp.get_context("spawn")  # a fresh interpreter: nothing of the parent's state is inherited
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+        proc = ctx.Process(target=_serve, args=(child, nvrtc), daemon=True)
         proc.start()
         child.close()
         return cls(proc, parent, time.monotonic() + START_TIMEOUT_S)
@@ -296,15 +305,18 @@ class Builder:
     """Compiles batches in `workers` compile processes, skipping what is already cached (by build key).
 
     Each compile may take `timeout_s` of wall clock; past it, its process is killed (the input is a
-    COMPILE_ERROR) and a fresh one takes over the rest of the batch.
+    COMPILE_ERROR) and a fresh one takes over the rest of the batch. With `nvrtc` (a folder holding
+    another NVRTC, see evo.build.nvrtc_lib) the compile processes use that one: each result's
+    `compiler` and `build_key` are then that NVRTC's, while the batch is keyed as this process keys it.
     """
 
     def __init__(self, workers: int = 2, cached: Mapping[str, BuildResult] | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, nvrtc: str | None = None) -> None:
         if not 0 < timeout_s < float("inf"):
             raise ValueError(f"timeout_s must be > 0 and finite, got {timeout_s}")
         self.workers = max(1, workers)
         self.timeout_s = timeout_s
+        self.nvrtc = nvrtc
         self._cache: dict[str, BuildResult] = dict(cached or {})
         self._procs: list[_Compiler] = []
         self.compiled = 0  # inputs handed to NVRTC (timeouts and crashes included)
@@ -361,7 +373,7 @@ class Builder:
         while pending or any(c.job is not None for c in self._procs):
             busy = sum(c.job is not None for c in self._procs)
             while len(self._procs) < min(self.workers, busy + len(pending)):
-                self._procs.append(_Compiler.start())
+                self._procs.append(_Compiler.start(self.nvrtc))
             now = time.monotonic()
             for c in list(self._procs):
                 if c.ready and c.job is None and pending:

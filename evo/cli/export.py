@@ -8,8 +8,8 @@ from pathlib import Path
 from evo.export.make import export
 
 
-def cmd_export(runs: Sequence[str], store: Path, out: Path, name: str) -> int:
-    done = export(store, runs, out, name)
+def cmd_export(runs: Sequence[str], store: Path, out: Path, name: str, nvrtc: Sequence[Path] = ()) -> int:
+    done = export(store, runs, out, name, nvrtc=nvrtc)
     for op, run_id, cells, kernels in done.ops:
         print(f"{op}: run {run_id}, {cells} cells, {kernels} kernels")
     print(f"wrote package {done.name} to {done.out}; install it with: pip install {done.out}")

@@ -98,13 +98,16 @@ def parser() -> argparse.ArgumentParser:
     _store_arg(p)
 
     p = sub.add_parser("export", help="write a pip-installable Python package from finished runs' dispatch tables",
-                       description="Package the dispatch table of a finished rmsnorm run (and optionally of an "
-                                   "rmsnorm_bwd run): rendered .cu and measured cubins per cell, templates for "
+                       description="Package the dispatch tables of a finished rmsnorm run, an rmsnorm_bwd run, "
+                                   "or one of each: rendered .cu and measured cubins per cell, templates for "
                                    "other shapes, a cuda-python loader with an NVRTC fallback, a torch custom op "
                                    "with autograd, a QuACK-compatible API, tests, a benchmark and provenance.")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids: one rmsnorm run, optionally one rmsnorm_bwd run")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids: at most one rmsnorm run and one rmsnorm_bwd run")
     p.add_argument("--out", type=Path, required=True, help="output folder (new or empty)")
     p.add_argument("--name", default="kf_rmsnorm", help="package name (default: kf_rmsnorm)")
+    p.add_argument("--nvrtc", type=Path, action="append", default=[], metavar="DIR",
+                   help="a folder with the NVRTC that built a run's cubins, when this one is another version "
+                        "(the measured cubins are rebuilt and must come out byte for byte); repeatable")
     _store_arg(p)
     return ap
 
@@ -156,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "export":
             from evo.cli.export import cmd_export
 
-            return cmd_export(args.runs, args.store, args.out, args.name)
+            return cmd_export(args.runs, args.store, args.out, args.name, args.nvrtc)
     except UserError as e:
         print(f"kfactory {args.cmd}: error: {_one_line(e)}", file=sys.stderr)
         return 2

@@ -104,7 +104,8 @@ def provenance_document(name: str, runs: Sequence[RunTable], kernels: dict[str, 
             "fingerprint_classes": sorted({e.fingerprint_class for e in run.entries}),
             "geomean_speedup_vs_baseline": _geomean([e.speedup for e in run.entries]),
             "baselines": sorted({e.baseline for e in run.entries if e.baseline}),
-            "kernels": {k.id: {"cubin_from": k.cubin_from, "compiler": k.compiler} for k in kernels[run.op]},
+            "kernels": {k.id: {"cubin_from": k.cubin_from, "compiler": k.compiler, "rebuilt_with": k.rebuilt_with}
+                        for k in kernels[run.op]},
             "results_file": f"data/results/{run.op}_evaluations.csv",
         }
     return {"format": FORMAT, "package": name, "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evo.build.nvrtc import compiler_version
+from evo.build.nvrtc_lib import NvrtcLibError, find_nvrtc
 from evo.export.document import dispatch_document, op_document, provenance_document
 from evo.export.errors import ExportError
 from evo.export.kernels import build_kernels
@@ -47,21 +48,34 @@ def check_runs(runs: Sequence[RunTable]) -> None:
     for op in (FORWARD, BACKWARD):
         if ops.count(op) > 1:
             raise ExportError(f"{ops.count(op)} runs of op {op} given; export one per op")
-    if FORWARD not in ops:
-        raise ExportError(f"no {FORWARD} run given: the package needs a forward run (a {BACKWARD} run is optional)")
 
 
-def export(store_path: Path, run_ids: Sequence[str], out: Path, name: str, workers: int = 2) -> Exported:
-    """Write the package for these runs to `out` (new or empty); ExportError for anything the user must fix."""
+def nvrtc_folders(folders: Sequence[Path]) -> dict[str, str]:
+    """Other NVRTCs by version ('nvrtc-13.0' -> folder), for cubins this process's NVRTC did not build."""
+    out: dict[str, str] = {}
+    for d in folders:
+        try:
+            lib = find_nvrtc(d)
+        except NvrtcLibError as e:
+            raise ExportError(f"--nvrtc {d}: {e}") from None
+        out.setdefault(lib.version, str(d))
+    return out
+
+
+def export(store_path: Path, run_ids: Sequence[str], out: Path, name: str, workers: int = 2,
+           nvrtc: Sequence[Path] = ()) -> Exported:
+    """Write the package for these runs to `out` (new or empty); ExportError for anything the user must fix.
+    `nvrtc`: folders of the NVRTCs that built the runs' cubins, where this process's is another version."""
     if not _NAME.fullmatch(name):
         raise ExportError(f"--name {name!r} is not a package name (lower case letters, digits, _; not first a digit)")
     check_out(out)
     if not store_path.exists():
         raise ExportError(f"no store at {store_path} (pass --store PATH)")
+    others = nvrtc_folders(nvrtc)
     with Store.open(store_path, read_only=True) as store:
         runs = [read_run(store, r) for r in dict.fromkeys(run_ids)]
         check_runs(runs)
-        built = {r.op: build_kernels(store, r, workers) for r in runs}
+        built = {r.op: build_kernels(store, r, workers, others) for r in runs}
     kernels = {op: ks for op, (ks, _) in built.items()}
     cell_kernel = {op: ids for op, (_, ids) in built.items()}
     dispatch = dispatch_document(name, {r.op: op_document(r, kernels[r.op], cell_kernel[r.op]) for r in runs})

@@ -22,15 +22,16 @@ def _cells(run: RunTable, cell_kernel: dict[str, str]) -> list[str]:
 
 def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str, str]],
            provenance: dict[str, Any]) -> str:
-    fwd = next(r for r in runs if r.op == "rmsnorm")
+    fwd = next((r for r in runs if r.op == "rmsnorm"), None)
     bwd = next((r for r in runs if r.op == "rmsnorm_bwd"), None)
-    arch = fwd.arch
+    arch = runs[0].arch
     prov = provenance["ops"]
+    origin = " and ".join(f"run `{r.run['run_id']}` ({'forward' if r is fwd else 'backward'})" for r in (fwd, bwd) if r)
     lines = [
         f"# {name}",
         "",
-        f"RMSNorm CUDA kernels found by Kernel Factory's search, exported from run `{fwd.run['run_id']}` (forward)"
-        + (f" and run `{bwd.run['run_id']}` (backward)" if bwd else "") + f", built for `{arch}`. The package holds",
+        f"RMSNorm CUDA kernels found by Kernel Factory's search, exported from {origin}, built for `{arch}`. "
+        "The package holds",
         "the rendered CUDA source and the cubin the search measured for every cell of the dispatch table, the",
         "templates they were rendered from (for shapes outside the table), a loader through cuda-python",
         "(cuda.core), a `torch.library` custom op with autograd, and a QuACK-compatible API.",
@@ -72,7 +73,7 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
         "",
         "- `table`: a searched cell: the cubin the search measured there.",
         "- `table-build`: another M (or any shape) served by a prebuilt cubin of the table (same genome, dtypes",
-        "  and compiled-in dims); the factory's gate ran that cubin at M = 1, 37 and 1059 as well.",
+        "  and compiled-in dims); the factory's gate ran that cubin at M = 1 and 37 as well (forward: and 1059).",
         "- `rerender`: the nearest searched genome (same dtypes first, then nearest dims) whose template admits",
         "  the shape, rendered for it from the shipped template and compiled with NVRTC at first use. Templates",
         "  compile N into the code (`specialize` in their header), so a new N needs this. Cubins are cached in",
@@ -97,14 +98,22 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
         "",
     ]
     if bwd:
-        lines += [f"Backward kernels from run `{bwd.run['run_id']}` compute dx and dw; the forward kernels do not",
-                  "store rstd, so autograd recomputes it from x in float32 torch (one extra read of x).", ""]
+        lines += [f"Backward kernels from run `{bwd.run['run_id']}` compute dx and dw (`rmsnorm_bwd`, and autograd",
+                  "through `rmsnorm`) in two launches per call: the rows kernel writes dx and one fp32 partial dw row",
+                  "per row group into a workspace the package allocates (its size is the template's `[workspace]`",
+                  "expression), then a column-sum kernel writes dw. The forward kernels do not store rstd, so",
+                  "autograd recomputes it from x in float32 torch (one extra read of x). A `dout` of another dtype",
+                  "than x takes the torch path.", ""]
         lines += _cells(bwd, cell_kernel["rmsnorm_bwd"]) + [""]
     else:
         lines += ["No backward run was exported: the backward (autograd, `rmsnorm_bwd`) is float32 torch",
                   "(`reference.backward_2d`), correct and not searched. rstd is recomputed from x in float32.", ""]
     lines += ["## Forward cells (as measured by the search)", ""]
-    lines += _cells(fwd, cell_kernel["rmsnorm"]) + [""]
+    if fwd:
+        lines += _cells(fwd, cell_kernel["rmsnorm"]) + [""]
+    else:
+        lines += ["No forward run was exported: `rmsnorm` and `rmsnorm_fwd` compute the forward in float32 torch",
+                  "(`reference.forward_2d`), correct and not searched; `explain(shape, dtype)` says `torch`.", ""]
     for r in runs:
         p = prov[r.op]
         gm = p["geomean_speedup_vs_baseline"]
@@ -137,7 +146,8 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
         "## Not covered",
         "",
         "- Variants the searched kernels do not compute run in float32 torch (see above), not fused.",
-        "- Templates declaring thread-block clusters are not launched with a cluster dimension.",
+        "- Thread-block clusters are compiled into the kernels (`__cluster_dims__`), so they launch as ordinary",
+        "  kernels; the loader refuses a launch whose grid is not a multiple of the cluster (`loader.check_grid`).",
         "- The prebuilt cubins load only on the exact arch they were built for; other GPUs compile at first use.",
         "",
     ]

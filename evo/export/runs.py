@@ -2,8 +2,9 @@
 genome, template text, build and measurement, plus the run's row and every evaluation it recorded.
 
 The table is the one the run published (`runs/RUN/dispatch.json` beside the store, written by the
-search loop at its end), each entry checked against the store; where that file is absent, the same
-rule is applied to the store: per cell, the run's fastest OK evaluation (ties by genome key).
+search loop at its end, or `dispatch.json` beside the store naming the run, as a committed results
+folder keeps it), each entry checked against the store; where there is none, the same rule is applied
+to the store: per cell, the run's fastest OK evaluation (ties by genome key).
 """
 
 from __future__ import annotations
@@ -89,8 +90,19 @@ def _entry(r: Any) -> Entry:
                  r.fingerprint_class if isinstance(r.fingerprint_class, str) else "", r.source)
 
 
-def published_table(store: Store, run_id: str) -> Path:
-    return store.path.parent / "runs" / run_id / "dispatch.json"
+def published_table(store: Store, run_id: str) -> Path | None:
+    """The table the run published, if it lies beside the store."""
+    path = store.path.parent / "runs" / run_id / "dispatch.json"
+    if path.exists():
+        return path
+    path = store.path.parent / "dispatch.json"  # a results folder: the store and its run's table
+    if not path.exists():
+        return None
+    try:
+        named = json.loads(path.read_text()).get("run_id")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise ExportError(f"{path} is not a dispatch table: {e}") from None
+    return path if named == run_id else None
 
 
 def _from_file(store: Store, run_id: str, path: Path) -> list[Entry]:
@@ -132,7 +144,7 @@ def read_run(store: Store, run_id: str) -> RunTable:
         raise ExportError(f"run {run_id} is not finished (status {run['status']!r}: "
                           f"{hint.get(run['status'], 'not done')}); only a finished run can be exported")
     path = published_table(store, run_id)
-    entries = _from_file(store, run_id, path) if path.exists() else _from_store(store, run_id)
+    entries = _from_file(store, run_id, path) if path else _from_store(store, run_id)
     if not entries:
         raise ExportError(f"run {run_id} has an empty dispatch table: no OK evaluation with a time, so there is "
                           "no kernel to export")
@@ -146,4 +158,4 @@ def read_run(store: Store, run_id: str) -> RunTable:
     evals = store.sql("SELECT e.*, c.template, c.params_json FROM evaluations e JOIN candidates c USING (genome_key) "
                       "WHERE e.run_id = ? ORDER BY e.cell, e.generation, e.eval_id", [run_id])
     return RunTable(run, run["op"], run["arch"], tuple(entries), sources, evals,
-                    "dispatch.json" if path.exists() else "store")
+                    "dispatch.json" if path else "store")

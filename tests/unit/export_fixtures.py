@@ -18,7 +18,7 @@ from typing import Any
 
 from evo.build.nvrtc import Builder, BuildInput, prepare
 from evo.core.genome import Genome
-from evo.templates.template import load_templates
+from evo.templates.template import TemplateDef, load_templates
 from memory import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow, Store
 from ops.rmsnorm.spec import cell
 
@@ -45,8 +45,8 @@ PLAN = {
 }
 
 
-def genome(template: str, params: dict[str, Any]) -> Genome:
-    return Genome.make("rmsnorm", template, TEMPLATES[template].source_hash, params)
+def genome(template: str, params: dict[str, Any], templates: dict[str, TemplateDef] | None = None) -> Genome:
+    return Genome.make("rmsnorm", template, (templates or TEMPLATES)[template].source_hash, params)
 
 
 @dataclass
@@ -55,31 +55,34 @@ class Built:
     results: dict[str, Any]  # build key -> BuildResult
 
 
-def build_all() -> Built:
-    """Real NVRTC builds of every (genome, cell) of PLAN."""
+def build_all(plan: dict | None = None, templates: dict[str, TemplateDef] | None = None) -> Built:
+    """Real NVRTC builds of every (genome, cell) of PLAN (or `plan`, with `templates` instead of today's)."""
+    templates = templates or TEMPLATES
     inputs = {}
-    for (dt, m, n), rows in PLAN.items():
+    for (dt, m, n), rows in (PLAN if plan is None else plan).items():
         c = cell(dt, m, n)
         for (t, p), _ in rows:
-            g = genome(t, p)
-            inputs[(g.key(), c.label())] = prepare(TEMPLATES[t], g, ARCH, c.dtypes_dict(), c.dims_dict())
+            g = genome(t, p, templates)
+            inputs[(g.key(), c.label())] = prepare(templates[t], g, ARCH, c.dtypes_dict(), c.dims_dict())
     with Builder(2) as b:
         results = {r.build_key: r for r in b.build(list({bi.key(): bi for bi in inputs.values()}.values()))}
     return Built(inputs, results)
 
 
 def write_run(store: Store, built: Built, run_id: str = RUN, status: str = "done", plan: dict | None = None,
-              corrupt_cubin: bool = False) -> None:
-    """One run of PLAN (or `plan`) in the store, finished with `status`."""
+              corrupt_cubin: bool = False, templates: dict[str, TemplateDef] | None = None) -> None:
+    """One run of PLAN (or `plan`) in the store, finished with `status`; its templates are today's files
+    (or `templates`, as the run recorded them)."""
     plan = PLAN if plan is None else plan
+    templates = templates or TEMPLATES
     rows: list[Any] = [RunRow(run_id=run_id, op="rmsnorm", arch=ARCH, config_toml="# export fixture\n",
                               config_hash=f"h-{run_id}", seed=0, status="running")]
-    rows += [SourceRow.of(t.text, op="rmsnorm", template=t.name, origin="file") for t in TEMPLATES.values()]
+    rows += [SourceRow.of(t.text, op="rmsnorm", template=t.name, origin="file") for t in templates.values()]
     seen: set[str] = set()
     for (dt, m, n), entries in plan.items():
         c = cell(dt, m, n)
         for (t, p), us in entries:
-            g = genome(t, p)
+            g = genome(t, p, templates)
             bi = built.inputs[(g.key(), c.label())]
             r = built.results[bi.key()]
             if g.key() not in seen:

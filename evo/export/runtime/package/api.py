@@ -61,7 +61,7 @@ def rmsnorm_bwd(x: Tensor, weight: Tensor | None, dout: Tensor, rstd: Tensor, dr
     db is the column sum of dout (torch), dresidual is dx (in dresidual_out's dtype if it differs)."""
     n = x.shape[-1]
     w = weight if weight is not None else _ones(n, x.dtype, x.device)
-    dx, dw = _OPS.rmsnorm_bwd(x.reshape(-1, n), w, dout.reshape(-1, n), rstd)
+    dx, dw = _OPS.rmsnorm_bwd(x.reshape(-1, n), w, dout.reshape(-1, n), rstd.reshape(-1))
     dx = dx.reshape(x.shape)
     if dresidual_out is not None:
         dx = (dx.float() + dresidual_out.float()).to(x.dtype)

@@ -3,7 +3,8 @@
 Paths, best first:
 - table: the cell was searched; the kernel the search measured there (its prebuilt cubin).
 - table-build: a prebuilt cubin of the table fits (same genome, dtypes and specialized dims; only the
-  launch plan changes, e.g. another M); the factory's gate ran that cubin at M = 1, 37 and 1059 too.
+  launch plan changes, e.g. another M); the factory's gate ran that cubin at M = 1 and 37 too (forward: 1059).
+  A fitting prebuilt cubin is taken before a nearer cell's genome that would need compiling.
 - rerender: the nearest searched genome (same dtypes first, then nearest dims) whose template admits
   the shape, rendered for it and compiled with NVRTC at first use (cached in memory and on disk);
   its first call is checked against torch.
@@ -52,7 +53,7 @@ class Choice:
 
     @property
     def checked_by_factory(self) -> bool:
-        """True when the factory's gate ran this very cubin (on this cell, or on M = 1, 37, 1059)."""
+        """True when the factory's gate ran this very cubin (on this cell, or on M = 1, 37 and, forward, 1059)."""
         return self.path in ("table", "table-build")
 
     def __str__(self) -> str:
@@ -115,21 +116,28 @@ def choose(op: str, dims: tuple[tuple[str, int], ...], dtypes: tuple[tuple[str, 
             seen.add((e.template, e.params))
             genomes.append(e)
     notes = () if same_arch else (f"the prebuilt cubins are {table.arch}, this GPU is sm_{arch}: compiled for it",)
+    # A prebuilt cubin that admits the shape first (measured, gate-checked, no NVRTC needed), even when a
+    # nearer cell's genome would have to be compiled: e.g. another M of a searched N.
+    for e in genomes if same_arch else ():
+        t = table.templates[e.template]
+        params = dict(e.params)
+        consts = {d: want_dims[d] for d in t.specialize}
+        build = table.find_build(e.template, params, want_dt, consts)
+        if build is None or t.violations(params, arch, want_dt, want_dims):
+            continue
+        exact = dict(e.dims) == want_dims and dict(e.dtypes) == want_dt
+        path, why = ("table", f"searched cell {e.cell}") if exact else (
+            "table-build", f"prebuilt {build.id} (the genome of {e.cell}, same build; launch plan for this shape)")
+        return Choice(op, path, dims, dtypes, arch, why, e.template, e.params, tuple(sorted(consts.items())),
+                      build.id, e.cell, notes)
     for e in genomes:
         t = table.templates[e.template]
         params = dict(e.params)
         if t.violations(params, arch, want_dt, want_dims):
             continue
         consts = {d: want_dims[d] for d in t.specialize}
-        build = table.find_build(e.template, params, want_dt, consts) if same_arch else None
-        exact = dict(e.dims) == want_dims and dict(e.dtypes) == want_dt
-        if build is not None:
-            path, why = ("table", f"searched cell {e.cell}") if exact else (
-                "table-build", f"prebuilt {build.id} (the genome of {e.cell}, same build; launch plan for this shape)")
-        else:
-            path, why = "rerender", f"the genome of {e.cell} rendered for this shape"
-        return Choice(op, path, dims, dtypes, arch, why, e.template, e.params, tuple(sorted(consts.items())),
-                      build.id if build else "", e.cell, notes)
+        return Choice(op, "rerender", dims, dtypes, arch, f"the genome of {e.cell} rendered for this shape",
+                      e.template, e.params, tuple(sorted(consts.items())), "", e.cell, notes)
     for e in genomes[:4]:  # the nearest few, repaired
         t = table.templates[e.template]
         fixed = repair(t, dict(e.params), arch, want_dt, want_dims)
@@ -167,18 +175,21 @@ def shape_dims(shape: Sequence[int]) -> dict[str, int]:
 
 def explain(shape: Sequence[int], dtype: Any = "bfloat16", weight_dtype: Any = None, *, op: str = "rmsnorm",
             weight: bool = True, bias: bool = False, residual: bool = False, out_dtype: Any = None,
-            residual_dtype: Any = None, arch: int | None = None) -> Choice:
-    """Which path `rmsnorm` (op='rmsnorm') or its backward (op='rmsnorm_bwd') takes for a CUDA tensor of
-    `shape` and `dtype` with these variants; arch defaults to the current GPU's, else the export's."""
+            residual_dtype: Any = None, dout_dtype: Any = None, arch: int | None = None) -> Choice:
+    """Which path `rmsnorm` (op='rmsnorm') or its backward (op='rmsnorm_bwd', dout in `dout_dtype`, by
+    default x's) takes for a CUDA tensor of `shape` and `dtype` with these variants; arch defaults to
+    the current GPU's, else the export's."""
     dt = expr.dtype_name(dtype)
     wdt = expr.dtype_name(weight_dtype) if weight_dtype is not None else dt
     dims = shape_dims(shape)
     if arch is None:
         arch = device_arch()
     if arch is None:
-        t = tables().get(op) or tables()["rmsnorm"]
+        t = tables().get(op) or next(iter(tables().values()))  # an export may hold one op only
         arch = t.arch_number
     variant = unsupported(dt, bias=bias, residual=residual, out_dtype=out_dtype)
+    if not variant and op == "rmsnorm_bwd" and dout_dtype is not None and expr.dtype_name(dout_dtype) != dt:
+        variant = f"dout {expr.dtype_name(dout_dtype)}: the backward kernels read dout in x's dtype ({dt})"
     if variant:
         return _torch(op, dims, {"x": dt, "w": wdt}, arch, variant)
     c = choose(op, tuple(sorted(dims.items())), tuple(sorted({"x": dt, "w": wdt}.items())), arch)

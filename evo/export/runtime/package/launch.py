@@ -1,4 +1,10 @@
-"""Launch a choice's plan (one or more kernels, with workspaces) on torch tensors, on torch's stream."""
+"""Launch a choice's plan (one or more kernels, with workspaces) on torch tensors, on torch's stream.
+
+Workspaces (the template's `[workspace]` sizes for the shape, e.g. the backward's fp32 dw partials)
+are allocated here per call from torch's caching allocator, on the call's device and stream; the
+kernels write them before they read them (the factory's gate fills them with garbage before every
+launch), so they are not cleared.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import numpy as np
 import torch
 
 from .choose import Choice
-from .loader import Modules
+from .loader import Modules, check_grid
 from .table import Launch, tables
 
 _SCALAR = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64,
@@ -66,7 +72,9 @@ class Launcher:
         bufs.update({n: torch.empty(max(1, b), dtype=torch.uint8, device=device) for n, b in workspaces.items()})
         index = device.index if device.index is not None else torch.cuda.current_device()
         self._current(index)
-        mod = self.modules.get(table, c)
+        loaded = self.modules.get(table, c)
+        for ln in launches:  # before the first launch: a plan is launched whole or not at all
+            check_grid(ln, loaded.clusters)
         stream = Stream.from_handle(torch.cuda.current_stream(device).cuda_stream)
         dims, kinds = dict(c.dims), dict(table.scalars)
         for ln in launches:
@@ -81,7 +89,7 @@ class Launcher:
                     args.append(_SCALAR[typ or kinds[name]](scalars[name]))
                 else:
                     raise KeyError(f"{c.template}: launch arg {name!r} is no tensor, dim or scalar of {c.op}")
-            kernel = mod.get_kernel(ln.kernel)
+            kernel = loaded.module.get_kernel(ln.kernel)
             if ln.smem > _STATIC_SMEM:
                 _allow_smem(kernel, ln.smem, index)
             launch(stream, LaunchConfig(grid=ln.grid, block=ln.block, shmem_size=ln.smem), kernel, *args)

@@ -3,21 +3,28 @@ template rendered for this GPU and shape and compiled with NVRTC, cached in memo
 
 NVRTC compiles to a cubin for the GPU's own arch (no PTX JIT by the driver), with the CUDA headers
 found by cuda.pathfinder (pip wheels) or under $CUDA_HOME, and the options the factory builds with.
+
+A kernel with a compile-time cluster (`__cluster_dims__(x, y, z)`, as the cluster templates write it)
+launches as an ordinary kernel; the driver groups its CTAs, which needs every grid dim to be a multiple
+of the cluster's. `check_grid` holds each launch of a plan to that before it reaches the driver.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .choose import Choice
 from .expr import DATA
-from .table import OpTable
+from .table import Launch, OpTable
 
 PACKAGE = __name__.split(".")[0]
 NVRTC_STD = "c++17"
@@ -27,6 +34,32 @@ _ARCH_SPECIFIC = (90, 100, 101, 103, 110, 120, 121)
 
 class CompileError(RuntimeError):
     """NVRTC could not build a kernel (no headers, no NVRTC, or an error in the source)."""
+
+
+class PlanError(RuntimeError):
+    """A launch the kernel cannot take (a grid that is not a multiple of its compile-time cluster)."""
+
+
+# a kernel's declaration: its attributes (__cluster_dims__(...), __launch_bounds__(...)) and name
+_KERNEL = re.compile(r"__global__\s+void\s+(?P<attrs>(?:__\w+__\s*(?:\([^)]*\))?\s*)*)(?P<name>\w+)\s*\(")
+_CLUSTER = re.compile(r"__cluster_dims__\s*\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?(?:,\s*(\d+)\s*)?\)")
+
+
+def cluster_dims(source: str) -> dict[str, tuple[int, int, int]]:
+    """The compile-time cluster of each kernel of `source` that declares one, by kernel name."""
+    out = {}
+    for m in _KERNEL.finditer(source):
+        c = _CLUSTER.search(m.group("attrs"))
+        if c:
+            out[m.group("name")] = tuple(int(v) if v else 1 for v in c.groups())
+    return out
+
+
+def check_grid(launch: Launch, clusters: Mapping[str, tuple[int, int, int]]) -> None:
+    """PlanError unless every grid dim of `launch` is a multiple of its kernel's cluster dim."""
+    cl = clusters.get(launch.kernel)
+    if cl and any(g % c for g, c in zip(launch.grid, cl)):
+        raise PlanError(f"{launch.kernel}: grid {launch.grid} is not a multiple of its cluster {cl}")
 
 
 def arch_flag(arch: int, export_arch: str) -> str:
@@ -111,20 +144,28 @@ def cubin_for(table: OpTable, c: Choice) -> bytes:
     return cubin
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """A loaded module and the compile-time clusters of its kernels."""
+
+    module: Any
+    clusters: Mapping[str, tuple[int, int, int]]
+
+
 class Modules:
     """Loaded kernel modules by choice (one per process, shared by threads)."""
 
     def __init__(self) -> None:
-        self._mods: dict[tuple, Any] = {}
+        self._mods: dict[tuple, Loaded] = {}
         self._lock = threading.Lock()
 
-    def get(self, table: OpTable, c: Choice) -> Any:
+    def get(self, table: OpTable, c: Choice) -> Loaded:
         key = (c.op, c.template, c.params, c.dtypes, c.consts, c.arch, c.build)
         with self._lock:
-            mod = self._mods.get(key)
-            if mod is None:
+            loaded = self._mods.get(key)
+            if loaded is None:
                 from cuda.core import ObjectCode
 
-                mod = ObjectCode.from_cubin(cubin_for(table, c))
-                self._mods[key] = mod
-            return mod
+                loaded = Loaded(ObjectCode.from_cubin(cubin_for(table, c)), cluster_dims(source_for(table, c)))
+                self._mods[key] = loaded
+            return loaded

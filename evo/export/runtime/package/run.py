@@ -22,7 +22,7 @@ from . import reference, verify
 from .choose import Choice, choose
 from .expr import dtype_name
 from .launch import Launcher
-from .loader import PACKAGE, CompileError
+from .loader import PACKAGE, CompileError, PlanError
 
 SELFCHECK_ENV = f"{PACKAGE.upper()}_SELFCHECK"  # "0" turns the first-use check off
 _ALIGN = 16  # bytes: the kernels use 16-byte vector loads and stores
@@ -70,7 +70,7 @@ class Runtime:
             return False
         try:
             self.launcher.run(c, tensors, scalars)
-        except CompileError as e:
+        except (CompileError, PlanError) as e:
             self._disable(key, c, str(e))
             return False
         if must_check:
@@ -110,7 +110,7 @@ class Runtime:
         if x.shape[0] == 0 or x.shape[1] == 0:
             return reference.backward_2d(x, weight, dout, r)
         c = self.choice("rmsnorm_bwd", x, weight)
-        if c.kernel:
+        if c.kernel and dout.dtype == x.dtype:  # the kernels read dout as x's dtype
             x, weight, dout, r = _aligned(x), _aligned(weight), _aligned(dout), _aligned(r.float())
             dx, dw = torch.empty_like(x), torch.empty_like(weight)
             if self.launch(c, {"x": x, "w": weight, "dout": dout, "rstd": r, "dx": dx, "dw": dw}, {},

@@ -1,24 +1,39 @@
 """The package on any machine (no GPU, no torch needed): its data is whole and consistent, its renderer
-gives back the shipped sources, and explain() names a path for table and off-table shapes."""
+gives back the shipped sources, and explain() names a path for table and off-table shapes of every op
+exported (a forward run, a backward run, or both)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import kf_pkg as kf
 import pytest
 from kf_pkg.choose import choose
 from kf_pkg.expr import DATA
+from kf_pkg.loader import PlanError, check_grid, cluster_dims, source_for
 
 TABLES = kf.tables()
+OPS = sorted(TABLES)
 BUILDS = [(op, b) for op, t in TABLES.items() for b in t.builds.values()]
 ENTRIES = [(op, e) for op, t in TABLES.items() for e in t.entries]
+# off-table shapes per op: M = 1, odd M and N, 3-d input, long rows, an N no cell has
+OFF_TABLE = {"rmsnorm": [(1, 1000), (37, 4100), (3, 33), (7, 5, 3072), (2, 262144)],
+             "rmsnorm_bwd": [(1, 4096), (37, 1000), (3, 33), (7, 5, 12288), (3, 262144), (1059, 65536)]}
+
+
+def _arch() -> int:
+    return TABLES[OPS[0]].arch_number
+
+
+def _shape(e) -> tuple[int, int]:
+    return dict(e.dims)["M"], dict(e.dims)["N"]
 
 
 def test_files_are_there_and_match_their_hashes():
     doc = json.loads((DATA / "dispatch.json").read_text())
-    assert TABLES and "rmsnorm" in TABLES
+    assert OPS and set(OPS) <= {"rmsnorm", "rmsnorm_bwd"}
     for op, t in doc["ops"].items():
         assert t["entries"], op
         for b in t["builds"].values():
@@ -26,6 +41,7 @@ def test_files_are_there_and_match_their_hashes():
             assert hashlib.sha256((DATA / b["cubin"]).read_bytes()).hexdigest() == b["cubin_sha256"]
         for tid, tm in t["templates"].items():
             assert (DATA / tm["file"]).exists(), tid
+            assert hashlib.sha256((DATA / tm["file"]).read_bytes()).hexdigest() == tm["source_hash"], tid
 
 
 @pytest.mark.parametrize("op,build", BUILDS, ids=[f"{op}-{b.id}" for op, b in BUILDS])
@@ -39,36 +55,94 @@ def test_renderer_gives_back_the_shipped_source(op, build):
 def test_every_searched_cell_takes_its_table_kernel(op, entry):
     c = choose(op, entry.dims, entry.dtypes, TABLES[op].arch_number)
     assert (c.path, c.build, c.template, c.params) == ("table", entry.build, entry.template, entry.params), str(c)
-    launches, _ = TABLES[op].templates[c.template].plan(dict(c.params), c.arch, dict(c.dtypes), dict(c.dims))
-    assert launches and all(ln.grid[0] >= 1 and 32 <= ln.block[0] <= 1024 for ln in launches)
-    assert all(a.partition(":")[0] in {t.name for t in TABLES[op].tensors} | dict(entry.dims).keys()
-               | dict(TABLES[op].scalars).keys() | dict(TABLES[op].templates[c.template].workspaces).keys()
-               for ln in launches for a in ln.args)
+    t = TABLES[op].templates[c.template]
+    launches, workspaces = t.plan(dict(c.params), c.arch, dict(c.dtypes), dict(c.dims))
+    assert launches and all(ln.grid[0] >= 1 and 32 <= ln.block[0] * ln.block[1] <= 1024 for ln in launches)
+    names = {x.name for x in TABLES[op].tensors} | dict(entry.dims).keys() | dict(TABLES[op].scalars).keys()
+    assert all(a.partition(":")[0] in names | workspaces.keys() for ln in launches for a in ln.args)
+    assert workspaces.keys() == dict(t.workspaces).keys() and all(b > 0 for b in workspaces.values())
+    source = source_for(TABLES[op], c)
+    assert all(re.search(rf"__global__[^;{{]*\b{ln.kernel}\s*\(", source) for ln in launches)
+    clusters = cluster_dims(source)
+    for ln in launches:
+        check_grid(ln, clusters)  # a grid that is not a multiple of the kernel's cluster cannot launch
 
 
-def test_off_table_shapes_get_a_named_path():
-    arch = TABLES["rmsnorm"].arch_number
-    for shape in [(1, 1000), (37, 4100), (3, 33), (7, 5, 3072), (2, 262144)]:
-        c = kf.explain(shape, "bfloat16", arch=arch)
+def test_cluster_dims_and_the_grid_check():
+    src = ('extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256, 1)\nrows(int* a) {}\n'
+           'extern "C" __global__ void __launch_bounds__(32)\nreduce(int* a) {}\n')
+    assert cluster_dims(src) == {"rows": (4, 1, 1)}
+    from kf_pkg.table import Launch
+
+    check_grid(Launch("rows", (8, 3, 1), (256, 1, 1), 0, ()), cluster_dims(src))
+    check_grid(Launch("reduce", (7, 1, 1), (32, 1, 1), 0, ()), cluster_dims(src))
+    with pytest.raises(PlanError, match="not a multiple of its cluster"):
+        check_grid(Launch("rows", (6, 3, 1), (256, 1, 1), 0, ()), cluster_dims(src))
+
+
+@pytest.mark.parametrize("op", sorted(OFF_TABLE))
+def test_off_table_shapes_get_a_named_path_and_launchable_plans(op):
+    arch = _arch()
+    for shape in OFF_TABLE[op]:
+        c = kf.explain(shape, "bfloat16", op=op, arch=arch)
         assert c.path in kf.PATHS and c.path != "table" and c.reason, str(c)
-        assert str(c).startswith("rmsnorm ")
+        assert str(c).startswith(f"{op} ")
+        if op not in TABLES:
+            assert c.path == "torch" and f"no {op} run was exported" in c.reason, str(c)
+            continue
+        if not c.kernel:
+            continue
+        table = TABLES[op]
+        t = table.templates[c.template]
+        assert not t.violations(dict(c.params), arch, dict(c.dtypes), dict(c.dims)), str(c)
+        assert dict(c.consts) == {d: dict(c.dims)[d] for d in t.specialize}
+        source = source_for(table, c)  # a re-rendered or repaired kernel renders here, with the shipped macros
+        assert "__global__" in source and all(f"{v}" in source for v in dict(c.consts).values())
+        launches, _ = t.plan(dict(c.params), c.arch, dict(c.dtypes), dict(c.dims))
+        clusters = cluster_dims(source)
+        for ln in launches:
+            check_grid(ln, clusters)
 
 
 def test_variants_the_kernels_do_not_compute_say_torch():
-    arch = TABLES["rmsnorm"].arch_number
-    e = TABLES["rmsnorm"].entries[0]
-    shape, dt = (dict(e.dims)["M"], dict(e.dims)["N"]), dict(e.dtypes)["x"]
-    assert kf.explain(shape, dt, arch=arch).path == "table"
+    arch = _arch()
+    op = OPS[0]
+    e = TABLES[op].entries[0]
+    shape, dt = _shape(e), dict(e.dtypes)["x"]
+    assert kf.explain(shape, dt, dict(e.dtypes)["w"], op=op, arch=arch).path == "table"
     for kw, word in [({"bias": True}, "bias"), ({"residual": True}, "residual"),
                      ({"out_dtype": "float32" if dt != "float32" else "bfloat16"}, "out_dtype")]:
-        c = kf.explain(shape, dt, arch=arch, **kw)
+        c = kf.explain(shape, dt, op=op, arch=arch, **kw)
         assert c.path == "torch" and word in c.reason, str(c)
-    assert "ones" in str(kf.explain(shape, dt, arch=arch, weight=False))
+    assert "ones" in str(kf.explain(shape, dt, dict(e.dtypes)["w"], op=op, arch=arch, weight=False))
 
 
-def test_another_arch_compiles_instead_of_loading_the_prebuilt_cubin():
-    e = TABLES["rmsnorm"].entries[0]
-    c = choose("rmsnorm", e.dims, e.dtypes, 100)
+@pytest.mark.skipif("rmsnorm_bwd" not in TABLES, reason="no backward run exported")
+def test_backward_explain_on_and_off_the_table():
+    arch = _arch()
+    table = TABLES["rmsnorm_bwd"]
+    e = table.entries[0]
+    (m, n), dt, wdt = _shape(e), dict(e.dtypes)["x"], dict(e.dtypes)["w"]
+    on = kf.explain((m, n), dt, wdt, op="rmsnorm_bwd", arch=arch)
+    assert (on.path, on.build, on.source_cell) == ("table", e.build, e.cell), str(on)
+    other_m = kf.explain((m + 3, n), dt, wdt, op="rmsnorm_bwd", arch=arch)
+    assert (other_m.path, other_m.build) == ("table-build", e.build), str(other_m)
+    searched_n = {dict(x.dims)["N"] for x in table.entries}
+    new_n = next(k for k in (12288, 24576, 6144, 3072) if k not in searched_n)
+    off = kf.explain((m, new_n), dt, wdt, op="rmsnorm_bwd", arch=arch)
+    assert off.path in ("rerender", "repaired") and dict(off.consts) == {"N": new_n} and not off.build, str(off)
+    odd = kf.explain((37, 1001), dt, wdt, op="rmsnorm_bwd", arch=arch)  # no vectorized genome divides 1001
+    assert odd.path in ("repaired", "torch"), str(odd)
+    if odd.path == "repaired":
+        assert dict(odd.params)["vec"] == 1 and "->" in odd.reason
+    c = kf.explain((m, n), dt, wdt, op="rmsnorm_bwd", dout_dtype="float32", arch=arch)
+    assert c.path == "torch" and "dout" in c.reason, str(c)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_another_arch_compiles_instead_of_loading_the_prebuilt_cubin(op):
+    e = TABLES[op].entries[0]
+    c = choose(op, e.dims, e.dtypes, 100)
     assert c.path in ("rerender", "repaired", "torch") and not c.build, str(c)
 
 
@@ -93,45 +167,65 @@ def test_custom_op_schema_fake_and_autograd_registration():
     torch = pytest.importorskip("torch")
     import kf_pkg.ops  # noqa: F401  (registers the ops)
 
-    op = getattr(torch.ops, kf.__name__).rmsnorm_fwd.default
-    result = torch.library.opcheck(op, (torch.randn(4, 64), torch.randn(64), 1e-6))
+    ns = getattr(torch.ops, kf.__name__)
+    result = torch.library.opcheck(ns.rmsnorm_fwd.default, (torch.randn(4, 64), torch.randn(64), 1e-6))
+    assert all(v == "SUCCESS" for v in result.values()), result
+    x, w, dout = torch.randn(4, 64), torch.randn(64), torch.randn(4, 64)
+    r = torch.rsqrt(x.square().mean(-1) + 1e-6)
+    result = torch.library.opcheck(ns.rmsnorm_bwd.default, (x, w, dout, r))
     assert all(v == "SUCCESS" for v in result.values()), result
 
 
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("kernel", ["right", "wrong", "no-compile"])
-def test_an_unchecked_kernel_is_checked_on_first_use_and_dropped_when_wrong(kernel):
+def test_an_unchecked_kernel_is_checked_on_first_use_and_dropped_when_wrong(kernel, op):
     torch = pytest.importorskip("torch")
     from kf_pkg import reference, run
     from kf_pkg.loader import CompileError
 
-    e = TABLES["rmsnorm"].entries[0]
-    x = torch.randn(9, dict(e.dims)["N"]).to(getattr(torch, dict(e.dtypes)["x"]))
-    w = torch.ones(x.shape[1], dtype=getattr(torch, dict(e.dtypes)["w"]))
-    c = kf.Choice("rmsnorm", "rerender", (("M", 9), ("N", x.shape[1])), e.dtypes, 90, "test", e.template, e.params)
+    e = TABLES[op].entries[0]
+    n = dict(e.dims)["N"]
+    x = torch.randn(9, n).to(getattr(torch, dict(e.dtypes)["x"]))
+    w = (1 + 0.1 * torch.randn(n)).to(getattr(torch, dict(e.dtypes)["w"]))
+    dout = torch.randn_like(x)
+    r = reference.rstd(x, 1e-6)
+    c = kf.Choice(op, "rerender", (("M", 9), ("N", n)), e.dtypes, 90, "test", e.template, e.params)
     calls = []
 
-    def fake_launch(choice, tensors, scalars):  # stands in for the GPU: writes y as a kernel would
+    def fake_launch(choice, tensors, scalars):  # stands in for the GPU: writes the outputs as a kernel would
         calls.append(choice)
         if kernel == "no-compile":
             raise CompileError("NVRTC failed for sm_90a: test")
-        y = reference.forward_2d(tensors["x"], tensors["w"], scalars["eps"])
-        tensors["y"].copy_(y if kernel == "right" else y + 1)
+        off = 0 if kernel == "right" else 1
+        if op == "rmsnorm":
+            tensors["y"].copy_(reference.forward_2d(tensors["x"], tensors["w"], scalars["eps"]) + off)
+        else:
+            dx, dw = reference.backward_2d(tensors["x"], tensors["w"], tensors["dout"], tensors["rstd"])
+            tensors["dx"].copy_(dx)
+            tensors["dw"].copy_(dw + off)  # a wrong dw alone must be caught too
 
     rt = run.Runtime()
-    rt.choice = lambda op, x, w: c
+    rt.choice = lambda op_, x_, w_: c
     rt.launcher.run = fake_launch
-    want = reference.forward_2d(x, w, 1e-6)
+
+    def call():
+        return (rt.forward(x, w, 1e-6),) if op == "rmsnorm" else rt.backward(x, w, dout, r)
+
+    want = (reference.forward_2d(x, w, 1e-6),) if op == "rmsnorm" else reference.backward_2d(x, w, dout, r)
     if kernel == "right":
-        assert torch.equal(rt.forward(x, w, 1e-6), want) and torch.equal(rt.forward(x, w, 1e-6), want)
-        assert rt.counts[("rmsnorm", "rerender")] == 2 and len(calls) == 2
+        assert all(torch.equal(a, b) for a, b in zip(call(), want))
+        assert all(torch.equal(a, b) for a, b in zip(call(), want))
+        assert rt.counts[(op, "rerender")] == 2 and len(calls) == 2
     else:
         with pytest.warns(RuntimeWarning, match="takes the torch fp32 path"):
-            assert torch.equal(rt.forward(x, w, 1e-6), want)
-        assert torch.equal(rt.forward(x, w, 1e-6), want)
-        assert rt.counts[("rmsnorm", "torch")] == 2 and len(calls) == 1  # not launched again
+            assert all(torch.equal(a, b) for a, b in zip(call(), want))
+        assert all(torch.equal(a, b) for a, b in zip(call(), want))
+        assert rt.counts[(op, "torch")] == 2 and len(calls) == 1  # not launched again
 
 
 def test_provenance_names_the_runs():
     p = kf.provenance()
+    assert set(p["ops"]) == set(OPS)
     for op, t in TABLES.items():
         assert p["ops"][op]["run"]["run_id"] == t.run_id
+        assert all(k["cubin_from"] in ("store", "compiled") for k in p["ops"][op]["kernels"].values())

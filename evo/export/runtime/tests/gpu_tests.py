@@ -1,5 +1,6 @@
-"""The package on a CUDA GPU: every searched cell, off-table shapes, every API variant and autograd
-against a float64 torch reference. Skipped, loudly, without a CUDA GPU."""
+"""The package on a CUDA GPU: every searched cell (forward and backward), off-table shapes, every API
+variant and autograd through forward and backward against a float64 torch reference; each call takes
+the path explain() names. Skipped, loudly, without a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -18,13 +19,25 @@ TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.b
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.float16: (2e-3, 2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1.6e-2, 8e-3)}
 EPS = 1e-6
 TABLES = kf.tables()
-FWD = [(dict(e.dtypes), dict(e.dims)) for e in TABLES["rmsnorm"].entries]
+FWD = [(dict(e.dtypes), dict(e.dims)) for e in TABLES["rmsnorm"].entries] if "rmsnorm" in TABLES else []
 BWD = [(dict(e.dtypes), dict(e.dims)) for e in TABLES["rmsnorm_bwd"].entries] if "rmsnorm_bwd" in TABLES else []
 OFF_TABLE = [  # (x dtype, w dtype, shape): tails, M = 1, odd N, mixed weight dtype, long rows, 3-d input
     ("bfloat16", "bfloat16", (1, 1024)), ("bfloat16", "bfloat16", (37, 1000)), ("float16", "float16", (5, 4100)),
     ("float32", "float32", (3, 33)), ("bfloat16", "bfloat16", (1059, 3072)), ("float16", "float16", (77, 12288)),
     ("bfloat16", "float32", (19, 2048)), ("float16", "float32", (19, 2056)), ("bfloat16", "bfloat16", (2, 65536)),
     ("float32", "float32", (4, 7, 768)), ("bfloat16", "bfloat16", (3, 262144)),
+]
+BWD_OFF_TABLE = [  # another M of a searched N (prebuilt cubins, cluster ones included), new N, odd N, other dtypes
+    ("bfloat16", "bfloat16", (1, 4096)), ("bfloat16", "bfloat16", (37, 8192)),
+    ("bfloat16", "bfloat16", (1059, 16384)), ("bfloat16", "bfloat16", (37, 65536)),
+    ("bfloat16", "bfloat16", (3, 262144)), ("bfloat16", "bfloat16", (600, 131072)),
+    ("bfloat16", "bfloat16", (77, 12288)), ("bfloat16", "bfloat16", (37, 1000)), ("bfloat16", "bfloat16", (3, 33)),
+    ("float16", "float16", (129, 8192)), ("float32", "float32", (19, 2048)), ("bfloat16", "float32", (19, 4096)),
+    ("bfloat16", "bfloat16", (2, 3, 5, 8192)),
+]
+AUTOGRAD = [  # (x dtype, shape): table builds of the backward where one was exported, and off-table shapes
+    ("bfloat16", (64, 4096)), ("bfloat16", (512, 8192)), ("bfloat16", (96, 65536)), ("float16", (37, 1000)),
+    ("float32", (8, 3, 2048)),
 ]
 
 
@@ -80,26 +93,79 @@ def test_off_table_shapes_forward_and_the_path_explain_names(xdt, wdt, shape):
     assert took == [c.path], f"explain said {c}, the call took {took}"
 
 
+def check_bwd(x, w, dout, r, dx, dw):
+    """dx and dw of a (M, N) problem against float64, a slab of rows at a time (long rows, large M)."""
+    m, n = x.shape
+    rows = max(1, (1 << 27) // n)
+    dw_ref = torch.zeros(n, dtype=torch.float64, device=x.device)
+    for s in range(0, m, rows):
+        rs = r[s:s + rows].double()[:, None]
+        xhat = x[s:s + rows].double() * rs
+        g = dout[s:s + rows].double() * w.double()
+        assert_close(dx[s:s + rows], rs * (g - xhat * (g * xhat).mean(-1, keepdim=True)), x.dtype)
+        dw_ref += (dout[s:s + rows].double() * xhat).sum(0)
+    assert_close(dw, dw_ref, w.dtype, atol_scale=math.sqrt(m))
+
+
+def _took(op: str, before: dict) -> list[str]:
+    after = kf.stats().get(op, {})
+    return [p for p in after if after[p] != before.get(p, 0)]
+
+
 @pytest.mark.parametrize("dt,dims", BWD, ids=[_label(*c) for c in BWD])
 def test_searched_cells_backward(dt, dims):
     m, n = dims["M"], dims["N"]
     x, w = inputs(dt["x"], dt["w"], (m, n))
     dout = torch.randn_like(x)
     r = torch.rsqrt(x.float().square().mean(-1) + EPS)
+    c = kf.explain(x.shape, x.dtype, w.dtype, op="rmsnorm_bwd")
+    assert c.path == "table", str(c)
+    before = dict(kf.stats().get("rmsnorm_bwd", {}))
     dx, dw, _, _ = kf.rmsnorm_bwd(x, w, dout, r)
-    xhat = x.double() * r.double()[:, None]
-    g = dout.double() * w.double()
-    assert_close(dx, r.double()[:, None] * (g - xhat * (g * xhat).mean(-1, keepdim=True)), x.dtype)
-    assert_close(dw, (dout.double() * xhat).sum(0), w.dtype, atol_scale=math.sqrt(m))
+    assert _took("rmsnorm_bwd", before) == ["table"]
+    assert dx.dtype == x.dtype and dw.dtype == w.dtype and dw.shape == (n,)
+    check_bwd(x, w, dout, r, dx, dw)
+    dx2, dw2, _, _ = kf.rmsnorm_bwd(x, w, dout, r)  # the workspace is written before it is read: same answer
+    assert torch.equal(dx2, dx) and torch.equal(dw2, dw)
 
 
-@pytest.mark.parametrize("xdt,shape", [("bfloat16", (64, 4096)), ("float16", (37, 1000)), ("float32", (8, 3, 2048))])
+@pytest.mark.parametrize("xdt,wdt,shape", BWD_OFF_TABLE,
+                         ids=[f"{a}-{b}-{'x'.join(map(str, s))}" for a, b, s in BWD_OFF_TABLE])
+def test_off_table_shapes_backward_and_the_path_explain_names(xdt, wdt, shape):
+    x, w = inputs(xdt, wdt, shape, seed=7)
+    dout = torch.randn_like(x)
+    r = torch.rsqrt(x.float().square().mean(-1) + EPS)
+    c = kf.explain(shape, xdt, wdt, op="rmsnorm_bwd")
+    before = dict(kf.stats().get("rmsnorm_bwd", {}))
+    dx, dw, _, _ = kf.rmsnorm_bwd(x, w, dout, r)
+    assert _took("rmsnorm_bwd", before) == [c.path], f"explain said {c}, the call took another path"
+    assert dx.shape == x.shape
+    n = shape[-1]
+    check_bwd(x.reshape(-1, n), w, dout.reshape(-1, n), r.reshape(-1), dx.reshape(-1, n), dw)
+
+
+def test_backward_with_dout_of_another_dtype_takes_torch_and_is_right():
+    x, w = inputs("bfloat16", "bfloat16", (64, 4096), seed=8)
+    dout = torch.randn(x.shape, device="cuda")  # float32
+    r = torch.rsqrt(x.float().square().mean(-1) + EPS)
+    assert kf.explain(x.shape, x.dtype, op="rmsnorm_bwd", dout_dtype=dout.dtype).path == "torch"
+    before = dict(kf.stats().get("rmsnorm_bwd", {}))
+    dx, dw, _, _ = kf.rmsnorm_bwd(x, w, dout, r)
+    assert _took("rmsnorm_bwd", before) == ["torch"]
+    check_bwd(x, w, dout, r, dx, dw)
+
+
+@pytest.mark.parametrize("xdt,shape", AUTOGRAD, ids=[f"{a}-{'x'.join(map(str, s))}" for a, s in AUTOGRAD])
 def test_autograd_matches_float64(xdt, shape):
     x, w = inputs(xdt, xdt, shape, seed=2)
     x.requires_grad_(True)
     w.requires_grad_(True)
     dy = torch.randn_like(x)
+    fwd, bwd = (kf.explain(shape, xdt, op=op) for op in ("rmsnorm", "rmsnorm_bwd"))
+    before = {op: dict(kf.stats().get(op, {})) for op in ("rmsnorm", "rmsnorm_bwd")}
     kf.rmsnorm(x, w, eps=EPS).backward(dy)
+    assert _took("rmsnorm", before["rmsnorm"]) == [fwd.path], str(fwd)
+    assert _took("rmsnorm_bwd", before["rmsnorm_bwd"]) == [bwd.path], str(bwd)
     x64, w64 = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
     ref_fwd(x64, w64)[0].backward(dy.double())
     rows = math.prod(shape[:-1])
