@@ -20,7 +20,7 @@ from evo.measure.gate import Gate
 from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob, Timing
 from ops.rmsnorm import device as rms_device
 from ops.rmsnorm.spec import SPEC
-from ops.spec import Cell, DType, to_device_bytes
+from ops.spec import Cell, DType, from_device_bytes, to_device_bytes
 
 GUARD = 64
 CANARY = 0xA5
@@ -103,8 +103,12 @@ class FakeDevice:
         self.data(buf)[:] = to_device_bytes(v.reshape(-1), DType(dtype)).view(np.uint8)
 
     def perturb(self, buf: FakeBuf, dtype: str, numel: int, every: int, amount: float, seed: int) -> None:
-        a = self.data(buf).view(NP[dtype])
         idx = np.random.default_rng(seed).random(numel) < 1.0 / every
+        if dtype == "bfloat16":  # numpy has no bf16: through the bit patterns
+            a = self.data(buf).view(np.uint16)
+            a[idx] = to_device_bytes(-from_device_bytes(a[idx], DType.BF16) + amount, DType.BF16)
+            return
+        a = self.data(buf).view(NP[dtype])
         a[idx] = (-a[idx].astype(np.float64) + amount).astype(NP[dtype])
 
     def poison(self, buf: FakeBuf, seed: int) -> None:
@@ -147,7 +151,10 @@ class FakeDevice:
 
     def _compare(self, out: FakeBuf, ref: FakeBuf, dtype: str, numel: int, row_len: int, tail: int, atol: float,
                  rtol: float) -> CheckStats:
-        a = self.data(out).view(NP[dtype])[:numel].astype(np.float64)
+        if dtype == "bfloat16":  # numpy has no bf16: the bit patterns, widened
+            a = from_device_bytes(self.data(out).view(np.uint16)[:numel], DType.BF16)
+        else:
+            a = self.data(out).view(NP[dtype])[:numel].astype(np.float64)
         b = self.data(ref).view(np.float64)[:numel]
         with np.errstate(invalid="ignore", over="ignore"):
             d = np.abs(a - b)

@@ -19,7 +19,7 @@ from ops.kda import SPEC
 from ops.kda import device as kda_device
 from ops.kda.reference import BetaAct, Gate, Variant
 from ops.kda.spec import DECODE_B, FILLS, MODEL, cell, gate_cells, is_varlen, variant_of
-from ops.spec import Cell, DType, Tolerance, from_device_bytes, quantize
+from ops.spec import Cell, DType, Tolerance, from_device_bytes, quantize, to_device_bytes
 from tests.unit.fake_device import FakeDevice
 
 BF, FP16, FP32 = DType.BF16, DType.FP16, DType.FP32
@@ -341,3 +341,97 @@ def test_emulation_catches_a_wrong_head_mapping():
         tiled[n] = inputs[n][:, :, [1, 0]]
     got = emulate(tiled, scal, c, p)
     assert not passes(got["o"], want["o"], SPEC.tolerance(c, "o"))[0]
+
+
+# ---- the real gate on the fake device: the job make_job builds for kda, the emulated kernel ----------
+
+class KdaFakeDevice(FakeDevice):
+    """The numpy fake device with KDA's float64 reference, and the launch grid visible to fake kernels."""
+
+    def launch(self, obj, kernel, grid, block, smem, args):
+        if self._capturing is None:
+            self.state["grid"] = grid
+            if obj == "ref":
+                return self._kda_reference(kernel, args)
+        return super().launch(obj, kernel, grid, block, smem, args)
+
+    def read(self, ptr: int, dt: DType, shape: tuple) -> np.ndarray:
+        n = int(np.prod(shape))
+        raw = self.view(ptr, "uint8", n * dt.nbytes).view({BF: np.uint16, FP16: np.float16, FP32: np.float32,
+                                                           DType.INT32: np.int32}[dt])
+        return from_device_bytes(raw, dt).reshape(shape)
+
+    def write(self, ptr: int, dt: DType, a: np.ndarray) -> None:
+        b = to_device_bytes(a.reshape(-1), dt).view(np.uint8)
+        self.view(ptr, "uint8", b.size)[:] = b
+
+    def _kda_reference(self, kernel: str, args: tuple) -> None:
+        names = kda_device.TENSORS
+        ptr = {n: v for n, (_, v) in zip(names, args)}
+        T, H, HV, K, V = (v for _, v in args[len(names):len(names) + 5])
+        scale, lb, gate, beta_act, l2, vf = (v for _, v in args[len(names) + 5:])
+        xs, gs, ss = (DType.parse({"f32": "fp32", "f16": "fp16", "bf16": "bf16"}[s]) for s in kernel.split("_")[2:])
+        N = self.state["grid"][2]
+        B = 1 if ptr["cu_seqlens"] else N
+        shapes = {"q": ((B, T, H, K), xs), "k": ((B, T, H, K), xs), "v": ((B, T, HV, V), xs), "g": ((B, T, HV, K), gs),
+                  "beta": ((B, T, HV), xs), "A_log": ((HV,), FP32), "dt_bias": ((HV, K), FP32),
+                  "initial_state": ((N, HV, K, V), ss), "cu_seqlens": ((N + 1,), DType.INT32)}
+        inputs = {n: self.read(ptr[n], dt, shape) for n, (shape, dt) in shapes.items() if ptr[n]}
+        scal = {"scale": scale, "lower_bound": lb, "gate": gate, "beta_act": beta_act, "qk_l2norm": l2, "v_first": vf}
+        out = SPEC.reference(inputs, scal)
+        for name in ("o", "final_state"):
+            if ptr[f"ref:{name}"]:
+                self.view(ptr[f"ref:{name}"], "float64", out[name].size)[:] = out[name].reshape(-1)
+
+
+def emulated_kernel(c0: Cell, p: dict, bug: str = ""):
+    """The template as a fake kernel: reads its bound buffers, runs `emulate` for the launched cell
+    (N from the grid, T, H, HV from the args; K, V, dtypes, variant from c0), writes o and the state."""
+    def run(dev: KdaFakeDevice, args: tuple) -> None:
+        (_, pq), (_, pk), (_, pv), (_, pg), (_, pb), (_, ph0), (_, po), (_, pht), (_, T), (_, H), (_, HV), (_, scale) = args
+        N = dev.state["grid"][2]
+        assert dev.state["grid"] == (c0.dim("V") // p["v_tile"], HV, N)
+        c = cell(c0.dtype("x"), N, T, H, c0.dim("K"), c0.dim("V"), hv=HV, g=c0.dtype("g"), state=c0.dtype("state"),
+                 variant=variant_of(c0))
+        x, K, V = c.dtype("x"), c.dim("K"), c.dim("V")
+        inputs = {"q": dev.read(pq, x, (N, T, H, K)), "k": dev.read(pk, x, (N, T, H, K)),
+                  "v": dev.read(pv, x, (N, T, HV, V)), "g": dev.read(pg, c.dtype("g"), (N, T, HV, K)),
+                  "beta": dev.read(pb, x, (N, T, HV)), "initial_state": dev.read(ph0, c.dtype("state"), (N, HV, K, V))}
+        if bug == "no_decay":
+            inputs["g"] = np.zeros_like(inputs["g"])
+        out = emulate(inputs, {"scale": scale}, c, p)
+        dev.write(po, x, out["o"])
+        dev.write(pht, c.dtype("state"), out["final_state"])
+        dev.clock += SPEC.bytes_moved(c) / 3e6  # an honest kernel's time at 3 TB/s
+    return run
+
+
+@pytest.mark.parametrize("bug", ["", "no_decay"])
+def test_the_gate_runs_kda_jobs_end_to_end_on_the_fake_device(bug: str):
+    """make_job's kda job (plan args bound, optional tensors left out, fills with transforms, gate cells)
+    through the real Gate, rounds A to C, with the emulated template: OK, and WRONG_ANSWER with a bug."""
+    from evo.core.status import Status
+    from evo.measure.evaluate import make_job
+    from evo.measure.evaluators import gate_cells_for
+    from evo.measure.gate import Gate as GateRun
+    from evo.measure.jobs import Timing
+    from evo.measure.verify import judge
+
+    c = cell(BF, 4, 1, 2, 32, 32)
+    p = TDEF.default_params() | {"v_tile": 16, "vec": 2, "k_lanes": 4}
+    g = Genome.make("kda", "recurrent", TDEF.source_hash, p)
+    gates = gate_cells_for(SPEC, TDEF, g, c, ARCH)
+    assert {(x.dim("B"), x.dim("T")) for x in gates} >= {(1, 1), (3, 1), (2, 3)}
+    build = compile_point(c, p)
+    job = make_job(SPEC, TDEF, g, build, c, ARCH, seed=3, timing=Timing(min_samples=100, max_samples=100, warmup=2),
+                   baseline=False, gate_cells=gates)
+    assert set(job.left_out) == {"A_log", "dt_bias", "cu_seqlens"}
+    assert [(a[0], a[1]) for a in job.launches[0].args][-4:] == [("i32", 1), ("i32", 2), ("i32", 2), ("f32", 32 ** -0.5)]
+    dev = KdaFakeDevice({"kda_recurrent": emulated_kernel(c, p, bug)})
+    res = GateRun(dev, job, "cand", "ref", kda_device, random.Random(0), (("gpu", "fake"),), dev.ceiling_gbps).run()
+    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
+    if bug:
+        assert out.status is Status.WRONG_ANSWER, out
+    else:
+        assert out.status is Status.OK, (out.status, out.error, res.checks[-2:], res.input_faults)
+        assert len(res.times_us) >= 100 and any("perturbed" in w for w, _ in res.checks)
