@@ -33,7 +33,7 @@ def problems(spec: OpSpec) -> list[str]:
     if not ins or not outs:
         bad.append("needs at least one input and one output tensor")
     for t in spec.tensors:
-        if not isinstance(t.dtype, DType) and t.dtype not in spec.dtype_roles:
+        if not isinstance(t.dtype, DType) and t.dtype not in spec.dtype_roles and t.fallback not in spec.dtype_roles:
             bad.append(f"tensor {t.name}: dtype role {t.dtype!r} is not in dtype_roles {spec.dtype_roles}")
     cells = spec.matrix()
     if not cells or len(set(cells)) != len(cells):

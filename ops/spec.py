@@ -66,9 +66,15 @@ class TensorSpec:
     dtype: DType | str
     role: Role = Role.IN
     optional: bool = False
+    # The role used when a cell lacks `dtype`: a variant's dtype role (out_dtype) that defaults to another.
+    fallback: str = ""
 
     def resolve_dtype(self, cell: "Cell") -> DType:
-        return self.dtype if isinstance(self.dtype, DType) else cell.dtype(self.dtype)
+        if isinstance(self.dtype, DType):
+            return self.dtype
+        if self.fallback and self.dtype not in dict(cell.dtypes):
+            return cell.dtype(self.fallback)
+        return cell.dtype(self.dtype)
 
     def shape(self, cell: "Cell") -> tuple[int, ...]:
         return tuple(cell.dim(d) for d in self.dims)

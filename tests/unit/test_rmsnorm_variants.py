@@ -1,0 +1,384 @@
+"""RMSNorm forward's variants (issue 14 item 3): residual with residual_out (prenorm), bias, store_rstd,
+out_dtype, an fp32 weight with 16-bit x. The reference against independent formulas, the plain op
+unchanged, the residual template built with real NVRTC and its arithmetic emulated in numpy against the
+op's tolerances, the device reference's launches and source, and the residual experiment."""
+
+from __future__ import annotations
+
+import math
+import random
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evo.build.nvrtc import BuildResult, compile_one, include_dir, prepare
+from evo.core.genome import Genome
+from evo.core.status import Status
+from evo.measure.evaluate import make_job
+from evo.search.space import repair
+from evo.templates.template import load_templates
+from ops import contract
+from ops.rmsnorm import device
+from ops.rmsnorm.spec import (
+    FILLS,
+    SPEC,
+    TOLERANCES,
+    VARIANT_SPEC,
+    cell,
+    edge_cells_residual,
+    gate_cells,
+    matrix,
+    matrix_residual,
+    out_dtype,
+    residual_dtype,
+    variant_edge_cells,
+    variant_of,
+)
+from ops.spec import Cell, DType, Role, quantize
+
+ROOT = Path(__file__).resolve().parents[2]
+FUSED = load_templates("rmsnorm")["cta_row_fused"]
+EPS = 1e-6
+KINDS = VARIANT_SPEC.gate_kinds()
+
+
+def ids(c: Cell) -> str:
+    return c.label().replace(" ", "-")
+
+
+def fails(c: Cell, output: str, got: np.ndarray, ref: np.ndarray) -> bool:
+    """The device compare's verdict: non-finite, any element outside atol/rtol, or the norm bound."""
+    tol = VARIANT_SPEC.tolerance(c, output)
+    if not np.all(np.isfinite(got)):
+        return True
+    d = np.abs(got - ref)
+    if np.any(d > tol.atol + tol.rtol * np.abs(ref)):
+        return True
+    sref = float(np.sum(ref * ref))
+    return not (math.sqrt(float(np.sum(d * d)) / sref) <= tol.rel_norm if sref > 0 else float(np.sum(d * d)) == 0.0)
+
+
+# ---- the reference ---------------------------------------------------------------------------------
+
+def direct(x, w, eps, residual=None, bias=None):
+    """Row by row with math.fsum: h = x + residual, y = h / sqrt(mean h^2 + eps) * w + bias."""
+    m, n = x.shape
+    y, h_all, rstd = np.empty((m, n)), np.empty((m, n)), np.empty(m)
+    for i in range(m):
+        h = [float(a) + (float(residual[i, j]) if residual is not None else 0.0) for j, a in enumerate(x[i])]
+        r = 1.0 / math.sqrt(math.fsum(v * v for v in h) / n + eps)
+        y[i] = [v * r * float(w[j]) + (float(bias[j]) if bias is not None else 0.0) for j, v in enumerate(h)]
+        h_all[i], rstd[i] = h, r
+    return y, h_all, rstd
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("c", variant_edge_cells(), ids=ids)
+def test_reference_matches_direct_formulas(c, kind):
+    ins = VARIANT_SPEC.make_inputs(c, kind, np.random.default_rng(3))
+    var = variant_of(c)
+    assert ("residual" in ins) == var.residual and ("bias" in ins) == var.bias
+    out = VARIANT_SPEC.reference(ins, {"eps": EPS})
+    y, h, rstd = direct(ins["x"], ins["w"], EPS, ins.get("residual"), ins.get("bias"))
+    np.testing.assert_allclose(out["y"], y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out["residual_out"], h, rtol=0, atol=0)
+    np.testing.assert_allclose(out["rstd"], rstd, rtol=1e-13)
+    for t in VARIANT_SPEC.outputs():
+        assert out[t.name].shape == t.shape(c) and np.all(np.isfinite(out[t.name]))
+
+
+def test_residual_then_norm_is_the_norm_of_the_sum_and_bias_comes_after_the_weight():
+    rng = np.random.default_rng(0)
+    x, r, w, b = rng.standard_normal((4, 64)), rng.standard_normal((4, 64)), rng.standard_normal(64), rng.standard_normal(64)
+    fused = VARIANT_SPEC.reference({"x": x, "residual": r, "w": w, "bias": b}, {"eps": EPS})
+    plain = VARIANT_SPEC.reference({"x": x + r, "w": w}, {"eps": EPS})
+    np.testing.assert_array_equal(fused["residual_out"], x + r)
+    np.testing.assert_allclose(fused["y"], plain["y"] + b, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(fused["rstd"], 1.0 / np.sqrt(np.mean((x + r) ** 2, axis=1) + EPS), rtol=1e-14)
+
+
+def test_out_dtype_rounding_is_judged_by_the_out_dtype():
+    """y stored in an fp32 out_dtype must be fp32-accurate: rounding it to x's bf16 fails; in fp32 it passes."""
+    c = cell(DType.BF16, 8, 1024, out=DType.FP32)
+    assert out_dtype(c) is DType.FP32 and VARIANT_SPEC.tolerance(c, "y") == TOLERANCES[DType.FP32]
+    ins = VARIANT_SPEC.make_inputs(c, "normal", np.random.default_rng(1))
+    ref = VARIANT_SPEC.reference(ins, {"eps": EPS})["y"]
+    assert not fails(c, "y", quantize(ref, DType.FP32), ref)
+    assert fails(c, "y", quantize(ref, DType.BF16), ref)
+    c16 = cell(DType.FP32, 8, 1024, out=DType.BF16)  # and the other way: bf16 y from fp32 x
+    assert VARIANT_SPEC.tolerance(c16, "y") == TOLERANCES[DType.BF16]
+    assert not fails(c16, "y", quantize(ref, DType.BF16), ref)
+
+
+def test_residual_out_and_rstd_tolerances_catch_their_shortcuts():
+    c = cell(DType.BF16, 8, 1024, residual=DType.FP32, store_rstd=True)
+    ins = VARIANT_SPEC.make_inputs(c, "normal", np.random.default_rng(2))
+    out = VARIANT_SPEC.reference(ins, {"eps": EPS})
+    assert fails(c, "residual_out", quantize(out["residual_out"], DType.BF16), out["residual_out"])  # fp32 stream kept in bf16
+    assert fails(c, "residual_out", ins["x"], out["residual_out"])  # x stored instead of h
+    assert fails(c, "y", VARIANT_SPEC.reference({"x": ins["x"], "w": ins["w"]}, {"eps": EPS})["y"], out["y"])  # residual dropped
+    tiny = cell(DType.FP16, 8, 1024, store_rstd=True)
+    ti = VARIANT_SPEC.make_inputs(tiny, "tiny", np.random.default_rng(2))
+    r = VARIANT_SPEC.reference(ti, {"eps": EPS})["rstd"]
+    no_eps = 1.0 / np.sqrt(np.mean(ti["x"] ** 2, axis=1))
+    assert not fails(tiny, "rstd", r.astype(np.float32).astype(np.float64), r) and fails(tiny, "rstd", no_eps, r)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_kernel_that_drops_or_misplaces_the_bias_fails(kind):
+    c = cell(DType.BF16, 8, 1024, bias=True)
+    ins = VARIANT_SPEC.make_inputs(c, kind, np.random.default_rng(4))
+    ref = VARIANT_SPEC.reference(ins, {"eps": EPS})["y"]
+    plain = VARIANT_SPEC.reference({"x": ins["x"], "w": ins["w"]}, {"eps": EPS})["y"]
+    before_weight = VARIANT_SPEC.reference({"x": ins["x"], "w": np.ones_like(ins["w"])}, {"eps": EPS})["y"]
+    before_weight = (before_weight + ins["bias"]) * ins["w"]
+    assert fails(c, "y", quantize(plain, DType.BF16), ref)
+    assert fails(c, "y", quantize(before_weight, DType.BF16), ref)
+    assert not fails(c, "y", quantize(ref, DType.BF16), ref)
+
+
+# ---- the plain op is unchanged ----------------------------------------------------------------------
+
+def old_make_inputs(c: Cell, kind: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """make_inputs as it was before the variants (commit 3f8f0dc)."""
+    m, n = c.dim("M"), c.dim("N")
+    x = FILLS[kind]["x"].sample((m, n), rng)
+    w = FILLS[kind]["w"].sample((n,), rng)
+    return {"x": quantize(x, c.dtype("x")), "w": quantize(w, c.dtype("w"))}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_plain_cells_get_the_same_inputs_reference_tolerance_and_bytes(kind):
+    for c in SPEC.edge_cells() + [cell(d, 7, n) for d in ("bf16", "fp16", "fp32") for n in (1024, 4096)]:
+        for spec in (SPEC, VARIANT_SPEC):
+            got = spec.make_inputs(c, kind, np.random.default_rng(9))
+            want = old_make_inputs(c, kind, np.random.default_rng(9))
+            assert got.keys() == want.keys() == {"x", "w"}
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k])
+            x, w = want["x"], want["w"]
+            y_old = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + EPS) * w
+            np.testing.assert_array_equal(spec.reference(got, {"eps": EPS})["y"], y_old)
+            assert spec.tolerance(c, "y") == TOLERANCES[c.dtype("x")]
+            m, n = c.dim("M"), c.dim("N")
+            assert spec.bytes_moved(c) == 2 * m * n * c.dtype("x").nbytes + n * c.dtype("w").nbytes
+            assert spec.flops(c) == 4 * m * n
+
+
+def test_plain_spec_matrix_and_labels_are_todays():
+    assert [t.name for t in SPEC.tensors] == ["x", "w", "y"] and SPEC.dtype_roles == ("x", "w")
+    assert VARIANT_SPEC.dtype_roles == ("x", "w") and VARIANT_SPEC.matrix is SPEC.matrix
+    labels = [c.label() for c in matrix()]
+    want = [f"w={d},x={d} M{m}-N{n}" for d in ("bf16", "fp16", "fp32") for m in (4096, 32768)
+            for n in (1024, 2048, 4096, 8192, 16384, 32768)]
+    assert labels == want
+    assert [g.label() for g in gate_cells(cell("bf16", 4096, 1024))] == [
+        "w=bf16,x=bf16 M1-N1024", "w=bf16,x=bf16 M37-N1024", "w=bf16,x=bf16 M1059-N1024"]
+    assert contract.problems(SPEC) == [] and contract.problems(VARIANT_SPEC) == []
+
+
+def test_device_reference_of_a_plain_cell_is_todays_launch():
+    for c in SPEC.edge_cells():
+        (launch,) = device.reference(c.dims_dict(), c.dtypes_dict(), {"eps": EPS})
+        kernel, grid, block, args = launch
+        assert kernel == f"rmsnorm_ref_{device.SHORT[c.dtypes_dict()['x']]}_{device.SHORT[c.dtypes_dict()['w']]}"
+        assert args == (("buf", "x"), ("buf", "w"), ("buf", "ref:y"), ("i32", c.dim("M")), ("i32", c.dim("N")),
+                        ("f64", EPS))
+
+
+# ---- the variant cells ------------------------------------------------------------------------------
+
+def test_residual_matrix_is_issue_14s():
+    cells = matrix_residual()
+    assert len(cells) == len(set(cells)) == 13 and {c.dim("M") for c in cells} == {32768}
+    same = [c for c in cells if residual_dtype(c) is c.dtype("x")]
+    assert sorted((c.dtype("x").short, c.dim("N")) for c in same) == sorted(
+        (d, n) for d in ("bf16", "fp16") for n in (1024, 2048, 4096, 8192, 16384, 32768))
+    (f32,) = [c for c in cells if c not in same]
+    assert f32.label() == "residual=fp32,w=bf16,x=bf16 M32768-N4096"
+    assert not set(cells) & set(matrix())
+    # bytes: x, residual, residual_out, y, w
+    c = cell("bf16", 32768, 4096, residual=DType.FP32)
+    assert VARIANT_SPEC.bytes_moved(c) == 32768 * 4096 * (2 + 4 + 4 + 2) + 4096 * 2
+
+
+def test_bytes_count_only_the_tensors_a_variant_uses():
+    m, n = 6, 2048
+    c = cell("fp16", m, n, "fp32", bias=True, store_rstd=True, out="fp32")
+    assert VARIANT_SPEC.bytes_moved(c) == m * n * (2 + 4) + n * 4 + n * 4 + m * 4
+    c = cell("bf16", m, n, residual=True, bias=True)
+    assert VARIANT_SPEC.bytes_moved(c) == m * n * (2 + 2 + 2 + 2) + 2 * n * 2
+
+
+def test_gate_cells_keep_the_variant():
+    c = cell("bf16", 32768, 4096, residual=DType.FP32, bias=True)
+    for g in gate_cells(c):
+        assert g.dtypes == c.dtypes and variant_of(g) == variant_of(c) and g.dim("N") == 4096
+
+
+@pytest.mark.parametrize("c", variant_edge_cells(), ids=ids)
+def test_device_reference_launch_names_the_variant(c):
+    (launch,) = device.reference(c.dims_dict(), c.dtypes_dict(), {"eps": EPS})
+    kernel, _, _, args = launch
+    var = variant_of(c)
+    if not (var.residual or var.bias or var.store_rstd):
+        assert "variant" not in kernel and len(args) == 6  # out_dtype alone: y's values are today's
+        return
+    d = c.dtypes_dict()
+    assert kernel == f"rmsnorm_ref_variant_{device.SHORT[d['x']]}_{device.SHORT[d['w']]}_" \
+                     f"{device.SHORT[d.get('residual', d['x'])]}"
+    assert args[-1] == ("i32", int(var.residual) + 2 * int(var.bias) + 4 * int(var.store_rstd))
+    names = {t.name for t in VARIANT_SPEC.tensors} | {f"ref:{t.name}" for t in VARIANT_SPEC.outputs()}
+    assert {v for k, v in args if k == "buf"} <= names
+
+
+def test_device_reference_source_compiles_for_sm90a():
+    """Every kernel device.reference can name is in the compiled cubin (NVRTC, no GPU needed)."""
+    from cuda.core import Program, ProgramOptions
+
+    src = device.SOURCE.read_text()
+    opts = ProgramOptions(arch="sm_90a", std="c++17", include_path=[include_dir()])
+    cubin = Program(src, code_type="c++", options=opts).compile("cubin").code
+    kernels = {launch[0] for c in [*SPEC.edge_cells(), *variant_edge_cells(), *matrix_residual()]
+               for launch in device.reference(c.dims_dict(), c.dtypes_dict(), {"eps": EPS})}
+    kernels |= {f"rmsnorm_ref_variant_{x}_{w}_{r}" for x, w, r in device.VARIANT_KERNELS}
+    for k in kernels:
+        assert k.encode() in cubin, k
+
+
+# ---- the residual template --------------------------------------------------------------------------
+
+def repaired(c: Cell) -> dict:
+    p = repair(FUSED, FUSED.default_params(), random.Random(0), 90, [c.dtypes_dict()], [c.dims_dict()])
+    assert p is not None, f"no legal cta_row_fused point for {c.label()}"
+    return p
+
+
+def build(c: Cell, params: dict):
+    g = Genome.make("rmsnorm", FUSED.name, FUSED.source_hash, params)
+    return compile_one(prepare(FUSED, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
+
+
+@pytest.mark.parametrize("c", matrix_residual() + edge_cells_residual(), ids=ids)
+def test_fused_template_builds_without_spills(c):
+    params = repaired(c)
+    r = build(c, params)
+    assert r.status is Status.OK, r.error + r.log
+    assert r.cubin[:4] == b"\x7fELF" and r.spill_stores == 0 and r.spill_loads == 0
+    assert dict(r.resources)["rmsnorm_cta_row_fused"].regs <= min(255, 65536 // (params["threads"] * params["min_blocks"]))
+
+
+def test_fused_template_builds_at_its_defaults_where_they_are_legal():
+    c = cell("bf16", 32768, 4096, residual=True)
+    assert FUSED.violations(FUSED.default_params(), 90, c.dtypes_dict(), c.dims_dict()) == []
+    r = build(c, FUSED.default_params())
+    assert r.status is Status.OK and r.spill_stores == 0, r.error + r.log
+
+
+def test_fused_template_refuses_what_it_does_not_serve():
+    p = FUSED.default_params()
+    for c, why in [(cell("bf16", 64, 4096, residual=True, bias=True), "no_bias"),
+                   (cell("bf16", 64, 4096, residual=True, store_rstd=True), "no_rstd_store")]:
+        assert why in FUSED.violations(p, 90, c.dtypes_dict(), c.dims_dict())
+    plain = cell("bf16", 64, 4096)  # no residual role: it does not compile (never runs as the plain op)
+    r = build(plain, p)
+    assert r.status is Status.COMPILE_ERROR and "residual variant" in r.error + r.log
+
+
+def test_fused_launch_binds_the_residual_tensors_only():
+    c = cell("bf16", 4096, 2048, residual=DType.FP32)
+    params = repaired(c)
+    g = Genome.make("rmsnorm", FUSED.name, FUSED.source_hash, params)
+    job = make_job(VARIANT_SPEC, FUSED, g, BuildResult("k", Status.OK), c, 90, seed=1, timing=None, baseline=False,
+                   gate_cells=gate_cells(c))
+    assert {b.name: b.dtype for b in job.buffers} == {"x": "bfloat16", "w": "bfloat16", "y": "bfloat16",
+                                                      "residual": "float32", "residual_out": "float32"}
+    assert set(job.left_out) == {"bias", "rstd"}
+    assert dict(job.tolerances).keys() == {"y", "residual_out"}
+    assert all(dict(specs).keys() == {"x", "w", "residual"} for _, specs in job.fills)
+    assert job.bytes_moved == VARIANT_SPEC.bytes_moved(c)
+    assert [gc.label for gc in job.gate] == [g.label() for g in gate_cells(c)]
+    (launch,) = job.launches
+    assert launch.args[:5] == (("buf", "x"), ("buf", "residual"), ("buf", "w"), ("buf", "y"), ("buf", "residual_out"))
+
+
+# ---- the template's arithmetic, emulated ------------------------------------------------------------
+
+def f32(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32)
+
+
+def emulate(c: Cell, params: dict, ins: dict, eps: float) -> dict[str, np.ndarray]:
+    """cta_row_fused's fp32 arithmetic in its order: h = x + r; per thread ss = fma(h, h, ss) over its
+    vectors t, t + threads, ...; a butterfly warp sum; the warps' partials summed in order; rstd =
+    rsqrtf(total * (1/N) + eps); y = (h * rstd) * w rounded to y's dtype, residual_out = h rounded."""
+    m, n = c.dim("M"), c.dim("N")
+    threads, vec = params["threads"], params["vec"]
+    nvec = n // vec
+    items = -(-nvec // threads)
+    h = f32(f32(ins["x"]) + f32(ins["residual"]))
+    hv = np.zeros((m, items * threads, vec), dtype=np.float32)
+    hv[:, :nvec] = h.reshape(m, nvec, vec)
+    hv = hv.reshape(m, items, threads, vec)
+    ss = np.zeros((m, threads), dtype=np.float32)
+    for i in range(items):
+        for j in range(vec):
+            e = hv[:, i, :, j].astype(np.float64)
+            ss = f32(e * e + ss.astype(np.float64))  # one rounding: an fma
+    lanes = ss.reshape(m, threads // 32, 32)
+    for o in (16, 8, 4, 2, 1):
+        lanes = f32(lanes + lanes[..., np.arange(32) ^ o])
+    total = np.zeros(m, dtype=np.float32)
+    for wi in range(threads // 32):
+        total = f32(total + lanes[:, wi, 0])
+    inv_n = np.float32(1.0) / np.float32(n)
+    rstd = f32(1.0 / np.sqrt(f32(total.astype(np.float64) * float(inv_n) + float(np.float32(eps))).astype(np.float64)))
+    y = f32(f32(h * rstd[:, None]) * f32(ins["w"]))
+    return {"y": quantize(y, out_dtype(c)), "residual_out": quantize(h, residual_dtype(c))}
+
+
+EMULATED = [Cell.make(c.dtypes_dict(), c.dims_dict() | {"M": 3}) for c in matrix_residual()] + edge_cells_residual()
+
+
+@pytest.mark.parametrize("c", EMULATED, ids=ids)
+def test_emulated_template_is_within_tolerance_on_every_kind(c):
+    params = repaired(c)
+    for kind in KINDS:
+        ins = VARIANT_SPEC.make_inputs(c, kind, np.random.default_rng(5))
+        ref = VARIANT_SPEC.reference(ins, {"eps": EPS})
+        got = emulate(c, params, ins, EPS)
+        for name in ("y", "residual_out"):
+            assert not fails(c, name, got[name], ref[name]), (kind, name)
+
+
+def test_emulation_catches_a_norm_of_the_rounded_residual_out_only_where_it_matters():
+    """The emulation is a real check: normalizing residual_out (rounded to bf16) instead of the fp32 h
+    stays inside bf16's y tolerance, while dropping the residual from the norm does not."""
+    c = cell("bf16", 3, 4096, residual=True)
+    params = repaired(c)
+    ins = VARIANT_SPEC.make_inputs(c, "normal", np.random.default_rng(6))
+    ref = VARIANT_SPEC.reference(ins, {"eps": EPS})
+    rounded = dict(ins, x=quantize(ins["x"] + ins["residual"], DType.BF16), residual=np.zeros_like(ins["x"]))
+    assert not fails(c, "y", emulate(c, params, rounded, EPS)["y"], ref["y"])
+    dropped = dict(ins, residual=np.zeros_like(ins["x"]))
+    assert fails(c, "y", emulate(c, params, dropped, EPS)["y"], ref["y"])
+
+
+# ---- the experiment ---------------------------------------------------------------------------------
+
+def test_residual_experiment_searches_the_fused_template_on_the_residual_matrix():
+    doc = tomllib.loads((ROOT / "experiments" / "rmsnorm_residual_h200.toml").read_text())
+    assert doc["run"]["op"] == "rmsnorm" and doc["run"]["templates"] == ["cta_row_fused"]
+    assert doc["cells"]["matrix"] == "residual"
+    space = FUSED.restrict(doc["search"]["space"]["cta_row_fused"])
+    for c in matrix_residual():
+        legal = repair(space, space.default_params(), random.Random(0), 90, [c.dtypes_dict()], [c.dims_dict()])
+        assert legal is not None, c.label()
+
+
+def test_variant_spec_declares_the_variant_tensors_optional():
+    opt = {t.name: t.role for t in VARIANT_SPEC.tensors if t.optional}
+    assert opt == {"residual": Role.IN, "bias": Role.IN, "residual_out": Role.OUT, "rstd": Role.OUT}
+    assert VARIANT_SPEC.tensor("rstd").resolve_dtype(cell("bf16", 2, 8, store_rstd=True)) is DType.FP32
