@@ -1,4 +1,5 @@
-"""What `kfactory export` does: write the package and say what went into it."""
+"""What `kfactory export` does: write the package (name: the given one, else the op family's) and say what
+went into it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from evo.export.make import export
 
 
-def cmd_export(runs: Sequence[str], store: Path, out: Path, name: str, nvrtc: Sequence[Path] = ()) -> int:
+def cmd_export(runs: Sequence[str], store: Path, out: Path, name: str | None, nvrtc: Sequence[Path] = ()) -> int:
     done = export(store, runs, out, name, nvrtc=nvrtc)
     for op, run_id, cells, kernels in done.ops:
         print(f"{op}: run {run_id}, {cells} cells, {kernels} kernels")

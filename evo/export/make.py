@@ -14,13 +14,12 @@ from evo.build.nvrtc import compiler_version
 from evo.build.nvrtc_lib import NvrtcLibError, find_nvrtc
 from evo.export.document import dispatch_document, op_document, provenance_document
 from evo.export.errors import ExportError
+from evo.export.family import Family, family_of
 from evo.export.kernels import build_kernels
-from evo.export.readme import readme
 from evo.export.runs import RunTable, read_run
 from evo.export.write import write_package
 from memory.store import Store
 
-FORWARD, BACKWARD = "rmsnorm", "rmsnorm_bwd"
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 VERSION = "0.1.0"
 
@@ -39,15 +38,19 @@ def check_out(out: Path) -> None:
         raise ExportError(f"--out {out} is not empty; give a new or empty folder (nothing is overwritten)")
 
 
-def check_runs(runs: Sequence[RunTable]) -> None:
+def check_name(name: str) -> None:
+    if not _NAME.fullmatch(name):
+        raise ExportError(f"--name {name!r} is not a package name (lower case letters, digits, _; not first a digit)")
+
+
+def check_runs(runs: Sequence[RunTable]) -> Family:
+    """The family that exports these runs; ExportError for an op without one, or two runs of one op."""
     ops = [r.op for r in runs]
-    other = sorted({op for op in ops if op not in (FORWARD, BACKWARD)})
-    if other:
-        raise ExportError(f"runs of op {', '.join(other)} cannot be exported: the package is RMSNorm "
-                          f"({FORWARD} forward, optionally {BACKWARD})")
-    for op in (FORWARD, BACKWARD):
+    family = family_of(ops)
+    for op in dict.fromkeys(ops):
         if ops.count(op) > 1:
             raise ExportError(f"{ops.count(op)} runs of op {op} given; export one per op")
+    return family
 
 
 def nvrtc_folders(folders: Sequence[Path]) -> dict[str, str]:
@@ -62,19 +65,23 @@ def nvrtc_folders(folders: Sequence[Path]) -> dict[str, str]:
     return out
 
 
-def export(store_path: Path, run_ids: Sequence[str], out: Path, name: str, workers: int = 2,
+def export(store_path: Path, run_ids: Sequence[str], out: Path, name: str | None = None, workers: int = 2,
            nvrtc: Sequence[Path] = ()) -> Exported:
     """Write the package for these runs to `out` (new or empty); ExportError for anything the user must fix.
-    `nvrtc`: folders of the NVRTCs that built the runs' cubins, where this process's is another version."""
-    if not _NAME.fullmatch(name):
-        raise ExportError(f"--name {name!r} is not a package name (lower case letters, digits, _; not first a digit)")
+    `name`: the package's, else the op family's default; `nvrtc`: folders of the NVRTCs that built the runs'
+    cubins, where this process's is another version."""
+    if name is not None:
+        check_name(name)
     check_out(out)
     if not store_path.exists():
         raise ExportError(f"no store at {store_path} (pass --store PATH)")
     others = nvrtc_folders(nvrtc)
     with Store.open(store_path, read_only=True) as store:
         runs = [read_run(store, r) for r in dict.fromkeys(run_ids)]
-        check_runs(runs)
+        family = check_runs(runs)
+        if name is None:
+            name = family.name
+            check_name(name)
         built = {r.op: build_kernels(store, r, workers, others) for r in runs}
     kernels = {op: ks for op, (ks, _) in built.items()}
     cell_kernel = {op: ids for op, (_, ids) in built.items()}
@@ -83,7 +90,8 @@ def export(store_path: Path, run_ids: Sequence[str], out: Path, name: str, worke
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        write_package(tmp, name, VERSION, runs, kernels, dispatch, prov, readme(name, runs, cell_kernel, prov))
+        write_package(tmp, name, VERSION, family, runs, kernels, dispatch, prov,
+                      family.readme(name, runs, cell_kernel, prov))
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)

@@ -1,8 +1,9 @@
 """The exported package on disk: pyproject, README, the runtime modules, its tests, and data/.
 
     OUT/pyproject.toml, README.md
-    OUT/tests/conftest.py, test_cpu.py, test_gpu.py
-    OUT/NAME/*.py                                   the runtime (evo/export/runtime/package)
+    OUT/tests/conftest.py, test_cpu.py, test_gpu.py  conftest from evo/export/runtime/tests, the rest the family's
+    OUT/NAME/*.py                                   the runtime: evo/export/runtime/package (generic) and the
+                                                    op family's RUNTIME/package (its API, custom ops, fallback)
     OUT/NAME/data/dispatch.json, provenance.json
     OUT/NAME/data/results/OP_evaluations.csv        every evaluation the run recorded
     OUT/NAME/data/templates/OP/T.HASH.cu.j2, _macros/...   templates as the run used them
@@ -20,12 +21,15 @@ from typing import Any
 from jinja2 import meta
 
 from evo.export.document import kernel_files, template_file
+from evo.export.errors import ExportError
+from evo.export.family import Family
 from evo.export.kernels import Kernel
 from evo.export.runs import RunTable
 from evo.templates.sandbox import TEMPLATES_ROOT, sandbox_env
 
 RUNTIME = Path(__file__).with_name("runtime")
 TOKEN = "kf_pkg"  # the package's name in the runtime's tests, replaced by the export's
+TESTS = (("conftest.py", "conftest.py"), ("cpu_tests.py", "test_cpu.py"), ("gpu_tests.py", "test_gpu.py"))
 
 PYPROJECT = """[build-system]
 requires = ["setuptools>=61"]
@@ -34,7 +38,7 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "{dist}"
 version = "{version}"
-description = "RMSNorm CUDA kernels searched by Kernel Factory (runs {runs}), with a torch custom op and fallbacks"
+description = {description}
 readme = "README.md"
 requires-python = ">=3.10"
 dependencies = ["torch>=2.4", "numpy", "jinja2>=3.1", "cuda-core>=0.4", "cuda-bindings>=12.8", "cuda-pathfinder>=1.0"]
@@ -71,14 +75,35 @@ def _json(path: Path, doc: Any) -> None:
     path.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
 
 
-def write_package(out: Path, name: str, version: str, runs: Sequence[RunTable], kernels: dict[str, Sequence[Kernel]],
-                  dispatch: dict[str, Any], provenance: dict[str, Any], readme: str) -> None:
+def runtime_files(folder: str, family: Family) -> dict[str, Path]:
+    """The files of the generic runtime's `folder` and the family's, by name; a name in both is an error."""
+    files: dict[str, Path] = {}
+    for root in (RUNTIME, family.runtime):
+        for p in sorted((root / folder).iterdir()):
+            if p.name == "__pycache__" or p.suffix == ".pyc":
+                continue
+            if p.name in files:
+                raise ExportError(f"{family.module}: {folder}/{p.name} is also a file of the generic runtime "
+                                  f"({RUNTIME / folder}); give it another name")
+            files[p.name] = p
+    return files
+
+
+def write_package(out: Path, name: str, version: str, family: Family, runs: Sequence[RunTable],
+                  kernels: dict[str, Sequence[Kernel]], dispatch: dict[str, Any], provenance: dict[str, Any],
+                  readme: str) -> None:
     """Every file of the package under `out` (an empty or new folder)."""
     pkg = out / name
-    shutil.copytree(RUNTIME / "package", pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    pkg.mkdir()
+    for fname, src in runtime_files("package", family).items():
+        shutil.copyfile(src, pkg / fname)
+    tests = runtime_files("tests", family)
+    if sorted(tests) != sorted(src for src, _ in TESTS):
+        raise ExportError(f"{family.module}: the runtime's tests are {', '.join(sorted(tests))}; want "
+                          f"{', '.join(src for src, _ in TESTS)} (conftest.py is the engine's)")
     (out / "tests").mkdir()
-    for src, dst in (("conftest.py", "conftest.py"), ("cpu_tests.py", "test_cpu.py"), ("gpu_tests.py", "test_gpu.py")):
-        (out / "tests" / dst).write_text((RUNTIME / "tests" / src).read_text().replace(TOKEN, name))
+    for src, dst in TESTS:
+        (out / "tests" / dst).write_text(tests[src].read_text().replace(TOKEN, name))
     data = pkg / "data"
     for run in runs:
         for k in kernels[run.op]:
@@ -96,6 +121,7 @@ def write_package(out: Path, name: str, version: str, runs: Sequence[RunTable], 
         run.evaluations.to_csv(data / "results" / f"{run.op}_evaluations.csv", index=False)
     _json(data / "dispatch.json", dispatch)
     _json(data / "provenance.json", provenance)
+    description = family.description.format(runs=", ".join(r.run["run_id"] for r in runs))
     (out / "pyproject.toml").write_text(PYPROJECT.format(dist=name.replace("_", "-"), name=name, version=version,
-                                                         runs=", ".join(r.run["run_id"] for r in runs)))
+                                                         description=json.dumps(description)))
     (out / "README.md").write_text(readme)

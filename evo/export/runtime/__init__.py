@@ -1,2 +1,5 @@
-"""The files of an exported package, copied as they are by evo.export.write: `package/` becomes the
-importable package, `tests/` its tests (renamed to test_*.py there). Not imported by the factory."""
+"""The generic files of an exported package, copied as they are by evo.export.write: `package/` the
+op-independent runtime (dispatch tables, header expressions and the Jinja renderer, the cuda.core
+loader with its NVRTC fallback, launch plans), `tests/` the shared conftest. The op family's plug-in
+(`ops/<op>/export/runtime/`) adds the rest: its API, `choose.py` (the `Choice` record the loader and
+launcher read), `run.py`, `verify.py`, `reference.py`, `__init__.py` and its tests. Not imported by the factory."""

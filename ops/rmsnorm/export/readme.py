@@ -1,11 +1,12 @@
-"""The exported package's README: what it holds, how to use it, where every number comes from."""
+"""The RMSNorm package's README: what it holds, how to use it, where every number comes from."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from evo.export.runs import RunTable
+if TYPE_CHECKING:  # the engine calls this plug-in; the plug-in does not import the engine
+    from evo.export.runs import RunTable
 
 
 def _us(v: float | None) -> str:
@@ -22,6 +23,7 @@ def _cells(run: RunTable, cell_kernel: dict[str, str]) -> list[str]:
 
 def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str, str]],
            provenance: dict[str, Any]) -> str:
+    """README.md of a package exported from a forward run, a backward run, or one of each."""
     fwd = next((r for r in runs if r.op == "rmsnorm"), None)
     bwd = next((r for r in runs if r.op == "rmsnorm_bwd"), None)
     arch = runs[0].arch
@@ -30,8 +32,8 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
     lines = [
         f"# {name}",
         "",
-        f"RMSNorm CUDA kernels found by Kernel Factory's search, exported from {origin}, built for `{arch}`. "
-        "The package holds",
+        (f"RMSNorm CUDA kernels found by Kernel Factory's search, exported from {origin}, built for `{arch}`. "
+         "The package holds"),
         "the rendered CUDA source and the cubin the search measured for every cell of the dispatch table, the",
         "templates they were rendered from (for shapes outside the table), a loader through cuda-python",
         "(cuda.core), a `torch.library` custom op with autograd, and a QuACK-compatible API.",
