@@ -259,6 +259,14 @@ class OpSpec:
     # the shape-bucket edges per dim lessons are grouped by (small <= lo < medium <= hi < large).
     baselines: tuple[str, ...] = ()
     bucket_edges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # More matrices by name, e.g. a variant's cells ("residual"): an experiment picks one with
+    # cells.matrix = "<name>"; `matrix` stays the op's default.
+    matrices: Mapping[str, Callable[[], list["Cell"]]] = field(default_factory=dict)
+
+    def all_cells(self) -> list["Cell"]:
+        """Every cell the op names: its matrix, its edge cells and its named matrices (no duplicates)."""
+        cells = [*self.matrix(), *self.edge_cells(), *(c for f in self.matrices.values() for c in f())]
+        return list(dict.fromkeys(cells))
 
     def gate_kinds(self) -> tuple[str, ...]:
         """The input kinds every checked candidate sees, in order."""

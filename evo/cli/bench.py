@@ -197,11 +197,11 @@ def dispatch_plan(op: OpSpec, tdefs: dict[str, TemplateDef], path: Path
         table = json.loads(Path(path).read_text())["dispatch"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UnknownNameError(f"{path}: not a dispatch table ({type(e).__name__}: {e})") from None
-    by_label = {c.label(): c for c in [*op.matrix(), *op.edge_cells()]}
+    by_label = {c.label(): c for c in op.all_cells()}
     plan = []
     for label, e in table.items():
         if label not in by_label:
-            raise UnknownNameError(f"{path}: cell {label!r} is not in op {op.name}'s matrix or edge cells")
+            raise UnknownNameError(f"{path}: cell {label!r} is not in op {op.name}'s matrices or edge cells")
         if e.get("template") not in tdefs:
             raise UnknownNameError(f"{path}: template {e.get('template')!r} of {label!r} is not a template of {op.name}")
         t = tdefs[e["template"]]

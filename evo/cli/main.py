@@ -104,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
                                    "with autograd, a QuACK-compatible API, tests, a benchmark and provenance.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run ids: at most one rmsnorm run and one rmsnorm_bwd run")
     p.add_argument("--out", type=Path, required=True, help="output folder (new or empty)")
-    p.add_argument("--name", default="kf_rmsnorm", help="package name (default: kf_rmsnorm)")
+    p.add_argument("--name", default=None, help="package name (default: the op family's exporter's, e.g. kf_rmsnorm)")
     p.add_argument("--nvrtc", type=Path, action="append", default=[], metavar="DIR",
                    help="a folder with the NVRTC that built a run's cubins, when this one is another version "
                         "(the measured cubins are rebuilt and must come out byte for byte); repeatable")

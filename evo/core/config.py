@@ -66,11 +66,13 @@ class RunSection:
 class CellsSection:
     """The cells to optimize: the op's full matrix, or a product of dtypes and dims."""
 
-    matrix: bool = True
+    matrix: bool | str = True  # true: the op's matrix; a name: one of the op's named matrices (OpSpec.matrices)
     dtypes: tuple[str, ...] = ()
     dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.matrix == "":
+            raise ConfigError("cells.matrix: true, false, or the name of one of the op's matrices")
         if not self.matrix and not (self.dtypes and self.dims):
             raise ConfigError("cells: set matrix = true (cells.dtypes then keeps only those dtypes), or give both "
                               "cells.dtypes and cells.dims")
@@ -235,6 +237,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if isinstance(tp, types.UnionType) and all(a in (str, bool) for a in typing.get_args(tp)):
+        if type(value) not in typing.get_args(tp):
+            names = " or ".join(a.__name__ for a in typing.get_args(tp))
+            raise ConfigError(f"{where}: expected {names}, got {type(value).__name__} {value!r}")
         return value
     if tp in (str, bool):
         if type(value) is not tp:

@@ -62,9 +62,14 @@ def arch_number(arch: str) -> int:
 
 def cells_for(config: Config, op: OpSpec) -> list[Cell]:
     """The cells an experiment optimizes."""
-    if config.cells.matrix:  # the op's matrix, optionally only the cells of the given dtypes
+    if config.cells.matrix:  # the op's (or a named) matrix, optionally only the cells of the given dtypes
+        name = config.cells.matrix
+        if isinstance(name, str) and name not in op.matrices:
+            raise ConfigError(f"cells.matrix: op {op.name} has no matrix named {name!r} "
+                              f"(has: {', '.join(sorted(op.matrices)) or 'none besides its default'})")
+        cells = op.matrices[name]() if isinstance(name, str) else op.matrix()
         want = {DType.parse(d) for d in config.cells.dtypes}
-        return [c for c in op.matrix() if not want or c.dtype(op.dtype_roles[0]) in want]
+        return [c for c in cells if not want or c.dtype(op.dtype_roles[0]) in want]
     roles = op.dtype_roles
     dims = config.cells.dims
     names = sorted(dims)

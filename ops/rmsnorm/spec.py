@@ -268,4 +268,5 @@ VARIANT_SPEC = OpSpec(**{
         TensorSpec("rstd", ("M",), DType.FP32, role=Role.OUT, optional=True),
     ),
     "fills": {k: {**FILLS[k], **VARIANT_FILLS[k]} for k in FILLS},
+    "matrices": {"residual": matrix_residual},
 })

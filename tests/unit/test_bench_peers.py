@@ -12,7 +12,7 @@ import pytest
 from evo.cli.bench import dispatch_plan
 from evo.cli.errors import UnknownNameError
 from evo.cli.main import main
-from evo.core.config import load_config
+from evo.core.config import ConfigError, load_config
 from evo.loop.pipeline import cells_for
 from evo.templates.template import load_templates
 from ops import get_op
@@ -35,7 +35,7 @@ def test_dispatch_plan_rebuilds_every_entry_on_its_own_cell():
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda d: d["dispatch"].update({"x=bf16,w=bf16 M7-N7": next(iter(d["dispatch"].values()))}), "not in op rmsnorm"),
+    (lambda d: d["dispatch"].update({"x=bf16,w=bf16 M7-N7": next(iter(d["dispatch"].values()))}), "not in op rmsnorm's matrices"),
     (lambda d: next(iter(d["dispatch"].values())).update(template="gone"), "template 'gone'"),
     (lambda d: d.pop("dispatch"), "not a dispatch table"),
 ], ids=["unknown-cell", "unknown-template", "no-table"])
@@ -154,3 +154,31 @@ def test_search_may_leave_the_baseline_out(tmp_path, text, timed):
         [EvalItem(g, tdef, x, b)])
     (job,) = runner.jobs
     assert job.baseline is timed and o.status.value == "LAUNCH_ERROR"
+
+
+def test_a_config_picks_a_named_matrix(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[run]\nop = "rmsnorm"\nrunner = "gpu"\n[cells]\nmatrix = "residual"\ndtypes = ["fp16"]\n')
+    op = get_op("rmsnorm")
+    cells = cells_for(load_config(cfg), op)
+    assert cells and all(c.dtype("x").short == "fp16" and "residual" in c.dtypes_dict() for c in cells)
+    assert cells == [c for c in op.matrices["residual"]() if c.dtype("x").short == "fp16"]
+    cfg.write_text('[run]\nop = "rmsnorm"\nrunner = "gpu"\n[cells]\nmatrix = "nope"\n')
+    with pytest.raises(ConfigError, match="no matrix named 'nope'.*residual"):
+        cells_for(load_config(cfg), op)
+    cfg.write_text('[run]\nop = "rmsnorm"\nrunner = "gpu"\n[cells]\nmatrix = 3\n')
+    with pytest.raises(ConfigError, match="cells.matrix: expected bool or str"):
+        load_config(cfg)
+
+
+def test_residual_experiment_builds_through_kfactory_run(tmp_path, capsys, monkeypatch):
+    """The residual variant runs through the engine unchanged: real NVRTC builds of cta_row_fused on its
+    13 cells, recorded in a real store (no GPU here: it stops before evaluating)."""
+    monkeypatch.setattr("evo.measure.run.gpu_available", lambda: False)
+    store = tmp_path / "s.duckdb"
+    rc = main(["run", str(ROOT / "experiments" / "rmsnorm_residual_h200.toml"), "--store", str(store)])
+    assert rc == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
+    rc = main(["sql", "SELECT count(*) FILTER (WHERE b.status = 'OK') AS ok, count(*) AS n FROM builds b "
+               "JOIN candidates c USING (genome_key) WHERE c.template = 'cta_row_fused'", "--store", str(store)])
+    ok, n = map(int, capsys.readouterr().out.split()[-2:])
+    assert ok >= 13 and ok == n
