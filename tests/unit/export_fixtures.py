@@ -12,6 +12,9 @@ Run RUN's table (best per cell):
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,3 +122,15 @@ def make_store(path: Path, built: Built) -> Path:
         write_run(store, built, "exp-empty", plan={("bf16", 4096, 8192): [(WRONG_8K, None)]})
         write_run(store, built, "exp-r2", plan={("bf16", 4096, 1024): [(LOSE_1K, 5.0)]})
     return path
+
+
+def pip_install(src_tree: Path, work: Path) -> Path:
+    """`pip install --no-deps --target` of an exported package from a copy of it (pip writes build files
+    into the tree it installs); returns the target folder."""
+    src = work / "src" / src_tree.name
+    shutil.copytree(src_tree, src)
+    target = work / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(src)],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return target

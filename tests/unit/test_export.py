@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from evo.build.nvrtc import NVRTC_STD, compile_one, include_dir, prepare
 from evo.cli.main import main
+from tests.unit.export_fixtures import pip_install
 from evo.templates.render import render
 from memory.store import Store
 from tests.unit import export_fixtures as fx
@@ -43,13 +43,7 @@ def exported(tmp_path_factory, store):
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory, exported):
-    src = tmp_path_factory.mktemp("src") / NAME  # pip writes build files into the tree it installs
-    shutil.copytree(exported, src)
-    target = tmp_path_factory.mktemp("site")
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(src)],
-                       capture_output=True, text=True, timeout=600, check=False)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return target
+    return pip_install(exported, tmp_path_factory.mktemp("pip"))
 
 
 def _doc(exported: Path) -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 from evo.build.nvrtc import compile_one, compiler_version, prepare
 from evo.cli.main import main
+from tests.unit.export_fixtures import pip_install
 from evo.core.genome import Genome
 from evo.templates.render import render
 from evo.templates.sandbox import TEMPLATES_ROOT
@@ -52,13 +52,7 @@ def exported(tmp_path_factory, store, nvrtc):
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory, exported):
-    src = tmp_path_factory.mktemp("src") / NAME  # pip writes build files into the tree it installs
-    shutil.copytree(exported, src)
-    target = tmp_path_factory.mktemp("site")
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(src)],
-                       capture_output=True, text=True, timeout=600, check=False)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return target
+    return pip_install(exported, tmp_path_factory.mktemp("pip"))
 
 
 def _dispatch(out: Path, name: str = NAME) -> dict:
