@@ -7,10 +7,14 @@
 #   bwdga OUT   the backward GA only (experiments/rmsnorm_bwd_h200.toml)
 #   stash OUT   keep this call's .kfw/ pieces in /tmp/kfw for the next call
 #   quack OUT   as peers, QuACK (heuristic and autotuned) alone
+#   verify OUT  the GPU tests written without a GPU: device references (every op, RMSNorm's variants,
+#               KDA), the worker, the exported packages
+#   bwdall OUT  the backward GA over all 18 cells, no peer beside the candidates (rmsnorm_bwd_h200_all.toml)
+#   residual OUT  the residual variant's GA (rmsnorm_residual_h200.toml)
 #   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
 #               against every peer in one process (kfactory bench --dispatch)
 set -uo pipefail
-stage=${1:?ga, bwdga, stash or peers}; out=${2:?output folder}
+stage=${1:?ga, bwdga, stash, peers, quack, verify, bwdall or residual}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stage" = stash ]; then ls -la /tmp/kfw; exit 0; fi
@@ -43,6 +47,18 @@ case "$stage" in
       --store /tmp/kf_fwd/store.duckdb --out "$out/fwd" >> "$log" 2>&1
     echo "fwd GA rc=$?" >> "$log" ;;
   bwdga) bwd_ga ;;
+  verify)
+    timeout 480 python3 -m pytest -q -rs tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
+      tests/gpu/test_kda_device.py tests/gpu/test_worker.py tests/gpu/test_export_gpu.py >> "$log" 2>&1
+    echo "GPU tests rc=$?" >> "$log" ;;
+  bwdall)
+    timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
+      --store /tmp/kf_bwd_all/store.duckdb --out "$out/bwd_all" >> "$log" 2>&1
+    echo "bwd GA (all dtypes) rc=$?" >> "$log" ;;
+  residual)
+    timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_residual_h200.toml \
+      --store /tmp/kf_res/store.duckdb --out "$out/residual" >> "$log" 2>&1
+    echo "residual GA rc=$?" >> "$log" ;;
   peers)
     export QUACK_COMPILE_WORKERS=14
     bwd=$(ls -t /tmp/kf_bwd/runs/*/dispatch.json 2>/dev/null | head -1)

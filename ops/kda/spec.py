@@ -272,8 +272,12 @@ def matrix() -> list[Cell]:
     bf = DType.BF16
     cells = [cell(bf, b, t, h) for b, t, h in PREFILL]
     cells.append(cell(bf, 1, 8192, 32, n=8, g=bf, variant=MODEL))
-    cells += [cell(bf, b, 1, 32) for b in DECODE_B]
-    return cells
+    return cells + decode_matrix()
+
+
+def decode_matrix() -> list[Cell]:
+    """The decode cells of the matrix (T = 1, H = 32, B in DECODE_B): the named matrix "decode"."""
+    return [cell(DType.BF16, b, 1, 32) for b in DECODE_B]
 
 
 def edge_cells() -> list[Cell]:
@@ -380,4 +384,5 @@ SPEC = OpSpec(
     # fla's decode kernel first (the peer a decode search times by default); chunk_kda for prefill
     baselines=("fla.fused_recurrent_kda", "fla.chunk_kda"),
     bucket_edges={"B": (4, 64), "T": (64, 4096)},
+    matrices={"decode": decode_matrix},
 )
