@@ -51,7 +51,8 @@ case "$stage" in
     timeout 480 python3 -m pytest -q -rs tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
       tests/gpu/test_kda_device.py tests/gpu/test_worker.py tests/gpu/test_export_gpu.py >> "$log" 2>&1
     echo "GPU tests rc=$?" >> "$log" ;;
-  bwdall)
+  bwdall)  # warm: a copy of the bf16 run's store (its lessons, builds and results under the same fingerprint)
+    mkdir -p /tmp/kf_bwd_all && cp experiments/results/rmsnorm_bwd_h200/store.duckdb /tmp/kf_bwd_all/store.duckdb
     timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
       --store /tmp/kf_bwd_all/store.duckdb --out "$out/bwd_all" >> "$log" 2>&1
     echo "bwd GA (all dtypes) rc=$?" >> "$log" ;;
