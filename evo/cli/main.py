@@ -98,11 +98,14 @@ def parser() -> argparse.ArgumentParser:
     _store_arg(p)
 
     p = sub.add_parser("export", help="write a pip-installable Python package from finished runs' dispatch tables",
-                       description="Package the dispatch tables of a finished rmsnorm run, an rmsnorm_bwd run, "
-                                   "or one of each: rendered .cu and measured cubins per cell, templates for "
-                                   "other shapes, a cuda-python loader with an NVRTC fallback, a torch custom op "
-                                   "with autograd, a QuACK-compatible API, tests, a benchmark and provenance.")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids: at most one rmsnorm run and one rmsnorm_bwd run")
+                       description="Package the dispatch tables of finished runs of one op family (a forward run, "
+                                   "a backward run, or one of each; e.g. rmsnorm and rmsnorm_bwd): rendered .cu "
+                                   "and measured cubins per cell, templates for other shapes, a cuda-python loader "
+                                   "with an NVRTC fallback, and what the family's exporter adds (for RMSNorm: a "
+                                   "torch custom op with autograd, a QuACK-compatible API, tests, a benchmark), "
+                                   "with provenance.")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run ids: at most one forward and one backward run of one op family (e.g. rmsnorm, rmsnorm_bwd)")
     p.add_argument("--out", type=Path, required=True, help="output folder (new or empty)")
     p.add_argument("--name", default=None, help="package name (default: the op family's exporter's, e.g. kf_rmsnorm)")
     p.add_argument("--nvrtc", type=Path, action="append", default=[], metavar="DIR",
