@@ -11,10 +11,11 @@
 #               KDA), the worker, the exported packages
 #   bwdall OUT  the backward GA over all 18 cells, no peer beside the candidates (rmsnorm_bwd_h200_all.toml)
 #   residual OUT  the residual variant's GA (rmsnorm_residual_h200.toml)
+#   fwd2 OUT    the forward GA with the short-row template (rmsnorm_h200_regimes2.toml)
 #   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
 #               against every peer in one process (kfactory bench --dispatch)
 set -uo pipefail
-stage=${1:?ga, bwdga, stash, peers, quack, verify, bwdall or residual}; out=${2:?output folder}
+stage=${1:?ga, bwdga, stash, peers, quack, verify, bwdall, fwd2 or residual}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stage" = stash ]; then ls -la /tmp/kfw; exit 0; fi
@@ -56,6 +57,11 @@ case "$stage" in
     timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
       --store /tmp/kf_bwd_all/store.duckdb --out "$out/bwd_all" >> "$log" 2>&1
     echo "bwd GA (all dtypes) rc=$?" >> "$log" ;;
+  fwd2)
+    timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes2.toml \
+      --store /tmp/kf_fwd2/store.duckdb --out "$out/fwd2" >> "$log" 2>&1
+    echo "fwd GA (regimes2) rc=$?" >> "$log"
+    cp /tmp/kf_fwd2/store.duckdb "$out/fwd2/store.duckdb" 2>/dev/null ;;
   residual)
     timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_residual_h200.toml \
       --store /tmp/kf_res/store.duckdb --out "$out/residual" >> "$log" 2>&1

@@ -128,3 +128,24 @@ def test_backward_experiment_builds_through_kfactory_run(tmp_path, capsys, monke
     rc = main(["sql", "SELECT count(DISTINCT b.build_key) AS n FROM builds b JOIN candidates c USING (genome_key) "
                "WHERE b.status = 'OK' AND c.op = 'rmsnorm_bwd' AND c.template = 'cluster_rows'", "--store", str(store)])
     assert rc == 0 and int(capsys.readouterr().out.split()[-1]) >= 7
+
+
+PIPE_T = load_templates("rmsnorm")["rows_pipelined"]
+
+
+@pytest.mark.parametrize("cell", [c for c in FWD.matrix() if c.dim("M") == 4096 and c.dim("N") <= 8192]
+                         + [c for c in FWD.edge_cells() if c.dim("N") >= 1000], ids=lambda c: c.label())
+def test_rows_pipelined_builds_without_spills(cell):
+    """The short-row template (persistent grid, next row loaded before the current one is reduced): its
+    register_budget keeps two rows, w and the addressing under the block's cap at every legal point."""
+    import itertools
+
+    points = [dict(PIPE_T.default_params(), threads=t, vec=v, min_blocks=b)
+              for t, v, b in itertools.product((64, 128, 256, 512), (2, 4, 8), (1, 2, 4, 8))]
+    legal = [p for p in points if PIPE_T.is_valid(p, 90, cell.dtypes_dict(), cell.dims_dict())]
+    assert legal, f"no legal rows_pipelined point for {cell.label()}"
+    for p in legal[:: max(1, len(legal) // 4)]:  # a spread of them: NVRTC takes ~0.2 s each
+        _, r = _build("rmsnorm", PIPE_T, p, cell)
+        assert r.status is Status.OK and r.spill_stores == 0, (p, r.error, r.spill_stores)
+    (launch,), _ = PIPE_T.plan(legal[0], 90, cell.dtypes_dict(), cell.dims_dict())
+    assert launch.grid == (min(cell.dim("M"), legal[0]["ctas"]), 1, 1)  # persistent: at most `ctas` CTAs
