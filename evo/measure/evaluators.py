@@ -78,6 +78,9 @@ class GpuEvaluator:
         self.fingerprint = dict(runner.fingerprint, nvrtc_build=compiler_version())
         self.ceiling_gbps = runner.ceiling_gbps
         self._n = 0
+        # (build key, gate cell label) pairs an OK job of this evaluator has passed: a gate cell runs the
+        # build's own cubin, so a second cell sharing the build (the same N at another M) need not rerun it
+        self._passed: set[tuple[str, str]] = set()
 
     def evaluate(self, items: Sequence[EvalItem]) -> list[Outcome]:
         """One runner call per batch, so several devices work in parallel."""
@@ -86,14 +89,17 @@ class GpuEvaluator:
             if not it.build.status.ok:
                 continue
             self._n += 1
-            gates = gate_cells_for(self.op, it.tdef, it.genome, it.cell, self.arch)
+            gates = [gc for gc in gate_cells_for(self.op, it.tdef, it.genome, it.cell, self.arch)
+                     if (it.build.build_key, gc.label()) not in self._passed]
             jobs.append(make_job(self.op, it.tdef, it.genome, it.build, it.cell, self.arch,
                                  self.seed * 100003 + self._n, self.timing, baseline=self.baseline, gate_cells=gates,
                                  baselines=self.baselines))
             ok_items.append(it)
         judged = {}
         for it, job, res in zip(ok_items, jobs, self.runner.run(jobs)):
-            judged[id(it)] = judge(res, {k: t[2] for k, t in job.tolerances}, it.genome, it.cell, it.build.build_key)
+            judged[id(it)] = o = judge(res, {k: t[2] for k, t in job.tolerances}, it.genome, it.cell, it.build.build_key)
+            if o.status is Status.OK:
+                self._passed |= {(it.build.build_key, gc.label) for gc in job.gate}
         return [judged[id(it)] if it.build.status.ok else build_failed(it) for it in items]
 
 

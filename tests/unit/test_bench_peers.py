@@ -182,3 +182,38 @@ def test_residual_experiment_builds_through_kfactory_run(tmp_path, capsys, monke
                "JOIN candidates c USING (genome_key) WHERE c.template = 'cta_row_fused'", "--store", str(store)])
     ok, n = map(int, capsys.readouterr().out.split()[-2:])
     assert ok >= 13 and ok == n
+
+
+class _OkRunner(_CapturingRunner):
+    """Answers every job with one passing check (no timing): judged OK."""
+
+    def run(self, jobs):
+        from evo.measure.jobs import CheckStats, JobResult
+
+        self.jobs += jobs
+        ok = CheckStats("y", 1, 0, 0, 0, 0, -1, 0.0, 0.0, 0)
+        return [JobResult(j.job_id, checks=(("kind normal", (ok,)),)) for j in jobs]
+
+
+def test_gate_cells_run_once_per_build():
+    """Two cells sharing a build (the same N at another M) share their gate cells: the second job runs
+    none of those the first passed; a cell of another N (another build) runs its own."""
+    from evo.build.nvrtc import compile_one, prepare
+    from evo.core.genome import Genome
+    from evo.measure.evaluators import EvalItem, GpuEvaluator
+    from evo.measure.jobs import Timing
+    from ops.rmsnorm.spec import cell
+
+    tdef = load_templates("rmsnorm")["warp_row"]  # N is a runtime argument: one build for every N
+    g = Genome.make("rmsnorm", "warp_row", tdef.source_hash, tdef.default_params())
+    a, b = cell("bf16", 4096, 4096), cell("bf16", 32768, 4096)
+    build = compile_one(prepare(tdef, g, "sm_90a", a.dtypes_dict(), a.dims_dict()))
+    runner = _OkRunner()
+    ev = GpuEvaluator(get_op("rmsnorm"), 90, runner, Timing(), 0)
+    (oa,) = ev.evaluate([EvalItem(g, tdef, a, build)])
+    assert oa.status.value == "OK" and runner.jobs[0].gate
+    (ob,) = ev.evaluate([EvalItem(g, tdef, b, build)])
+    shared = {gc.label for gc in runner.jobs[0].gate} & {gc.label for gc in runner.jobs[1].gate}
+    assert ob.status.value == "OK" and not shared
+    first = {gc.label for gc in runner.jobs[0].gate}
+    assert {c.label() for c in get_op("rmsnorm").gate_cells(b)} - {b.label()} <= first  # b's were all run for a
