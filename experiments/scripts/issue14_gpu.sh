@@ -14,14 +14,17 @@
 #   fwd2 OUT    the forward GA with the short-row template (rmsnorm_h200_regimes2.toml)
 #   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
 #               against every peer in one process (kfactory bench --dispatch)
+#   kda OUT     KDA: the decode GA (kda_decode_h200.toml) with fla's fused_recurrent_kda beside it
+#               (fla-core from experiments/fla_wheels.txt in .whl/)
+# Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stage=${1:?ga, bwdga, stash, peers, quack, verify, bwdall, fwd2 or residual}; out=${2:?output folder}
+stages=${1:?ga, bwdga, stash, peers, quack, verify, bwdall, fwd2, residual or kda}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
-if [ "$stage" = stash ]; then ls -la /tmp/kfw; exit 0; fi
+if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
 # pip --target skips the CUTLASS DSL's .pth file: put its packages folder on the path by hand
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD
-if [ "$stage" = peers ] || [ "$stage" = quack ]; then
+if [[ " $stages " == *" peers "* || " $stages " == *" quack "* ]]; then
   cat /tmp/kfw/cu13.part.* > /tmp/kfw/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
   rm -f /tmp/kfw/cu13.part.*
   extra=(/tmp/kfw/*.whl)
@@ -39,6 +42,7 @@ bwd_ga() {
   echo "bwd GA rc=$?" >> "$log"
   cp /tmp/kf_bwd/store.duckdb "$out/bwd/store.duckdb" 2>/dev/null
 }
+for stage in $stages; do
 case "$stage" in
   ga)
     timeout 120 python3 -m pytest -q -rs tests/gpu/test_op_device_reference.py >> "$log" 2>&1
@@ -49,7 +53,7 @@ case "$stage" in
     echo "fwd GA rc=$?" >> "$log" ;;
   bwdga) bwd_ga ;;
   verify)
-    timeout 480 python3 -m pytest -q -rs tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
+    timeout 240 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
       tests/gpu/test_kda_device.py tests/gpu/test_worker.py tests/gpu/test_export_gpu.py >> "$log" 2>&1
     echo "GPU tests rc=$?" >> "$log" ;;
   bwdall)  # warm: a copy of the bf16 run's store (its lessons, builds and results under the same fingerprint)
@@ -93,6 +97,15 @@ case "$stage" in
     timeout 60 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
       --cells 'x=bf16 M32768' --peer quack.autotuned --timeout-s 55 --out "$out/fwd_quack_tuned" >> "$log" 2>&1
     echo "fwd quack.autotuned rc=$?" >> "$log" ;;
+  kda)
+    python3 -c "import fla.ops.kda; print('fla import')" >> "$log" 2>&1
+    timeout 230 python3 experiments/scripts/ga_h200.py --config experiments/kda_decode_h200.toml \
+      --store /tmp/kf_kda/store.duckdb --out "$out/kda_decode" >> "$log" 2>&1
+    echo "kda decode GA rc=$?" >> "$log"
+    cp /tmp/kf_kda/store.duckdb "$out/kda_decode/store.duckdb" 2>/dev/null ;;
+  stash) ;;
+  *) echo "unknown stage $stage" >> "$log" ;;
 esac
+done
 smi
 tail -5 "$log"
