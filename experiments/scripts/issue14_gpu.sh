@@ -53,7 +53,7 @@ case "$stage" in
     echo "fwd GA rc=$?" >> "$log" ;;
   bwdga) bwd_ga ;;
   verify)
-    timeout 240 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
+    timeout 220 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
       tests/gpu/test_kda_device.py tests/gpu/test_worker.py tests/gpu/test_export_gpu.py >> "$log" 2>&1
     echo "GPU tests rc=$?" >> "$log" ;;
   bwdall)  # warm: a copy of the bf16 run's store (its lessons, builds and results under the same fingerprint)
@@ -99,7 +99,7 @@ case "$stage" in
     echo "fwd quack.autotuned rc=$?" >> "$log" ;;
   kda)
     python3 -c "import fla.ops.kda; print('fla import')" >> "$log" 2>&1
-    timeout 230 python3 experiments/scripts/ga_h200.py --config experiments/kda_decode_h200.toml \
+    timeout 170 python3 experiments/scripts/ga_h200.py --config experiments/kda_decode_h200.toml \
       --store /tmp/kf_kda/store.duckdb --out "$out/kda_decode" >> "$log" 2>&1
     echo "kda decode GA rc=$?" >> "$log"
     cp /tmp/kf_kda/store.duckdb "$out/kda_decode/store.duckdb" 2>/dev/null ;;
