@@ -2,7 +2,8 @@
 
 `problems(spec)` lists what is missing or inconsistent; an empty list means the engine needs nothing
 else. An op with templates (templates/<op>/) must also be runnable: input kinds for the gate, a
-baseline by name, and device hooks (ops/<op>/device.py: SOURCE, reference, tail_width, baseline).
+baseline by name, and device hooks (ops/<op>/device.py: SOURCE, reference, tail_width, baselines, and
+peer_outputs, which maps a peer's return value to the op's outputs so the gate can check it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from ops.spec import DType, OpSpec, Role
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
-DEVICE_HOOKS = ("reference", "tail_width", "baselines")
+DEVICE_HOOKS = ("reference", "tail_width", "baselines", "peer_outputs")
 
 
 def has_templates(op: str) -> bool:

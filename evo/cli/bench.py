@@ -19,6 +19,7 @@ from evo.core.outcome import Outcome
 from evo.core.status import Status
 from evo.loop.pipeline import arch_number
 from evo.measure.evaluators import EvalItem, GpuEvaluator
+from evo.measure.gate import PEER_TOL_FACTOR
 from evo.measure.jobs import Timing
 from evo.measure.run import GpuRunner, gpu_available
 from evo.search.space import repair
@@ -29,7 +30,7 @@ from ops.spec import Cell, OpSpec, gbps
 # PREFIX.csv's columns (the committed bench files have them, in this order)
 CSV_COLUMNS = ("candidate", "template", "genome_key", "params", "cell", "dtype", "dims", "status", "median_us", "p10_us",
                "p90_us", "samples", "baseline_us", "speedup", "gbps", "pct_ceiling", "graph", "regs", "error", "peers",
-               "absent", "best_peer", "speedup_vs_best_peer")
+               "absent", "best_peer", "speedup_vs_best_peer", "peers_checked")
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ class BenchRow:
                 "pct_ceiling": self.pct_ceiling, "graph": o.graph if o else False, "regs": self.regs,
                 "error": o.error if o else "no legal point for this cell",
                 "peers": json.dumps(dict(o.peers if o else ())), "absent": json.dumps(dict(o.absent if o else ())),
-                "best_peer": self.best_peer[0], "speedup_vs_best_peer": self.speedup_vs_best_peer}
+                "best_peer": self.best_peer[0], "speedup_vs_best_peer": self.speedup_vs_best_peer,
+                "peers_checked": json.dumps(dict(o.peers_checked if o else ()))}
 
 
 def default_for_cell(tdef: TemplateDef, arch: int, cell: Cell) -> dict[str, Any] | None:
@@ -163,7 +165,8 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
             "method": "the gate (evo/measure/gate.py): median of >=100 samples, L2 flushed and persisting lines reset before "
                       "each, CUDA graph of one launch per input set when the cell's bytes take < 5 us at the copy "
                       "ceiling, every named peer timed beside the candidate on the same inputs, interleaved in "
-                      "one process, both orders"}
+                      "one process, both orders; a peer is timed only if its outputs matched the float64 reference "
+                      f"({PEER_TOL_FACTOR:g} x the op's tolerances; else absent, 'wrong: ...'), column peers_checked"}
     prefix.with_suffix(".json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     lines = [f"# Bench: {', '.join(summary)}", "",
              f"GPU: {fingerprint.get('gpu')}, SM clock {fingerprint.get('sm_clock_mhz')} MHz (max "

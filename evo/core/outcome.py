@@ -33,6 +33,7 @@ class Outcome:
     baseline: str = ""  # the baseline's name ('' = the op's first declared baseline)
     peers: tuple[tuple[str, float], ...] = ()  # median of every named baseline timed beside it, in order
     absent: tuple[tuple[str, str], ...] = ()  # baselines asked for that could not be had, and why
+    peers_checked: tuple[tuple[str, str], ...] = ()  # timed baselines whose outputs matched the reference, and how
     graph: bool = False  # timed as a CUDA graph
     max_abs_err: float = math.nan
     rel_norm_err: float = math.nan

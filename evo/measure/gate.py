@@ -17,6 +17,11 @@ timed one and cannot make a wrong answer look right.
   the same process, never from the candidate (nor from a noisy probe of any kernel, which would flip
   near the threshold from run to run). The baseline runs in the same mode, on the same input
   buffers, interleaved, with the L2 flushed and its persisting lines reset before each sample.
+- A peer (baseline) is timed only if it computes the cell's op: after its first, untimed call, the
+  outputs it returns for input set 0 (mapped to the op's outputs by the op hook `peer_outputs`) are
+  compared with the same float64 reference the candidate is checked against, with the same metric
+  at PEER_TOL_FACTOR x the op's tolerances (a library's rounding order may differ from a kernel's),
+  in a dtype no coarser than the cell's. A peer that fails is absent ("wrong: ..."), never timed.
 
 The device side is a small interface (`GateDevice`): the GPU worker implements it with cuda.core,
 tests/unit/fake_device.py with numpy, so every rule here is tested without a GPU.
@@ -41,6 +46,11 @@ SLOTS = 64  # comparisons read back together
 PERTURB_EVERY = 61  # round C moves about one input element in this many
 PERTURB_SETS = 2
 NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1}
+# A peer's outputs pass at this multiple of the op's atol, rtol and rel_norm: a library's reduction and
+# rounding order differ from a kernel's, yet a peer computing something else (another eps, a missing
+# term or row) stays far outside.
+PEER_TOL_FACTOR = 2.0
+PRECISION = {"bfloat16": 8, "float16": 11, "float32": 24}  # significand bits: a peer's output may be finer, not coarser
 
 
 class GateDevice(Protocol):
@@ -65,9 +75,12 @@ class GateDevice(Protocol):
     def time(self, fns: Sequence[Callable[[int], None]], preps: Sequence[Callable[[int], None]], n: int,
              per: int, after: Callable[[int], None]) -> list[list[float]]: ...
     def capture(self, fn: Callable[[], None]) -> Callable[[int], None]: ...
-    def baselines(self, job: EvalJob, sets: Sequence[dict[str, Any]]
+    def baselines(self, job: EvalJob, sets: Sequence[dict[str, Any]], check_peer: Callable[[str, Any], str]
                   ) -> tuple[list[tuple[str, Callable[[int], None]]], dict[str, str]]:
-        """The baselines asked for, each reading input set i when called with i; and why others are absent."""
+        """The baselines asked for, each reading input set i when called with i; and why others are absent.
+        After a baseline's first call, check_peer(name, its result for set 0) is '' or why it is wrong (absent)."""
+    def peer_view(self, tensor: Any) -> tuple[Any, str]:
+        """A peer's output tensor as a buffer `compare` reads (`.ptr`, `.nbytes`), and its dtype name."""
     def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]: ...
 
 
@@ -129,6 +142,7 @@ class Gate:
         self.tol = dict(job.tolerances)
         self.checks: list[tuple[str, tuple[CheckStats, ...]]] = []
         self.faults: list[str] = []
+        self.peers_checked: dict[str, str] = {}  # peer -> what its check of set 0 found (the passing ones)
         self._bufs: list[Any] = []
         self._seed = job.seed * 1000
 
@@ -195,8 +209,13 @@ class Gate:
         kinds = self.job.timing_kinds
         for i, s in enumerate(sets):
             self._fill(g, s, kinds[i % len(kinds)])
-        # the baselines read the same input buffers as the candidate
-        base, absent = self.dev.baselines(self.job, [s.ins for s in sets]) if self.job.baseline else ([], {})
+
+        def check_peer(name: str, result: Any) -> str:
+            return self._check_peer(g, sets[0], name, result)
+
+        # the baselines read the same input buffers as the candidate; each is checked on set 0
+        base, absent = (self.dev.baselines(self.job, [s.ins for s in sets], check_peer) if self.job.baseline
+                        else ([], {}))
         for i in range(t.warmup):
             j = self.rng.randrange(nsets)
             self._launch_and_check(g, sets[j], f"warm-up {i + 1}")
@@ -411,8 +430,60 @@ class Gate:
             if bad:
                 raise Failed
 
+    def _check_peer(self, g: Geometry, s: InputSet, name: str, result: Any) -> str:
+        """'' when the peer's outputs for set s match the reference (recorded in peers_checked), else why not."""
+        outs = self._peer_outputs(g, name, result)
+        refs = self._reference(g, s)
+        todo, views = [], []
+        for b in g.outs:
+            if b.name not in outs:
+                continue
+            view, dtype = self.dev.peer_view(outs[b.name])
+            views.append(view)  # alive until the comparisons are read back
+            if dtype not in PRECISION:
+                return f"wrong: {b.name} comes as {dtype}, not a float dtype"
+            if PRECISION[dtype] < PRECISION.get(b.dtype, 0):
+                return f"wrong: {b.name} comes as {dtype}, coarser than the cell's {b.dtype}"
+            numel = view.nbytes // NBYTES[dtype]
+            if numel != b.numel:
+                return f"wrong: {b.name} has {numel} elements, the cell's has {b.numel}"
+            atol, rtol, rel = (PEER_TOL_FACTOR * t for t in self.tol[b.name])
+            self.dev.compare(view, refs[f"ref:{b.name}"], dtype, numel, b.shape[-1], self.ref_mod.tail_width(g.dims),
+                             atol, rtol, len(todo))
+            todo.append((b.name, atol, rtol, rel))
+        found = []
+        for (out, atol, rtol, rel), c in zip(todo, self.dev.collect(len(todo))):
+            if c.nonfinite:
+                return f"wrong: {out} {c.nonfinite} of {c.numel} elements non-finite"
+            if c.bad:
+                return (f"wrong: {out} {c.bad} of {c.numel} elements outside atol {atol:.3g} + rtol {rtol:.3g}"
+                        f" (max abs err {c.max_abs_err:.3g}, rel norm err {c.rel_norm_err:.3g}, bound {rel:.3g})")
+            if not c.rel_norm_err <= rel:
+                return f"wrong: {out} rel norm err {c.rel_norm_err:.3g} > {rel:.3g}"
+            found.append(f"{out} rel norm err {c.rel_norm_err:.3g} <= {rel:.3g}")
+        missing = [b.name for b in g.outs if b.name not in outs]
+        self.peers_checked[name] = "; ".join(
+            [f"ok at {PEER_TOL_FACTOR:g} x tolerance: " + ", ".join(found)] + [f"{m} not returned" for m in missing])
+        return ""
+
+    def _peer_outputs(self, g: Geometry, name: str, result: Any) -> dict[str, Any]:
+        """The op hook's map of a peer's result to the cell's outputs; a map it cannot make is an error."""
+        op = self.job.op
+        hook = getattr(self.ref_mod, "peer_outputs", None)
+        if hook is None:
+            raise NotImplementedError(f"op {op}: its device hooks (ops/{op}/device.py) have no peer_outputs(name, "
+                                      f"result), so what peer {name!r} returns cannot be checked")
+        outs = hook(name, result)
+        cell_outs = [b.name for b in g.outs]
+        unknown = sorted(set(outs) - set(cell_outs) - set(self.job.left_out))
+        if unknown or not set(outs) & set(cell_outs):
+            raise ValueError(f"op {op}: peer_outputs({name!r}) maps its result to {sorted(outs)}; the cell's outputs "
+                             f"are {cell_outs}" + (f" ({unknown} are not outputs of the op)" if unknown else ""))
+        return outs
+
     def _result(self, **kw: Any) -> JobResult:
         return JobResult(self.job.job_id, checks=tuple(self.checks), input_faults=tuple(self.faults),
+                         peers_checked=tuple(sorted(self.peers_checked.items())),
                          fingerprint=self.fingerprint, ceiling_gbps=self.ceiling_gbps,
                          bytes_moved=self.job.bytes_moved, **kw)
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from ops.spec import FillSpec
 
-# An argument binding: ("buf", name) for a device pointer, ("i32"|"i64"|"f32", value) for a scalar.
+# An argument binding: ("buf", name) for a device pointer, ("ptr", 0) for a null one (an optional
+# tensor the cell does not use), ("i32"|"i64"|"f32", value) for a scalar.
 ArgBind = tuple[str, Any]
 
 
@@ -127,6 +128,7 @@ class JobResult:
     baseline_name: str = ""
     peers: tuple[tuple[str, tuple[float, ...]], ...] = ()  # every baseline timed: (name, samples)
     absent: tuple[tuple[str, str], ...] = ()  # baselines asked for that could not be had: (name, why)
+    peers_checked: tuple[tuple[str, str], ...] = ()  # timed baselines whose outputs matched the reference: (name, how)
     graph: bool = False
     fingerprint: tuple[tuple[str, str], ...] = ()
     ceiling_gbps: float = 0.0

@@ -94,4 +94,5 @@ def judge(result: JobResult, rel_norms: Mapping[str, float], genome: Genome, cel
     peers = tuple((name, float(np.median(t))) for name, t in result.peers if t)
     return verdict(Status.OK, median_us=float(p50), p10_us=float(p10), p90_us=float(p90),
                    samples=len(result.times_us), baseline_us=base, baseline=result.baseline_name, peers=peers,
-                   absent=result.absent, graph=result.graph, max_abs_err=worst_abs, rel_norm_err=worst_rel)
+                   absent=result.absent, peers_checked=result.peers_checked, graph=result.graph, max_abs_err=worst_abs,
+                   rel_norm_err=worst_rel)

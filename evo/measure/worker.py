@@ -35,6 +35,7 @@ MAX_AUDIT = 256  # buffers audited in one read-back
 NP_SCALAR = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64,
              "u64": np.uint64, "u8": np.uint8}
 SUPPORT = Path(__file__).with_name("cuda") / "support.cu"
+STATIC_SMEM = 48 * 1024  # dynamic shared memory beyond this needs the kernel's opt-in
 
 
 class CudaFault(Exception):
@@ -61,6 +62,18 @@ def check(result: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
 
 
+def allow_smem(kernel: Any, nbytes: int, device: int) -> None:
+    """Opt a kernel in to `nbytes` of dynamic shared memory (past STATIC_SMEM the driver refuses the launch
+    without it); a refusal (more than the device has) is a LaunchFault."""
+    drv = _drv()
+    attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    h = kernel.handle
+    if isinstance(h, drv.CUkernel):  # cuda.core loads cubins as libraries: a context-free kernel handle
+        check(drv.cuKernelSetAttribute(attr, nbytes, h, drv.CUdevice(device)), f"allow {nbytes} B of dynamic smem")
+    else:
+        check(drv.cuFuncSetAttribute(h, attr, nbytes), f"allow {nbytes} B of dynamic smem")
+
+
 def _sticky_error() -> str:
     """The context's error after a synchronize, by enum; '' when the context is healthy."""
     drv = _drv()
@@ -71,6 +84,8 @@ def _sticky_error() -> str:
 class DeviceBuffer:
     """Device memory with canary zones before and after the data."""
 
+    guarded = True
+
     def __init__(self, dev: Any, stream: Any, nbytes: int) -> None:
         self.nbytes = nbytes
         self._buf = dev.allocate(nbytes + 2 * GUARD, stream=stream)
@@ -79,6 +94,15 @@ class DeviceBuffer:
 
     def close(self) -> None:
         self._buf.close()
+
+
+class PeerView:
+    """A peer's output tensor, read in place by `compare` (no guard zones: it is torch's memory)."""
+
+    guarded = False
+
+    def __init__(self, ptr: int, nbytes: int, keep: Any) -> None:
+        self.ptr, self.nbytes, self._keep = ptr, nbytes, keep  # the tensor stays alive while the view is used
 
 
 class Worker:
@@ -98,6 +122,9 @@ class Worker:
         self.arch = "sm_" + "".join(map(str, self.dev.compute_capability))
         self.support = self._compile(SUPPORT.read_text())
         self.op_modules: dict[str, tuple[Any, Any]] = {}
+        # (id of the job's ObjectCode, kernel) -> dynamic smem bytes allowed; cleared per job, while its
+        # ObjectCode is alive, so ids are not reused. Set before the first (checked) launch, never in a capture.
+        self.smem_allowed: dict[tuple[int, str], int] = {}
         self._numel = [0] * SLOTS  # elements compared in each scratch slot
         self.flush_buf = self.dev.allocate(FLUSH_BYTES, stream=self.stream)
         # compare stats (SLOT bytes per slot), then checksums and guard counts (AUDIT_AT on)
@@ -128,6 +155,9 @@ class Worker:
         vals = tuple(NP_SCALAR[k](v) for k, v in args)
         try:
             k = obj.get_kernel(kernel)
+            if smem > STATIC_SMEM and self.smem_allowed.get((id(obj), kernel), 0) < smem:
+                allow_smem(k, int(smem), self.dev.device_id)
+                self.smem_allowed[(id(obj), kernel)] = int(smem)
             launch(self.stream, LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem)), k, *vals)
         except CUDAError as e:
             sticky = _sticky_error()
@@ -222,7 +252,8 @@ class Worker:
         check(_drv().cuMemsetD32Async(st + 16 + 32, 0xFFFFFFFF, 2, int(self.stream.handle)), "memset")
         self._support(f"kf_compare_{SHORT[dtype]}", numel, ("ptr", out.ptr), ("ptr", ref.ptr), ("i64", numel),
                       ("i32", row_len), ("i32", tail), ("f64", atol), ("f64", rtol), ("ptr", st), ("ptr", st + 16))
-        self._guards(out, st + 64)
+        if out.guarded:  # a peer's tensor (PeerView) has no canary zones of ours around it
+            self._guards(out, st + 64)
         self._numel[slot] = numel
 
     def collect(self, n: int) -> list[CheckStats]:
@@ -276,10 +307,11 @@ class Worker:
         exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         return lambda _i: check(drv.cuGraphLaunch(exe, h), "cuGraphLaunch")
 
-    def baselines(self, job: EvalJob, sets: Sequence[dict[str, DeviceBuffer]]
+    def baselines(self, job: EvalJob, sets: Sequence[dict[str, DeviceBuffer]], check_peer: Callable[[str, Any], str]
                   ) -> tuple[list[tuple[str, Callable[[int], None]]], dict[str, str]]:
         """The op's baselines (job.baselines, or the hooks' first), each reading the candidate's own input
-        buffers (set i); a baseline that cannot be had is reported absent with the reason, never faked."""
+        buffers (set i); a baseline that cannot be had, or whose result for set 0 fails `check_peer` against
+        the reference, is reported absent with the reason, never faked."""
         mod, _ = self._op(job.op)
         names = job.baselines
         if self.torch is None:
@@ -311,6 +343,10 @@ class Worker:
             except Exception as e:  # a peer that fails on this cell is absent, with its own words
                 absent[name] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue
+            wrong = check_peer(name, kept[0])  # outside the try: a result the op's hook cannot map is a harness error
+            if wrong:
+                absent[name] = wrong
+                continue
 
             def run(i: int, raw: Any = raw) -> None:
                 with torch.cuda.stream(self.torch_stream):
@@ -319,6 +355,14 @@ class Worker:
             run.raw = raw  # type: ignore[attr-defined]
             present.append((name, run))
         return present, absent
+
+    def peer_view(self, tensor: Any) -> tuple[PeerView, str]:
+        """A peer's output tensor (contiguous, in place when it is) as a buffer `compare` reads."""
+        if not isinstance(tensor, self.torch.Tensor) or not tensor.is_cuda:
+            raise TypeError(f"a peer output must be a CUDA torch.Tensor, got {type(tensor).__name__}")
+        with self.torch.cuda.stream(self.torch_stream):
+            t = tensor.detach().contiguous()
+        return PeerView(t.data_ptr(), t.numel() * t.element_size(), t), str(t.dtype).removeprefix("torch.")
 
     def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]:
         """The baseline over the sets in `order`, captured into one torch CUDA graph."""
@@ -383,6 +427,7 @@ class Worker:
         from cuda.core import ObjectCode
 
         mod, ref_obj = self._op(job.op)
+        self.smem_allowed.clear()
         try:
             obj = ObjectCode.from_cubin(job.cubin)
         except Exception as e:  # a cubin the driver rejects (wrong arch) is a launch error

@@ -53,8 +53,8 @@ case "$stage" in
     echo "fwd GA rc=$?" >> "$log" ;;
   bwdga) bwd_ga ;;
   verify)
-    timeout 220 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
-      tests/gpu/test_kda_device.py tests/gpu/test_worker.py tests/gpu/test_export_gpu.py >> "$log" 2>&1
+    timeout 200 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
+      tests/gpu/test_kda_device.py tests/gpu/test_worker.py tests/gpu/test_export_gpu.py tests/gpu/test_peer_check.py >> "$log" 2>&1
     echo "GPU tests rc=$?" >> "$log" ;;
   bwdall)  # warm: a copy of the bf16 run's store (its lessons, builds and results under the same fingerprint)
     mkdir -p /tmp/kf_bwd_all && cp experiments/results/rmsnorm_bwd_h200/store.duckdb /tmp/kf_bwd_all/store.duckdb
@@ -62,7 +62,7 @@ case "$stage" in
       --store /tmp/kf_bwd_all/store.duckdb --out "$out/bwd_all" >> "$log" 2>&1
     echo "bwd GA (all dtypes) rc=$?" >> "$log" ;;
   fwd2)
-    timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes2.toml \
+    timeout 290 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes2.toml \
       --store /tmp/kf_fwd2/store.duckdb --out "$out/fwd2" >> "$log" 2>&1
     echo "fwd GA (regimes2) rc=$?" >> "$log"
     cp /tmp/kf_fwd2/store.duckdb "$out/fwd2/store.duckdb" 2>/dev/null ;;

@@ -83,3 +83,13 @@ def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
     makers = {"fla.fused_recurrent_kda": fused, "fla.chunk_kda": chunk}
     return {n: absent_unless(makers, n) for n in (names or ("fla.fused_recurrent_kda",))}
+
+
+def peer_outputs(name: str, result: Any) -> dict[str, Any]:
+    """A peer's return value by output: fla's kernels return (o, final_state), final_state None when
+    not asked for (not checked then)."""
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        got = f"a {len(result)}-tuple" if isinstance(result, (tuple, list)) else type(result).__name__
+        raise ValueError(f"kda peer {name!r} returned {got}; expected (o, final_state)")
+    o, state = result
+    return {"o": o} if state is None else {"o": o, "final_state": state}

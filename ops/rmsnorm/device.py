@@ -99,3 +99,13 @@ def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
     makers = {"torch.rms_norm": lambda: eager, "torch.compile": lambda: compiled(torch, eager),
               "liger": liger, "quack": lambda: quack(False), "quack.autotuned": lambda: quack(True)}
     return {n: absent_unless(makers, n) for n in (names or ("torch.rms_norm",))}
+
+
+def peer_outputs(name: str, result: Any) -> dict[str, Any]:
+    """A peer's return value by output: y alone, or (y, residual_out) where the cell has a residual
+    (baselines() returns these; no peer stores rstd)."""
+    if isinstance(result, (tuple, list)):
+        if len(result) != 2:
+            raise ValueError(f"rmsnorm peer {name!r} returned a {len(result)}-tuple; expected y or (y, residual_out)")
+        return {"y": result[0], "residual_out": result[1]}
+    return {"y": result}

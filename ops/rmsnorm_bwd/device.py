@@ -24,9 +24,19 @@ def tail_width(dims: Mapping[str, int]) -> int:
 
 
 def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    """name -> fn(tensors, scalars) returning (dx, dw), or why the peer is absent. torch's autograd
-    recomputes the forward's statistics from x (rstd is not read); the others read rstd as given."""
+    """name -> fn(tensors, scalars) returning (dx, dw), or why the peer is absent. torch.eager is the
+    backward in torch ops (fp32, reading rstd as given, as the op and every other peer does); torch's
+    autograd recomputes the forward's statistics from x (rstd is not read), so on the gate's inputs,
+    whose rstd is drawn apart from x, its answer is another op's: the peer check reports it absent."""
     from ops.baselines import absent_unless
+
+    def eager(t: Mapping[str, Any], s: Mapping[str, float]) -> Any:
+        x, w, dout = t["x"].float(), t["w"].float(), t["dout"].float()
+        rstd = t["rstd"].float().unsqueeze(-1)
+        xhat = x * rstd
+        g = dout * w
+        dx = rstd * (g - xhat * (g * xhat).mean(dim=-1, keepdim=True))
+        return dx.to(t["x"].dtype), (dout * xhat).sum(dim=0).to(t["w"].dtype)
 
     def autograd(t: Mapping[str, Any], s: Mapping[str, float]) -> Any:
         x = t["x"].detach().requires_grad_(True)
@@ -66,6 +76,14 @@ def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
         return tuned_bwd
 
-    makers = {"torch.autograd(rms_norm)": lambda: autograd, "liger": liger,
+    makers = {"torch.eager": lambda: eager, "torch.autograd(rms_norm)": lambda: autograd, "liger": liger,
               "quack": lambda: quack(False), "quack.autotuned": lambda: quack(True)}
-    return {n: absent_unless(makers, n) for n in (names or ("torch.autograd(rms_norm)",))}
+    return {n: absent_unless(makers, n) for n in (names or ("torch.eager",))}
+
+
+def peer_outputs(name: str, result: Any) -> dict[str, Any]:
+    """A peer's return value by output: every peer in baselines() returns (dx, dw)."""
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        got = f"a {len(result)}-tuple" if isinstance(result, (tuple, list)) else type(result).__name__
+        raise ValueError(f"rmsnorm_bwd peer {name!r} returned {got}; expected (dx, dw)")
+    return {"dx": result[0], "dw": result[1]}

@@ -110,6 +110,6 @@ SPEC = OpSpec(
     fills=FILLS,
     timing_kinds=("normal", "large"),
     gate_cells=gate_cells,
-    baselines=("torch.autograd(rms_norm)", "liger", "quack", "quack.autotuned"),
+    baselines=("torch.eager", "torch.autograd(rms_norm)", "liger", "quack", "quack.autotuned"),
     bucket_edges={"M": (2048, 16384), "N": (8192, 65536)},
 )

@@ -29,3 +29,10 @@ def baselines(torch: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
     makers = {"torch.softmax": lambda: eager, "torch.compile": lambda: compiled(torch, eager)}
     return {n: absent_unless(makers, n) for n in (names or ("torch.softmax",))}
+
+
+def peer_outputs(name: str, result: Any) -> dict[str, Any]:
+    """A peer's return value by output: y."""
+    if isinstance(result, (tuple, list)):
+        raise ValueError(f"softmax peer {name!r} returned a {len(result)}-tuple; expected y")
+    return {"y": result}

@@ -43,17 +43,34 @@ class FakeBuf:
 Kernel = Callable[["FakeDevice", tuple], None]
 
 
+@dataclass(frozen=True)
+class FakeTensor:
+    """A peer's output in a dtype numpy lacks (bfloat16): its bit patterns and the dtype's name."""
+
+    bits: np.ndarray
+    dtype: str
+
+
+@dataclass(frozen=True)
+class FakePeer:
+    """A fake peer: its cost in us per call, and what it returns for one input set's buffers (the op
+    hook's peer_outputs maps it; default: RMSNorm's y, computed honestly)."""
+
+    cost: float
+    output: Callable[["FakeDevice", EvalJob, dict[str, Any]], Any] | None = None
+
+
 class FakeDevice:
     """Implements evo.measure.gate.GateDevice with numpy."""
 
     def __init__(self, kernels: dict[str, Kernel], baseline_us: float | None = 10.0, ceiling_gbps: float = 4000.0,
-                 seed: int = 0, peers: dict[str, float | str] | None = None) -> None:
+                 seed: int = 0, peers: dict[str, float | str | FakePeer] | None = None) -> None:
         self.kernels = kernels
         self.bufs: dict[int, FakeBuf] = {}
         self.next_ptr = 1 << 20
         self.clock = 0.0  # microseconds
         self.baseline_us = baseline_us
-        self.peers = dict(peers or {})  # more baselines: name -> cost in us, or why it is absent
+        self.peers = dict(peers or {})  # more baselines: name -> cost in us (or a FakePeer), or why it is absent
         self.peer_calls: dict[str, int] = {}
         self.ceiling_gbps = ceiling_gbps
         self.launches = 0  # candidate launches
@@ -203,7 +220,7 @@ class FakeDevice:
 
         return replay
 
-    def baselines(self, job: EvalJob, sets: Sequence[dict[str, Any]]
+    def baselines(self, job: EvalJob, sets: Sequence[dict[str, Any]], check_peer: Callable[[str, Any], str]
                   ) -> tuple[list[tuple[str, Callable[[int], None]]], dict[str, str]]:
         names = job.baselines or ("fake.baseline",)
         if self.baseline_us is None:
@@ -213,10 +230,16 @@ class FakeDevice:
         costs = {"fake.baseline": self.baseline_us, **self.peers}
         present, absent = [], {}
         for name in names:
-            cost = costs.get(name, f"no baseline named {name!r}")
-            if isinstance(cost, str):
-                absent[name] = cost
+            peer = costs.get(name, f"no baseline named {name!r}")
+            if isinstance(peer, str):
+                absent[name] = peer
                 continue
+            peer = peer if isinstance(peer, FakePeer) else FakePeer(peer)
+            wrong = check_peer(name, (peer.output or honest_rms_peer)(self, job, sets[0]))  # as the worker: set 0
+            if wrong:
+                absent[name] = wrong
+                continue
+            cost = peer.cost
 
             def run(i: int, name: str = name, cost: float = cost) -> None:
                 self.find(ptrs[i])  # the set must exist, as on the GPU
@@ -227,8 +250,43 @@ class FakeDevice:
             present.append((name, run))
         return present, absent
 
+    def peer_view(self, tensor: Any) -> tuple[FakeBuf, str]:
+        """A peer's output copied into a fresh buffer, and its dtype name."""
+        if isinstance(tensor, FakeTensor):
+            raw, dtype = np.ascontiguousarray(tensor.bits), tensor.dtype
+        else:
+            raw = np.ascontiguousarray(tensor)
+            dtype = raw.dtype.name
+        buf = self.alloc(raw.nbytes)
+        self.data(buf)[:] = raw.reshape(-1).view(np.uint8)
+        return buf, dtype
+
     def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]:
         return lambda _i: [fn(j) for j in order]
+
+
+def read(dev: FakeDevice, buf: FakeBuf, dtype: str, numel: int) -> np.ndarray:
+    """A buffer's first numel elements as float64 (bfloat16 through its bit patterns)."""
+    if dtype == "bfloat16":
+        return from_device_bytes(dev.data(buf).view(np.uint16)[:numel], DType.BF16)
+    return dev.data(buf).view(NP[dtype])[:numel].astype(np.float64)
+
+
+def as_dtype(a: np.ndarray, dtype: str) -> Any:
+    """A float array stored as a peer would return it in `dtype` (bfloat16 as a FakeTensor)."""
+    if dtype == "bfloat16":
+        return FakeTensor(to_device_bytes(a.reshape(-1), DType.BF16).reshape(a.shape), dtype)
+    return a.astype(NP[dtype])
+
+
+def honest_rms_peer(dev: FakeDevice, job: EvalJob, ins: dict[str, Any], eps: float | None = None) -> Any:
+    """RMSNorm's y for one input set, as a library computes it (fp32 math, y in the cell's dtype)."""
+    decl = {b.name: b for b in job.buffers}
+    m, n = decl["x"].shape
+    x = read(dev, ins["x"], decl["x"].dtype, m * n).reshape(m, n)
+    w = read(dev, ins["w"], decl["w"].dtype, n)
+    y = honest_rows(x.astype(np.float32), w.astype(np.float32), dict(job.scalars)["eps"] if eps is None else eps)
+    return as_dtype(y, decl["y"].dtype)
 
 
 def _reference(dev: FakeDevice, kernel: str, args: tuple) -> None:

@@ -18,7 +18,8 @@ def row(m: int, us: float, peers: dict, absent: dict) -> BenchRow:
     c = rms_cell("bf16", m, 1024)
     o = Outcome(G, c, Status.OK, "b", median_us=us, p10_us=us, p90_us=us, samples=100,
                 baseline_us=peers["torch.rms_norm"], baseline="torch.rms_norm", peers=tuple(peers.items()),
-                absent=tuple(absent.items()))
+                absent=tuple(absent.items()), peers_checked=tuple((n, "ok at 2 x tolerance: y rel norm err 0.001 <= 0.016")
+                                                                  for n in peers))
     return BenchRow("cta_row", "cta_row", c, "bf16", o, 40, 4 * m * 1024, 4200.0)
 
 
@@ -30,6 +31,7 @@ def test_bench_files_name_every_peer(tmp_path):
     assert tuple(got[0]) == CSV_COLUMNS
     assert [r["best_peer"] for r in got] == ["quack", "quack"]
     assert json.loads(got[0]["peers"]) == {"torch.rms_norm": 20.0, "quack": 9.0}
+    assert set(json.loads(got[0]["peers_checked"])) == {"torch.rms_norm", "quack"}  # every timed peer was checked
     assert float(got[0]["speedup"]) == 2.0 and abs(float(got[0]["gbps"]) - 4 * 64 * 1024 / 10e-6 / 1e9) < 1e-9
     summary = json.loads((tmp_path / "b.json").read_text())["summary"]["cta_row"]
     assert summary["cells_at_or_above_best_peer"] == 1  # 9/10 < 1 on a, 5.5/5 >= 1 on b

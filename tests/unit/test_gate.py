@@ -6,6 +6,10 @@ verify.judge must give it the status the gallery expects, and an honest kernel m
 
 from __future__ import annotations
 
+import random
+import re
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -16,7 +20,11 @@ from evo.measure.verify import judge
 from ops.rmsnorm.spec import SPEC, cell
 from tests.unit.fake_device import (
     FakeDevice,
+    FakePeer,
+    FakeTensor,
+    as_dtype,
     cost_us,
+    honest_rms_peer,
     honest_rows,
     rms_job,
     run_gate,
@@ -343,3 +351,72 @@ def test_without_torch_every_peer_is_absent_and_the_candidate_still_timed():
     assert v.status is Status.OK and res.peers == () and len(res.times_us) == 20
     assert dict(res.absent) == {"torch.rms_norm": "torch with CUDA is not importable",
                                 "liger": "torch with CUDA is not importable"}
+
+
+# ---- peers' outputs checked against the reference before they are timed ---------------------------------
+
+def _peer(edit):
+    """A fake peer returning the honest y for the set, edited."""
+    return FakePeer(2.0, lambda dev, job, ins: edit(honest_rms_peer(dev, job, ins)))
+
+
+PEERS_JOB = rms_job(CELL, baselines=("fake.baseline", "peer.under_test"))
+
+
+def test_a_correct_peer_is_checked_stays_present_and_the_check_is_recorded():
+    v, res, _ = status_of(honest, PEERS_JOB, peers={"peer.under_test": _peer(lambda y: y)})
+    assert v.status is Status.OK and [n for n, _ in res.peers] == ["fake.baseline", "peer.under_test"]
+    assert res.absent == ()
+    checked = dict(v.peers_checked)
+    assert set(checked) == {"fake.baseline", "peer.under_test"}
+    assert checked["peer.under_test"].startswith("ok at 2 x tolerance: y rel norm err")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda y: y * np.float16(1.01), r"wrong: y \d+ of 9472 elements outside atol 0.004 \+ rtol 0.004"),
+    (lambda y: y[:-1], "wrong: y has 9216 elements, the cell's has 9472"),  # a row missing
+    (lambda y: np.concatenate([y[:-1], np.zeros_like(y[-1:])]), r"wrong: y \d+ of 9472 elements outside"),
+    (lambda y: np.where(np.arange(y.size).reshape(y.shape) == 5, np.float16(np.nan), y), "wrong: y 1 of 9472 elements non-finite"),
+    (lambda y: FakeTensor(as_dtype(y.astype(np.float32), "bfloat16").bits, "bfloat16"),
+     "wrong: y comes as bfloat16, coarser than the cell's float16"),
+    (lambda y: y.astype(np.int32), "wrong: y comes as int32, not a float dtype"),
+], ids=["scaled-1.01", "row-missing", "row-zero", "one-nan", "coarser-dtype", "int-dtype"])
+def test_a_wrong_peer_is_absent_with_the_reason_and_never_timed(edit, match):
+    v, res, dev = status_of(honest, PEERS_JOB, peers={"peer.under_test": _peer(edit)})
+    assert v.status is Status.OK  # the candidate is judged as before
+    assert [n for n, _ in res.peers] == ["fake.baseline"] and "peer.under_test" not in dev.peer_calls
+    assert re.fullmatch(match + ".*", dict(res.absent)["peer.under_test"]), dict(res.absent)
+    assert "peer.under_test" not in dict(res.peers_checked)
+
+
+def test_a_peer_with_another_eps_is_caught():
+    """A differently defined peer (eps 1e-2 instead of the cell's 1e-6) fails on the rel norm or elementwise."""
+    peer = FakePeer(2.0, lambda dev, job, ins: honest_rms_peer(dev, job, ins, eps=1e-2))
+    _, res, _ = status_of(honest, PEERS_JOB, peers={"peer.under_test": peer})
+    assert dict(res.absent)["peer.under_test"].startswith("wrong: y ")
+
+
+def test_the_first_peer_wrong_makes_the_next_one_the_baseline():
+    v, res, _ = status_of(honest, rms_job(CELL, baselines=("peer.under_test", "fake.baseline")),
+                          peers={"peer.under_test": _peer(lambda y: y * np.float16(1.01))})
+    assert v.baseline == "fake.baseline" and res.baseline_name == "fake.baseline"
+
+
+@pytest.mark.parametrize("result, match", [
+    (lambda y: (y, y, y), "rmsnorm peer 'peer.under_test' returned a 3-tuple; expected y or"),
+    (lambda y: (y, y), r"peer_outputs\('peer.under_test'\) maps its result to \['residual_out', 'y'\]; the cell's "
+                       r"outputs are \['y'\] \(\['residual_out'\] are not outputs of the op\)"),
+], ids=["3-tuple", "output-the-cell-lacks"])
+def test_a_peer_result_the_op_hook_cannot_map_is_a_clear_error(result, match):
+    with pytest.raises(ValueError, match=match):
+        status_of(honest, PEERS_JOB, peers={"peer.under_test": _peer(result)})
+
+
+def test_an_op_without_a_peer_outputs_hook_is_a_clear_error():
+    from evo.measure.gate import Gate
+    from ops.rmsnorm import device as rms_device
+
+    hooks = SimpleNamespace(reference=rms_device.reference, tail_width=rms_device.tail_width)
+    dev = FakeDevice({"cand": honest})
+    with pytest.raises(NotImplementedError, match=r"ops/rmsnorm/device.py\) have no peer_outputs\(name, result\)"):
+        Gate(dev, PEERS_JOB, "cand", "ref", hooks, random.Random(0)).run()
