@@ -1,0 +1,26 @@
+"""Kimi Delta Attention kernels exported by Kernel Factory from searched runs, on fla's surface;
+README.md beside this package says which runs, what they measured, and which path a call takes
+(`explain`).
+
+`import` needs neither torch nor a GPU: `explain`, `tables` and `provenance` read the shipped data;
+`fused_recurrent_kda`, `chunk_kda` and `stats` import torch on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .choose import ENTRY_POINTS, PATHS, Choice, MissingKernel, explain
+from .table import provenance, tables
+
+__all__ = ["ENTRY_POINTS", "PATHS", "Choice", "MissingKernel", "chunk_kda", "explain", "fused_recurrent_kda",
+           "provenance", "stats", "tables"]
+_TORCH_API = ("fused_recurrent_kda", "chunk_kda", "stats")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

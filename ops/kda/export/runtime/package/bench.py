@@ -1,0 +1,171 @@
+"""fla (when installed) against the exported kernels on every searched cell, in one process, on the same
+inputs.
+
+Each launch is timed with CUDA events after a 256 MiB write that flushes the L2; the sides take turns
+(both orders), and the median of all samples is kept. Outputs are checked against a float64 reference
+(first and last sequence) before timing. A decode cell is timed against fla's fused_recurrent_kda, a
+prefill one against chunk_kda; without fla only the exported kernels are timed.
+
+    python -m <package>.bench [--out bench.json] [--samples 100] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import api, verify
+from .choose import ENTRY_POINTS, kind_of
+from .loader import PACKAGE
+from .table import Entry, provenance, tables
+
+_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_FLUSH_BYTES = 256 << 20
+
+
+def samples_us(fns: list[Callable[[], object]], n: int, warmup: int = 10) -> list[list[float]]:
+    """n CUDA-event timings per function, L2 flushed before each, the functions taking turns in both orders."""
+    flush = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    out: list[list[float]] = [[] for _ in fns]
+    for i in range(n):
+        for j in (range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))):
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[j]()
+            end.record()
+            end.synchronize()
+            out[j].append(start.elapsed_time(end) * 1e3)
+    return out
+
+
+def inputs(dims: dict[str, int], dtypes: dict[str, str], seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Tensors and fla keywords for a cell: unit q, k rows (or rows of norm 0.1..10 under the in-kernel
+    norm), log decays exp(-exp(N(-2, 1))), an initial state ~K^-1/2, cu_seqlens of uneven lengths when
+    N != B, A_log and dt_bias for a gate computed in the kernel."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b, t, h, hv, k, v, n = (dims[d] for d in ("B", "T", "H", "HV", "K", "V", "N"))
+    x, gdt = _TORCH[dtypes["x"]], _TORCH[dtypes["g"]]
+
+    def rows(shape: tuple[int, ...]) -> torch.Tensor:
+        r = torch.nn.functional.normalize(torch.randn(shape, device="cuda", generator=gen), dim=-1)
+        if dims["qk_l2norm"]:
+            r = r * 10.0 ** (2 * torch.rand((*shape[:-1], 1), device="cuda", generator=gen) - 1)
+        return r.to(x)
+
+    q, kk = rows((b, t, h, k)), rows((b, t, h, k))
+    vv = torch.randn(b, t, hv, v, device="cuda", generator=gen).to(x)
+    decay = -torch.exp(torch.randn(b, t, hv, k, device="cuda", generator=gen) - 2.0)
+    logits = torch.randn(b, t, hv, device="cuda", generator=gen)
+    beta = (logits if dims["beta_act"] else torch.sigmoid(logits)).to(x)
+    shape = (n, hv, dims["SR"], dims["SC"])
+    h0 = torch.randn(shape, device="cuda", generator=gen) / math.sqrt(k)
+    kw: dict[str, Any] = {"initial_state": h0, "output_final_state": True,
+                          "use_qk_l2norm_in_kernel": bool(dims["qk_l2norm"]),
+                          "use_beta_sigmoid_in_kernel": dims["beta_act"] != 0,
+                          "allow_neg_eigval": dims["beta_act"] == 2, "state_v_first": bool(dims["v_first"])}
+    g = decay
+    if dims["gate"]:
+        kw |= {"use_gate_in_kernel": True, "A_log": torch.zeros(hv, device="cuda"),
+               "dt_bias": torch.zeros(hv * k, device="cuda")}
+        if dims["gate"] == 2:
+            kw["lower_bound"] = -5.0
+            g = torch.logit((decay / -5.0).clamp(1e-6, 1 - 1e-4))
+        else:
+            g = torch.log(torch.expm1(-decay))  # softplus^-1 of -decay, with A_log = 0
+    if n != b:
+        cuts = torch.randperm(t - 1, generator=torch.Generator().manual_seed(seed))[: n - 1] + 1
+        kw["cu_seqlens"] = torch.cat([torch.tensor([0]), cuts.sort().values, torch.tensor([t])]).to("cuda")
+    return {"q": q, "k": kk, "v": vv, "g": g.to(gdt), "beta": beta}, kw
+
+
+def fla_entry(entry: str) -> Callable | None:
+    try:
+        import fla.ops.kda as fla_kda
+    except ImportError:
+        return None
+    return getattr(fla_kda, entry, None)
+
+
+def check(dims: dict[str, int], t: dict[str, Any], kw: dict[str, Any], o: torch.Tensor, final: torch.Tensor) -> str:
+    s = {"scale": dims["K"] ** -0.5, "lower_bound": kw.get("lower_bound") or -5.0,
+         **{d: dims[d] for d in ("gate", "beta_act", "qk_l2norm", "v_first")}}
+    bound = {**t, **{n: kw.get(n) for n in ("initial_state", "cu_seqlens", "A_log", "dt_bias")}}
+    return verify.check(bound, s, o, final)
+
+
+def cell_row(e: Entry, samples: int) -> dict:
+    dims, dt = dict(e.dims), dict(e.dtypes)
+    entry = next(ep for ep, (kind, _) in ENTRY_POINTS.items() if kind == kind_of(e.template))
+    t, kw = inputs(dims, dt)
+    ours = getattr(api, entry)
+    o, final = ours(**t, **kw)
+    problem = check(dims, t, kw, o, final)
+    fns = [lambda: ours(**t, **kw)]
+    peer = fla_entry(entry)
+    if peer is not None:
+        fkw = dict(kw)
+        if entry == "chunk_kda":
+            fkw["safe_gate"] = dims["gate"] == 2
+        fns.append(lambda: peer(**t, **fkw))
+    times = samples_us(fns, samples)
+    ours_us = statistics.median(times[0])
+    fla_us = statistics.median(times[1]) if peer is not None else None
+    return {"cell": e.cell, "entry": entry, "dims": dims, "dtypes": dt, "exported_us": ours_us, "fla_us": fla_us,
+            "speedup_vs_fla": fla_us / ours_us if fla_us else None, "searched_median_us": e.median_us,
+            "searched_baseline": e.baseline, "searched_baseline_us": e.baseline_us, "samples": samples,
+            "correct": not problem, "error": problem}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(f"{PACKAGE}_bench.json"))
+    ap.add_argument("--samples", type=int, default=100, help="timed launches per side and cell (default 100)")
+    ap.add_argument("--quick", action="store_true", help="the first and last cell only")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"{PACKAGE}.bench: no CUDA GPU visible", file=sys.stderr)
+        return 2
+    entries = list(tables()["kda"].entries) if "kda" in tables() else []
+    if args.quick:
+        entries = entries[:1] + entries[-1:] if len(entries) > 1 else entries
+    rows = [cell_row(e, args.samples) for e in entries]
+    speedups = [r["speedup_vs_fla"] for r in rows if r["speedup_vs_fla"]]
+    doc = {"package": PACKAGE, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "python": platform.python_version(), "fla": _fla_version(),
+           "timer": "CUDA events, 256 MiB L2 flush before each launch, sides interleaved in both orders, median",
+           "runs": {op: d["run"]["run_id"] for op, d in provenance()["ops"].items()},
+           "geomean_speedup_vs_fla": math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None,
+           "cells": rows}
+    args.out.write_text(json.dumps(doc, indent=2))
+    wrong = [r["cell"] for r in rows if not r["correct"]]
+    print(f"{len(rows)} cells; geomean speedup over fla: {doc['geomean_speedup_vs_fla']}; wrote {args.out}")
+    if wrong:
+        print(f"WRONG on {len(wrong)} cells: {', '.join(wrong)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _fla_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("flash-linear-attention")
+    except ImportError:  # importlib.metadata.PackageNotFoundError is one
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

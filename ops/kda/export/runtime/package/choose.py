@@ -1,0 +1,276 @@
+"""Which kernel a KDA call gets, and why, per fla entry point.
+
+Each entry point has its templates: `fused_recurrent_kda` the decode ones (`recurrent*`),
+`chunk_kda` the prefill ones (`chunk*`). A call is a cell: its shape dims (B, T, H, HV, K, V, N, Ncu,
+SR, SC), the four variant dims (gate, beta_act, qk_l2norm, v_first) and its dtypes (x: q, k, v, beta,
+o; g; state: always float32 here, as fla returns an fp32 final state). Templates' constraints read
+all of them, so a variant a template does not implement is refused like a shape.
+
+Paths, best first:
+- table: the cell was searched; the kernel the search measured there (its prebuilt cubin).
+- table-build: a prebuilt cubin of the table fits (same genome, dtypes and specialized dims, e.g. K, V
+  and the variant; another B or T only changes the launch plan). The factory's gate ran it on B = 1, 3
+  and T = 3 as well.
+- rerender: the nearest searched genome (same dtypes first, then nearest dims) whose template admits
+  the call, rendered for it and compiled with NVRTC at first use; its first call is checked.
+- repaired: the nearest genome with the fewest parameters changed so that its template admits the call.
+- torch: float32 torch operations (reference.py), correct but not searched: a variant or shape no
+  exported template of the entry point admits, CPU tensors, inputs that need grad, or a kernel that
+  failed to compile or check.
+- missing: `chunk_kda` when the export holds no prefill template at all: the call raises
+  MissingKernel naming it, rather than computing prefill some other way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from . import expr
+from .table import OpTable, tables
+
+OP = "kda"
+PATHS = ("table", "table-build", "rerender", "repaired", "torch", "missing")
+KERNEL_PATHS = PATHS[:4]
+# entry point -> (kind of templates it launches, the template name prefix of that kind)
+ENTRY_POINTS = {"fused_recurrent_kda": ("decode", "recurrent"), "chunk_kda": ("prefill", "chunk")}
+VARIANT_DIMS = ("gate", "beta_act", "qk_l2norm", "v_first")
+STATE_DTYPE = "float32"
+
+
+class MissingKernel(NotImplementedError):
+    """The export holds no kernel of the kind an entry point needs (chunk_kda without a prefill run)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The path one (entry point, cell, arch) takes; `str()` says it in one line."""
+
+    op: str
+    path: str
+    dims: tuple[tuple[str, int], ...]
+    dtypes: tuple[tuple[str, str], ...]
+    arch: int
+    reason: str
+    entry: str = "fused_recurrent_kda"
+    template: str = ""  # template id (name-sourcehash) of the kernel, "" for torch
+    params: tuple[tuple[str, Any], ...] = ()
+    consts: tuple[tuple[str, int], ...] = ()  # the dims the kernel is compiled for
+    build: str = ""  # the prebuilt kernel used as it is, if any
+    source_cell: str = ""  # the searched cell whose genome this is
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def kernel(self) -> bool:
+        return self.path in KERNEL_PATHS
+
+    @property
+    def checked_by_factory(self) -> bool:
+        """True when the factory's gate ran this very cubin (on this cell, or on its gate cells)."""
+        return self.path in ("table", "table-build")
+
+    def __str__(self) -> str:
+        d = dict(self.dims)
+        shape = " ".join(f"{k}={d[k]}" for k in ("B", "T", "H", "HV", "K", "V", "N") if k in d)
+        var = " ".join(f"{k}={d[k]}" for k in VARIANT_DIMS if d.get(k))
+        dts = ",".join(f"{k}={expr.short(v)}" for k, v in self.dtypes if v in expr.DTYPES)
+        what = (f"{self.template}({', '.join(f'{k}={v}' for k, v in self.params)})" if self.kernel
+                else "torch fp32" if self.path == "torch" else "no kernel")
+        extra = "".join(f"; {n}" for n in self.notes)
+        return (f"{self.entry} {dts} {shape}{' ' + var if var else ''} sm_{self.arch}: {self.path}: {what}: "
+                f"{self.reason}{extra}")
+
+
+def variant_dims(*, use_gate_in_kernel: bool = False, lower_bound: float | None = None,
+                 use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+                 use_qk_l2norm_in_kernel: bool = False, state_v_first: bool = False) -> dict[str, int]:
+    """fla's keywords as the cell's variant dims (the factory's ops/kda/spec.py): gate 0 log-space g,
+    1 softplus gate in the kernel, 2 lower-bound (safe) gate; beta_act 0 none, 1 sigmoid, 2 2*sigmoid."""
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    gate = 0 if not use_gate_in_kernel else (2 if lower_bound is not None else 1)
+    beta_act = 0 if not use_beta_sigmoid_in_kernel else (2 if allow_neg_eigval else 1)
+    return {"gate": gate, "beta_act": beta_act, "qk_l2norm": int(bool(use_qk_l2norm_in_kernel)),
+            "v_first": int(bool(state_v_first))}
+
+
+def call_dims(q_shape: Sequence[int], v_shape: Sequence[int], n_seqs: int | None,
+              variant: Mapping[str, int]) -> dict[str, int]:
+    """The cell of a call: q [B, T, H, K], v [B, T, HV, V], N sequences (B, or len(cu_seqlens) - 1)."""
+    if len(q_shape) != 4 or len(v_shape) != 4:
+        raise ValueError(f"kda: q and v must be 4-d (B, T, H, K) and (B, T, HV, V), got {tuple(q_shape)} and "
+                         f"{tuple(v_shape)}")
+    b, t, h, k = (int(x) for x in q_shape)
+    hv, v = int(v_shape[2]), int(v_shape[3])
+    n = b if n_seqs is None else int(n_seqs)
+    sr, sc = (v, k) if variant.get("v_first") else (k, v)
+    dims = {"B": b, "T": t, "H": h, "HV": hv, "K": k, "V": v, "N": n, "Ncu": n + 1, "SR": sr, "SC": sc}
+    return dims | {d: int(variant.get(d, 0)) for d in VARIANT_DIMS}
+
+
+def dims_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
+    """Euclidean distance of log2 dims (as the factory's warm start ranks cells)."""
+    return math.sqrt(sum((math.log2(max(a[k], 1)) - math.log2(max(b.get(k, 1), 1))) ** 2 for k in a))
+
+
+def repair(t: Any, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, str],
+           dims: Mapping[str, int]) -> dict[str, Any] | None:
+    """The nearest legal point: fewest params changed, then smallest total step in the declared lists."""
+    space = dict(t.space)
+    free = [p for p, vals in t.space if len(vals) > 1]
+    at = {p: space[p].index(params[p]) if params.get(p) in space[p] else 0 for p in space}
+    base = {p: space[p][at[p]] for p in space}
+    if not t.violations(base, arch, dtypes, dims):
+        return base
+    for k in range(1, min(len(free), 3) + 1):  # three params at most: the space is a product of lists
+        options = []
+        for subset in itertools.combinations(free, k):
+            others = [[j for j in range(len(space[p])) if j != at[p]] for p in subset]
+            for pick in itertools.product(*others):
+                options.append((sum(abs(j - at[p]) for p, j in zip(subset, pick)), subset, pick))
+        options.sort(key=lambda o: o[0])  # stable: ties keep the declared order
+        for _, subset, pick in options:
+            point = dict(base)
+            point.update({p: space[p][j] for p, j in zip(subset, pick)})
+            if not t.violations(point, arch, dtypes, dims):
+                return point
+    return None
+
+
+def kind_of(template_name: str) -> str:
+    """'decode' or 'prefill': the entry point a template serves, by its name; '' for neither."""
+    for kind, prefix in ENTRY_POINTS.values():
+        if template_name.startswith(prefix):
+            return kind
+    return ""
+
+
+def templates_of(table: OpTable | None, entry: str) -> list[str]:
+    """Ids of the exported templates an entry point launches."""
+    kind = ENTRY_POINTS[entry][0]
+    return [] if table is None else sorted(tid for tid, t in table.templates.items() if kind_of(t.name) == kind)
+
+
+def _torch(entry: str, dims: Mapping[str, int], dtypes: Mapping[str, str], arch: int, reason: str,
+           path: str = "torch") -> Choice:
+    return Choice(OP, path, tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), arch, reason, entry)
+
+
+@lru_cache(maxsize=4096)
+def choose(entry: str, dims: tuple[tuple[str, int], ...], dtypes: tuple[tuple[str, str], ...], arch: int) -> Choice:
+    """The path of one call of `entry` (a key of ENTRY_POINTS) on a GPU of arch `arch` (e.g. 90)."""
+    if entry not in ENTRY_POINTS:
+        raise ValueError(f"kda has no entry point {entry!r}; expected one of {sorted(ENTRY_POINTS)}")
+    kind, prefix = ENTRY_POINTS[entry]
+    want_dims, want_dt = dict(dims), dict(dtypes)
+    table: OpTable | None = tables().get(OP)
+    mine = templates_of(table, entry)
+    if not mine:
+        have = sorted({t.name for t in table.templates.values()}) if table else []
+        why = (f"no {kind} kernel was exported: {entry} needs a {prefix}* template, the exported run(s) searched "
+               f"{', '.join(have) or 'no kda template'}")
+        return _torch(entry, want_dims, want_dt, arch, why, "missing" if kind == "prefill" else "torch")
+    if any(d not in expr.DTYPES for d in want_dt.values()):
+        return _torch(entry, want_dims, want_dt, arch, f"dtypes {want_dt} are not all kernel dtypes")
+    same_arch = arch == table.arch_number
+    variant = {d: want_dims.get(d, 0) for d in VARIANT_DIMS}
+    ranked = sorted((e for e in table.entries if e.template in mine),
+                    key=lambda e: (dict(e.dtypes) != want_dt,
+                                   {d: dict(e.dims).get(d, 0) for d in VARIANT_DIMS} != variant,
+                                   round(dims_distance(want_dims, dict(e.dims)), 9), e.cell))
+    seen, genomes = set(), []
+    for e in ranked:  # each genome once, at its nearest cell
+        if (e.template, e.params) not in seen:
+            seen.add((e.template, e.params))
+            genomes.append(e)
+    notes = () if same_arch else (f"the prebuilt cubins are {table.arch}, this GPU is sm_{arch}: compiled for it",)
+    # a prebuilt cubin that admits the call first (measured, gate-checked, no NVRTC needed)
+    for e in genomes if same_arch else ():
+        t = table.templates[e.template]
+        params = dict(e.params)
+        consts = {d: want_dims[d] for d in t.specialize}
+        build = table.find_build(e.template, params, want_dt, consts)
+        if build is None or t.violations(params, arch, want_dt, want_dims):
+            continue
+        exact = dict(e.dims) == want_dims and dict(e.dtypes) == want_dt
+        path, why = ("table", f"searched cell {e.cell}") if exact else (
+            "table-build", f"prebuilt {build.id} (the genome of {e.cell}, same build; launch plan for this call)")
+        return Choice(OP, path, dims, dtypes, arch, why, entry, e.template, e.params, tuple(sorted(consts.items())),
+                      build.id, e.cell, notes)
+    for e in genomes:
+        t = table.templates[e.template]
+        if t.violations(dict(e.params), arch, want_dt, want_dims):
+            continue
+        consts = {d: want_dims[d] for d in t.specialize}
+        return Choice(OP, "rerender", dims, dtypes, arch, f"the genome of {e.cell} rendered for this call", entry,
+                      e.template, e.params, tuple(sorted(consts.items())), "", e.cell, notes)
+    for e in genomes[:4]:  # the nearest few, repaired
+        t = table.templates[e.template]
+        fixed = repair(t, dict(e.params), arch, want_dt, want_dims)
+        if fixed is None:
+            continue
+        changed = ", ".join(f"{k} {dict(e.params)[k]}->{v}" for k, v in sorted(fixed.items()) if dict(e.params)[k] != v)
+        consts = {d: want_dims[d] for d in t.specialize}
+        return Choice(OP, "repaired", dims, dtypes, arch, f"the genome of {e.cell} with {changed}", entry, e.template,
+                      tuple(sorted(fixed.items())), tuple(sorted(consts.items())), "", e.cell, notes)
+    nearest = genomes[0]
+    broken = table.templates[nearest.template].violations(dict(nearest.params), arch, want_dt, want_dims)
+    return _torch(entry, want_dims, want_dt, arch,
+                  f"no exported {kind} template admits it (nearest genome, of {nearest.cell}, breaks "
+                  f"{', '.join(broken)})")
+
+
+def device_arch() -> int | None:
+    """The arch of the current CUDA device (90 for an H100/H200), or None without torch or a GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
+def explain(q_shape: Sequence[int], v_shape: Sequence[int] | None = None, dtype: Any = "bfloat16", *,
+            entry: str = "fused_recurrent_kda", g_dtype: Any = "float32", state_dtype: Any = None,
+            n_seqs: int | None = None, use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+            use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+            lower_bound: float | None = None, state_v_first: bool = False, arch: int | None = None) -> Choice:
+    """Which path `entry` (fused_recurrent_kda or chunk_kda) takes for CUDA tensors q of `q_shape` and
+    v of `v_shape` (default: q's) in `dtype`, g in `g_dtype`, an initial state in `state_dtype` (None: no
+    initial state), `n_seqs` sequences (len(cu_seqlens) - 1; None: no cu_seqlens) and fla's keywords;
+    arch defaults to the current GPU's, else the export's."""
+    variant = variant_dims(use_gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound,
+                           use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=state_v_first)
+    dims = call_dims(q_shape, v_shape if v_shape is not None else q_shape, n_seqs, variant)
+    dt = {"x": expr.dtype_name(dtype), "g": expr.dtype_name(g_dtype), "state": STATE_DTYPE}
+    if arch is None:
+        arch = device_arch()
+    if arch is None:
+        t = tables().get(OP)
+        arch = t.arch_number if t else 90
+    problem = unsupported(dims)
+    if problem:
+        return _torch(entry, dims, dt, arch, problem)
+    c = choose(entry, tuple(sorted(dims.items())), tuple(sorted(dt.items())), arch)
+    notes = []
+    if state_dtype is not None and expr.dtype_name(state_dtype) != STATE_DTYPE and c.kernel:
+        notes.append(f"initial_state {expr.dtype_name(state_dtype)} read as float32 (fla returns an fp32 final state)")
+    return Choice(**{**c.__dict__, "notes": c.notes + tuple(notes)}) if notes else c
+
+
+def unsupported(dims: Mapping[str, int]) -> str:
+    """Why no kernel can take a call of these dims whatever the table holds ('' when one may)."""
+    if dims["N"] != dims["B"] and dims["B"] != 1:
+        return f"cu_seqlens needs B = 1 (sequences packed along T), got B = {dims['B']}"
+    if dims["H"] < 1 or dims["HV"] % dims["H"]:
+        return f"HV = {dims['HV']} value heads is not a multiple of H = {dims['H']}"
+    if min(dims["B"], dims["T"], dims["K"], dims["V"], dims["HV"]) == 0:
+        return "an empty tensor"
+    return ""

@@ -1,0 +1,182 @@
+"""One call of an entry point: choose the path, launch the kernel (checking an unverified one on first
+use), or run the torch path, and count which path ran (`stats()`).
+
+The kernels take contiguous q, k, v, g, beta and an fp32 initial state [N, HV, SR, SC]; a call without
+one binds zeros, and the final state is always written (dropped when not asked for). A kernel that
+fails to compile or its first-use check is not used again in this process; a warning says why, once,
+and its calls take the torch path. An unchecked kernel is not used inside CUDA graph capture (the
+check reads results back).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import reference, verify
+from .choose import (
+    ENTRY_POINTS,
+    OP,
+    STATE_DTYPE,
+    Choice,
+    MissingKernel,
+    _torch,
+    call_dims,
+    choose,
+    templates_of,
+    unsupported,
+)
+from .expr import dtype_name
+from .launch import Launcher
+from .loader import PACKAGE, CompileError, PlanError
+from .table import tables
+
+SELFCHECK_ENV = f"{PACKAGE.upper()}_SELFCHECK"  # "0" turns the first-use check off
+_ALIGN = 16  # bytes: the kernels use 16-byte vector loads and stores
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """Contiguous and 16-byte aligned (a view at an odd offset is copied)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % _ALIGN == 0 else t.clone()
+
+
+@lru_cache(maxsize=16)
+def _arch_of(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return major * 10 + minor
+
+
+def _arch(device: torch.device) -> int:
+    return _arch_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+class Runtime:
+    """Per-process state: loaded kernels, kernels found bad, kernels checked, path counts."""
+
+    def __init__(self) -> None:
+        self.launcher = Launcher()
+        self.bad: dict[tuple, str] = {}
+        self.checked: set[tuple] = set()
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def choice(self, entry: str, t: Mapping[str, Tensor | None], variant: Mapping[str, int]) -> Choice:
+        """The path of a call with tensors `t` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens)."""
+        q, v, cu = t["q"], t["v"], t.get("cu_seqlens")
+        dims = call_dims(q.shape, v.shape, None if cu is None else cu.numel() - 1, variant)
+        try:
+            dt = {"x": dtype_name(q.dtype), "g": dtype_name(t["g"].dtype), "state": STATE_DTYPE}
+        except ValueError as e:  # float64, say: no kernel reads it
+            return self._generic(entry, dims, {}, 0, str(e))
+        others = {n: t[n].dtype for n in ("k", "v", "beta") if t[n].dtype != q.dtype}
+        if others:
+            return self._generic(entry, dims, dt, 0, f"{', '.join(others)} not in q's dtype {q.dtype}: the kernels "
+                                 "read q, k, v, beta in one dtype")
+        arch = _arch(q.device) if q.is_cuda else 0
+        if t["beta"].dim() == 4:
+            return self._generic(entry, dims, dt, arch, "headwise beta (B, T, HV, V): the kernels read beta (B, T, HV)")
+        devices = {x.device for x in t.values() if x is not None and x.dim() > 0}
+        if not q.is_cuda or len(devices) > 1:
+            return self._generic(entry, dims, dt, arch, "a CPU tensor" if not q.is_cuda else "tensors on several devices")
+        if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in t.values()):
+            return self._generic(entry, dims, dt, arch, "inputs require grad: the kernels are forward only")
+        problem = unsupported(dims)
+        if problem:
+            return self._generic(entry, dims, dt, arch, problem)
+        return choose(entry, tuple(sorted(dims.items())), tuple(sorted(dt.items())), arch)
+
+    @staticmethod
+    def _generic(entry: str, dims: Mapping[str, int], dt: Mapping[str, str], arch: int, why: str) -> Choice:
+        """The torch path, unless the entry point has no kernel of its kind at all ("missing" wins)."""
+        if not templates_of(tables().get(OP), entry) and ENTRY_POINTS[entry][0] == "prefill":
+            return choose(entry, tuple(sorted(dims.items())), tuple(sorted(dt.items())), arch)
+        return _torch(entry, dims, dt, arch, why)
+
+    def count(self, entry: str, path: str) -> None:
+        with self._lock:
+            self.counts[(entry, path)] += 1
+
+    def launch(self, c: Choice, tensors: Mapping[str, Tensor], scalars: Mapping[str, float], o: Tensor,
+               final: Tensor) -> bool:
+        """Run the choice's kernel; False when the caller must take the torch path instead."""
+        key = (c.op, c.template, c.params, c.dtypes, c.consts, c.arch, c.build)
+        if key in self.bad:
+            self.count(c.entry, "torch")
+            return False
+        must_check = (not c.checked_by_factory and key not in self.checked
+                      and os.environ.get(SELFCHECK_ENV, "1") != "0")
+        if must_check and torch.cuda.is_current_stream_capturing():
+            self.count(c.entry, "torch")
+            return False
+        try:
+            self.launcher.run(c, tensors, scalars)
+        except (CompileError, PlanError) as e:
+            self._disable(key, c, str(e))
+            return False
+        if must_check:
+            problem = verify.check(tensors, scalars, o, final)
+            if problem:
+                self._disable(key, c, problem)
+                return False
+            with self._lock:
+                self.checked.add(key)
+        self.count(c.entry, c.path)
+        return True
+
+    def _disable(self, key: tuple, c: Choice, why: str) -> None:
+        with self._lock:
+            self.bad[key] = why
+            self.counts[(c.entry, "torch")] += 1
+        warnings.warn(f"{PACKAGE}: {c} -- not used ({why}); this call takes the torch fp32 path", RuntimeWarning,
+                      stacklevel=5)
+
+    def call(self, entry: str, t: Mapping[str, Tensor | None], scale: float | None, lower_bound: float | None,
+             variant: Mapping[str, int]) -> tuple[Tensor, Tensor]:
+        """(o in v's dtype, the fp32 final state) of one call."""
+        q, v = t["q"], t["v"]
+        reference.check_shapes(q, t["k"], v, t["g"], t["beta"], t.get("initial_state"), t.get("cu_seqlens"),
+                               bool(variant["v_first"]))
+        c = self.choice(entry, t, variant)
+        if c.path == "missing":
+            raise MissingKernel(f"{PACKAGE}.{entry}: {c}")
+        scalars: dict[str, Any] = {"scale": q.shape[-1] ** -0.5 if scale is None else float(scale),
+                                   "lower_bound": -5.0 if lower_bound is None else float(lower_bound), **variant}
+        if c.kernel:
+            dims = dict(c.dims)
+            bound = {n: _aligned(x) for n, x in t.items() if x is not None}
+            h0 = t.get("initial_state")
+            shape = (dims["N"], dims["HV"], dims["SR"], dims["SC"])
+            bound["initial_state"] = (_aligned(h0.to(torch.float32)) if h0 is not None
+                                      else torch.zeros(shape, dtype=torch.float32, device=q.device))
+            if "cu_seqlens" in bound:
+                bound["cu_seqlens"] = bound["cu_seqlens"].to(torch.int32).contiguous()
+            o = torch.empty_like(bound["v"])
+            final = torch.empty(shape, dtype=torch.float32, device=q.device)
+            bound |= {"o": o, "final_state": final}
+            if self.launch(c, bound, scalars, o, final):
+                return o, final
+        else:
+            self.count(entry, "torch")
+        o, final = reference.kda(q, t["k"], v, t["g"], t["beta"], A_log=t.get("A_log"), dt_bias=t.get("dt_bias"),
+                                 scale=scalars["scale"], initial_state=t.get("initial_state"),
+                                 cu_seqlens=t.get("cu_seqlens"), gate=variant["gate"], beta_act=variant["beta_act"],
+                                 qk_l2norm=bool(variant["qk_l2norm"]), v_first=bool(variant["v_first"]),
+                                 lower_bound=lower_bound, acc=torch.float32)
+        return o.to(v.dtype), final
+
+
+@lru_cache(maxsize=1)
+def runtime() -> Runtime:
+    return Runtime()
+
+
+__all__ = ["OP", "Runtime", "runtime"]

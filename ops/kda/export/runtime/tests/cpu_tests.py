@@ -1,0 +1,214 @@
+"""The package on any machine (no GPU; torch only for the API tests): its data is whole and consistent,
+its renderer gives back the shipped sources, explain() names a path for every searched cell, off-table
+calls and variants the kernels refuse, chunk_kda says what is missing, and the torch path on CPU
+tensors matches an independent float64 recurrence."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import kf_pkg as kf
+import numpy as np
+import pytest
+from kf_pkg.choose import (
+    ENTRY_POINTS,
+    call_dims,
+    choose,
+    kind_of,
+    templates_of,
+    variant_dims,
+)
+from kf_pkg.expr import DATA
+
+TABLES = kf.tables()
+TABLE = TABLES["kda"]
+ARCH = TABLE.arch_number
+ENTRIES = list(TABLE.entries)
+DECODE = [e for e in ENTRIES if kind_of(TABLE.templates[e.template].name) == "decode"]
+HAS_PREFILL = bool(templates_of(TABLE, "chunk_kda"))
+
+
+def _entry_point(e) -> str:
+    kind = kind_of(TABLE.templates[e.template].name)
+    return next(ep for ep, (k, _) in ENTRY_POINTS.items() if k == kind)
+
+
+def test_files_are_there_and_match_their_hashes():
+    doc = json.loads((DATA / "dispatch.json").read_text())
+    assert set(doc["ops"]) == {"kda"} and doc["ops"]["kda"]["entries"]
+    for b in doc["ops"]["kda"]["builds"].values():
+        assert hashlib.sha256((DATA / b["cu"]).read_bytes()).hexdigest() == b["cu_sha256"]
+        assert hashlib.sha256((DATA / b["cubin"]).read_bytes()).hexdigest() == b["cubin_sha256"]
+    for tid, tm in doc["ops"]["kda"]["templates"].items():
+        assert hashlib.sha256((DATA / tm["file"]).read_bytes()).hexdigest() == tm["source_hash"], tid
+        assert kind_of(tm["name"]), f"template {tm['name']} serves no entry point"
+
+
+@pytest.mark.parametrize("build", list(TABLE.builds.values()), ids=lambda b: b.id)
+def test_renderer_gives_back_the_shipped_source(build):
+    t = TABLE.templates[build.template]
+    src = t.render(dict(build.params), ARCH, dict(build.dtypes), dict(build.consts))
+    assert src == (DATA / build.cu).read_text()
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.cell)
+def test_every_searched_cell_takes_its_table_kernel(entry):
+    c = choose(_entry_point(entry), entry.dims, entry.dtypes, ARCH)
+    assert (c.path, c.build, c.template, c.params) == ("table", entry.build, entry.template, entry.params), str(c)
+    launches, _ = TABLE.templates[c.template].plan(dict(c.params), ARCH, dict(c.dtypes), dict(c.dims))
+    d = dict(c.dims)
+    assert launches and all(ln.grid[1] == d["HV"] and ln.grid[2] == d["N"] for ln in launches)
+    assert all(32 <= ln.block[0] <= 1024 for ln in launches)
+
+
+def _decode(**over):
+    """explain() of a decode call near the first decode cell, with `over` replacing q/v dims or keywords."""
+    d = dict(DECODE[0].dims)
+    b, t, h, k, hv, v = (over.pop(n, d[m]) for n, m in (("b", "B"), ("t", "T"), ("h", "H"), ("k", "K"),
+                                                         ("hv", "HV"), ("v", "V")))
+    dt = dict(DECODE[0].dtypes)
+    return kf.explain((b, t, h, k), (b, t, hv, v), dt["x"], g_dtype=dt["g"], arch=over.pop("arch", ARCH), **over)
+
+
+@pytest.mark.skipif(not DECODE, reason="no decode cell exported")
+def test_off_table_decode_calls_get_a_kernel_path():
+    d = dict(DECODE[0].dims)
+    assert _decode(b=3).path == "table-build"  # B is no compiled-in dim
+    assert _decode(b=3, t=3).path == "table-build"
+    assert _decode(b=5, h=2, hv=4).path == "table-build"  # grouped value heads: HV / H read at run time
+    c = _decode(k=d["K"] // 2)
+    assert c.path in ("rerender", "repaired") and dict(c.consts)["K"] == d["K"] // 2, str(c)
+    other = _decode(arch=ARCH + 10)
+    assert other.path in ("rerender", "repaired") and "compiled for it" in str(other)
+
+
+@pytest.mark.skipif(not DECODE, reason="no decode cell exported")
+@pytest.mark.parametrize("over,words", [
+    ({"use_gate_in_kernel": True}, "gate_is_log_space"),
+    ({"use_gate_in_kernel": True, "lower_bound": -5.0}, "gate_is_log_space"),
+    ({"state_v_first": True}, "state_is_k_first"),
+    ({"b": 1, "t": 7, "n_seqs": 3}, "no_varlen"),
+    ({"t": 100}, "short_sequences"),
+], ids=["softplus-gate", "lower-bound-gate", "v-first", "varlen", "long-T"])
+def test_variants_the_decode_template_refuses_take_torch_and_say_which(over, words):
+    if any(templates_of(TABLE, "fused_recurrent_kda")) and not all(
+            TABLE.templates[t].name == "recurrent" for t in templates_of(TABLE, "fused_recurrent_kda")):
+        pytest.skip("another decode template is exported: it may admit the variant")
+    c = _decode(**over)
+    assert c.path == "torch" and words in c.reason, str(c)
+
+
+def test_compiled_in_variants_are_served_by_a_kernel():
+    c = _decode(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    assert c.kernel and dict(c.consts).get("beta_act", 2) == 2, str(c)
+
+
+def test_chunk_kda_without_a_prefill_template_says_what_is_missing():
+    d = dict(ENTRIES[0].dims)
+    c = kf.explain((1, 8192, d["H"], d["K"]), (1, 8192, d["HV"], d["V"]), entry="chunk_kda", arch=ARCH)
+    if HAS_PREFILL:
+        assert c.path != "missing", str(c)
+    else:
+        assert c.path == "missing" and not c.kernel and "chunk" in c.reason and "prefill" in c.reason, str(c)
+
+
+def test_variant_dims_follow_fla_keywords():
+    assert variant_dims() == {"gate": 0, "beta_act": 0, "qk_l2norm": 0, "v_first": 0}
+    assert variant_dims(use_gate_in_kernel=True)["gate"] == 1
+    assert variant_dims(use_gate_in_kernel=True, lower_bound=-5.0)["gate"] == 2
+    assert variant_dims(lower_bound=-5.0)["gate"] == 0  # fla reads lower_bound only with the gate in the kernel
+    assert variant_dims(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)["beta_act"] == 2
+    with pytest.raises(ValueError, match="allow_neg_eigval"):
+        variant_dims(allow_neg_eigval=True)
+    d = call_dims((1, 7, 2, 16), (1, 7, 4, 32), 3, variant_dims(state_v_first=True))
+    assert (d["N"], d["Ncu"], d["SR"], d["SC"], d["v_first"]) == (3, 4, 32, 16, 1)
+
+
+def test_provenance_names_the_run():
+    prov = kf.provenance()["ops"]["kda"]
+    assert prov["run"]["run_id"] == TABLE.run_id and prov["cells"] == len(ENTRIES)
+
+
+# ---- the torch API on CPU tensors: the torch path, against an independent float64 recurrence -------
+
+def _naive(q, k, v, g, beta, h0, scale, l2, cu=None):
+    """fla's naive recurrence in float64 numpy, K-first states, log-space g, post-activation beta."""
+    b, t, h, _ = q.shape
+    hv = v.shape[2]
+    if l2:
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6)
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    q, k = np.repeat(q, hv // h, axis=2), np.repeat(k, hv // h, axis=2)
+    seqs = [(i, 0, t) for i in range(b)] if cu is None else [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
+    o = np.zeros(v.shape)
+    final = np.zeros(h0.shape)
+    for n, (row, lo, hi) in enumerate(seqs):
+        for j in range(hv):
+            s = h0[n, j].copy()
+            for i in range(lo, hi):
+                s *= np.exp(g[row, i, j])[:, None]
+                s += beta[row, i, j] * np.outer(k[row, i, j], v[row, i, j] - k[row, i, j] @ s)
+                o[row, i, j] = (scale * q[row, i, j]) @ s
+            final[n, j] = s
+    return o, final
+
+
+def _cpu_inputs(torch, b=2, t=3, h=1, hv=2, dk=8, dv=4, n=None):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(b, t, h, dk, generator=gen, dtype=torch.float64), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(b, t, h, dk, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(b, t, hv, dv, generator=gen, dtype=torch.float64)
+    g = -torch.exp(torch.randn(b, t, hv, dk, generator=gen, dtype=torch.float64) - 2)
+    beta = torch.rand(b, t, hv, generator=gen, dtype=torch.float64)
+    h0 = torch.randn(n or b, hv, dk, dv, generator=gen, dtype=torch.float64) / dk ** 0.5
+    return q, k, v, g, beta, h0
+
+
+def test_fused_recurrent_kda_on_cpu_is_the_torch_path_and_right():
+    torch = pytest.importorskip("torch")
+    q, k, v, g, beta, h0 = _cpu_inputs(torch)
+    o, ht = kf.fused_recurrent_kda(q.float(), k.float(), v.float(), g.float(), beta.float(), initial_state=h0.float(),
+                                   output_final_state=True)
+    ref_o, ref_s = _naive(*(x.numpy() for x in (q, k, v, g, beta, h0)), scale=8 ** -0.5, l2=False)
+    assert o.dtype == torch.float32 and ht.dtype == torch.float32 and ht.shape == h0.shape
+    np.testing.assert_allclose(o.numpy(), ref_o, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(ht.numpy(), ref_s, atol=1e-5, rtol=1e-4)
+    o2, none = kf.fused_recurrent_kda(q.float(), k.float(), v.float(), g.float(), beta.float())
+    assert none is None and o2.shape == v.shape
+    assert kf.stats()["fused_recurrent_kda"]["torch"] >= 2
+
+
+def test_variants_on_cpu_match_the_naive_recurrence():
+    torch = pytest.importorskip("torch")
+    q, k, v, g, beta, h0 = _cpu_inputs(torch, b=1, t=7, n=3)
+    cu = torch.tensor([0, 1, 4, 7])
+    logits = torch.logit(beta)
+    raw = torch.log(torch.expm1(-g))  # softplus(raw) = -g, so -exp(A_log = 0) softplus(raw) = g
+    o, ht = kf.fused_recurrent_kda(3 * q, 3 * k, v, raw, logits, A_log=torch.zeros(2, dtype=torch.float64),
+                                   initial_state=h0.transpose(-1, -2), output_final_state=True,
+                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                   use_beta_sigmoid_in_kernel=True, state_v_first=True, cu_seqlens=cu)
+    ref_o, ref_s = _naive(*(x.numpy() for x in (q, k, v, g, beta, h0)), scale=8 ** -0.5, l2=True, cu=[0, 1, 4, 7])
+    np.testing.assert_allclose(o.numpy(), ref_o, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(ht.transpose(-1, -2).numpy(), ref_s, atol=1e-5, rtol=1e-4)
+
+
+def test_chunk_kda_raises_missing_kernel_rather_than_computing_otherwise():
+    torch = pytest.importorskip("torch")
+    if HAS_PREFILL:
+        pytest.skip("this export has a prefill kernel")
+    q, k, v, g, beta, _ = _cpu_inputs(torch)
+    with pytest.raises(kf.MissingKernel, match="chunk"):
+        kf.chunk_kda(q, k, v, g, beta)
+
+
+def test_keywords_the_package_does_not_implement_are_errors():
+    torch = pytest.importorskip("torch")
+    q, k, v, g, beta, _ = _cpu_inputs(torch)
+    with pytest.raises(NotImplementedError, match="ssm_state_indices"):
+        kf.fused_recurrent_kda(q, k, v, g, beta, ssm_state_indices=torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="allow_neg_eigval"):
+        kf.fused_recurrent_kda(q, k, v, g, beta, allow_neg_eigval=True)
+    with pytest.raises(ValueError, match="g has shape"):
+        kf.fused_recurrent_kda(q, k, v, g[..., :-1], beta)

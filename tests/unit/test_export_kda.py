@@ -1,0 +1,142 @@
+"""`kfactory export` of a KDA run on the CPU: a store with a finished decode run (the real recurrent
+template, real sm_90a builds) becomes a package served by ops/kda/export, whose files agree with the
+store (the measured cubins, byte for byte), which pip installs and imports without a GPU or torch, whose
+explain() names fla's entry points' paths, and whose own CPU tests pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evo.cli.main import main
+from evo.export import family as fam
+from memory.store import Store
+from tests.unit import kda_export_fixtures as kx
+from tests.unit.export_fixtures import pip_install
+
+NAME = "kf_kda_test"
+CHILD_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+TORCH_SITE = os.environ.get("KF_TEST_TORCH_PATH", "")  # extra sys.path entries with torch, for the API tests
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("store") / "s.duckdb"
+    with Store.open(path) as s:
+        kx.write_run(s, kx.build_all())
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, store):
+    out = tmp_path_factory.mktemp("pkg") / NAME
+    assert main(["export", kx.RUN, "--store", str(store), "--out", str(out), "--name", NAME]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, exported):
+    return pip_install(exported, tmp_path_factory.mktemp("pip"))
+
+
+def test_the_kda_family_serves_kda():
+    f = fam.find_family("kda")
+    assert f.module == "ops.kda.export" and dict(f.ops) == {"kda": "forward"} and f.name == "kf_kda"
+    assert (f.runtime / "package" / "api.py").is_file() and (f.runtime / "package" / "choose.py").is_file()
+
+
+def test_files_agree_with_the_store(exported, store):
+    doc = json.loads((exported / NAME / "data" / "dispatch.json").read_text())["ops"]["kda"]
+    data = exported / NAME / "data"
+    winners = {c.label(): kx.genome(*rows[0][0]).key() for c, rows in kx.PLAN.items()}
+    assert {e["cell"]: e["genome_key"] for e in doc["entries"]} == winners
+    assert len(doc["builds"]) == 3  # WIN at B1/16/64, WIDE at B256, WIN with qk_l2norm and sigmoid beta
+    with Store.open(store, read_only=True) as s:
+        measured = s.sql("SELECT e.cell, b.cubin FROM evaluations e JOIN builds b USING (build_key) "
+                         "WHERE e.run_id = ? AND e.status = 'OK'", [kx.RUN])
+    cubin_of = {(r.cell, bytes(r.cubin)) for r in measured.itertuples(index=False)}
+    for e in doc["entries"]:
+        b = doc["builds"][e["build"]]
+        assert (e["cell"], (data / b["cubin"]).read_bytes()) in cubin_of  # the very binary the run measured
+        assert b["cubin_from"] == "store" and e["baseline"] == "fla.fused_recurrent_kda"
+    variant = next(b for b in doc["builds"].values() if b["consts"]["qk_l2norm"] == 1)
+    assert variant["consts"] == {"K": 128, "V": 128, "beta_act": 1, "qk_l2norm": 1}
+    assert [s["name"] for s in doc["scalars"]] == ["scale", "lower_bound", "gate", "beta_act", "qk_l2norm", "v_first"]
+    assert (data / "templates" / "_macros" / "memory.cuh.j2").exists()
+    readme = (exported / "README.md").read_text()
+    assert kx.RUN in readme and "fused_recurrent_kda" in readme and "MissingKernel" in readme
+    assert {p.name for p in (exported / "tests").iterdir()} == {"conftest.py", "test_cpu.py", "test_gpu.py"}
+    assert {p.name for p in (exported / NAME).glob("*.py")} >= {"api.py", "choose.py", "run.py", "bench.py",
+                                                                 "verify.py", "reference.py", "loader.py"}
+
+
+_CHILD = """
+import json, sys
+import kf_kda_test as kf
+out = {"torch_imported": "torch" in sys.modules, "cuda_core_imported": "cuda.core" in sys.modules}
+calls = {
+    "table": dict(q_shape=(64, 1, 32, 128)),
+    "table-build": dict(q_shape=(5, 1, 32, 128)),
+    "wide": dict(q_shape=(256, 1, 32, 128)),
+    "variant": dict(q_shape=(16, 1, 32, 128), use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True),
+    "neg-eigval": dict(q_shape=(16, 1, 32, 128), use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True),
+    "rerender": dict(q_shape=(8, 1, 4, 64), v_shape=(8, 1, 4, 64)),
+    "gate": dict(q_shape=(16, 1, 32, 128), use_gate_in_kernel=True),
+    "varlen": dict(q_shape=(1, 9, 32, 128), n_seqs=3),
+    "chunk": dict(q_shape=(1, 8192, 32, 128), entry="chunk_kda"),
+}
+for name, kw in calls.items():
+    c = kf.explain(arch=90, **kw)
+    out[name] = {"path": c.path, "consts": dict(c.consts), "params": dict(c.params), "line": str(c)}
+print(json.dumps(out))
+"""
+
+
+def test_installed_package_imports_without_a_gpu_and_explains_its_paths(installed):
+    r = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=300, cwd=installed,
+                       check=False, env={**CHILD_ENV, "PYTHONPATH": str(installed)})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert not out["torch_imported"] and not out["cuda_core_imported"]
+    assert out["table"]["path"] == "table" and out["table"]["params"]["v_tile"] == 32
+    assert out["table-build"]["path"] == "table-build"
+    assert out["wide"]["path"] == "table" and out["wide"]["params"]["v_tile"] == 64
+    assert out["variant"]["path"] == "table"
+    assert out["neg-eigval"]["path"] == "rerender" and out["neg-eigval"]["consts"]["beta_act"] == 2
+    assert out["rerender"]["path"] in ("rerender", "repaired") and out["rerender"]["consts"]["K"] == 64
+    assert out["gate"]["path"] == "torch" and "gate_is_log_space" in out["gate"]["line"]
+    assert out["varlen"]["path"] == "torch" and "no_varlen" in out["varlen"]["line"]
+    assert out["chunk"]["path"] == "missing" and "chunk" in out["chunk"]["line"]
+    assert out["chunk"]["line"].startswith("chunk_kda ")
+
+
+def test_the_package_own_cpu_tests_pass_where_it_is_installed(installed, exported, tmp_path):
+    path = os.pathsep.join(p for p in (str(installed), TORCH_SITE) if p)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(exported / "tests")],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False,
+                       env={**CHILD_ENV, "PYTHONPATH": path})
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout
+
+
+def test_a_kda_run_and_a_rmsnorm_run_are_refused_together(store, tmp_path, capsys):
+    from tests.unit import export_fixtures as fx
+
+    plan = {("bf16", 4096, 1024): [(fx.WIN_1K, 4.0)]}
+    path = tmp_path / "s.duckdb"
+    with Store.open(path) as s:
+        kx.write_run(s, kx.build_all())
+        fx.write_run(s, fx.build_all(plan), plan=plan)
+    assert main(["export", kx.RUN, fx.RUN, "--store", str(path), "--out", str(tmp_path / "o")]) == 2
+    assert "different exporters" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_the_readme_says_which_entry_points_have_kernels(exported):
+    text = (exported / "README.md").read_text()
+    assert "**This export has none**" in text and "recurrent" in text
+    assert Path(exported / "pyproject.toml").read_text().count("kf-kda-test") == 1
