@@ -31,8 +31,13 @@ if [[ " $stages " == *" peers "* || " $stages " == *" quack "* ]]; then
 else
   extra=()
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  "${extra[@]}" || exit 1
+# a call after the first of a back-to-back chain may bring no .whl/: the first call's /tmp/site serves it
+wheels=(.whl/*.whl "${extra[@]}")
+[ -e "${wheels[0]}" ] || wheels=("${extra[@]}")
+if [ ${#wheels[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}" \
+    || exit 1
+fi
 smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version --format=csv >> "$out/nvidia_smi.csv"; }
 smi
 log="$out/log.txt"
@@ -53,14 +58,16 @@ case "$stage" in
     echo "fwd GA rc=$?" >> "$log" ;;
   bwdga) bwd_ga ;;
   verify)
-    timeout 200 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
-      tests/gpu/test_kda_device.py tests/gpu/test_worker.py tests/gpu/test_export_gpu.py tests/gpu/test_peer_check.py >> "$log" 2>&1
+    timeout 190 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
+      tests/gpu/test_kda_device.py tests/gpu/test_worker.py tests/gpu/test_export_gpu.py tests/gpu/test_peer_check.py \
+      tests/gpu/test_export_kda_gpu.py >> "$log" 2>&1
     echo "GPU tests rc=$?" >> "$log" ;;
   bwdall)  # warm: a copy of the bf16 run's store (its lessons, builds and results under the same fingerprint)
     mkdir -p /tmp/kf_bwd_all && cp experiments/results/rmsnorm_bwd_h200/store.duckdb /tmp/kf_bwd_all/store.duckdb
-    timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
+    timeout 330 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
       --store /tmp/kf_bwd_all/store.duckdb --out "$out/bwd_all" >> "$log" 2>&1
-    echo "bwd GA (all dtypes) rc=$?" >> "$log" ;;
+    echo "bwd GA (all dtypes) rc=$?" >> "$log"
+    cp /tmp/kf_bwd_all/store.duckdb "$out/bwd_all/store.duckdb" 2>/dev/null ;;
   fwd2)
     timeout 290 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes2.toml \
       --store /tmp/kf_fwd2/store.duckdb --out "$out/fwd2" >> "$log" 2>&1
@@ -70,20 +77,21 @@ case "$stage" in
     timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_residual_h200.toml \
       --store /tmp/kf_res/store.duckdb --out "$out/residual" >> "$log" 2>&1
     echo "residual GA rc=$?" >> "$log" ;;
-  peers)
+  peers)  # the dispatch tables of this chain's GAs (fwd2, bwdall) where /tmp still has them, else the committed ones
     export QUACK_COMPILE_WORKERS=14
-    bwd=$(ls -t /tmp/kf_bwd/runs/*/dispatch.json 2>/dev/null | head -1)
+    fwd=$(ls -t /tmp/kf_fwd2/runs/*/dispatch.json 2>/dev/null | head -1)
+    fwd=${fwd:-experiments/results/rmsnorm_h200_regimes2/dispatch.json}
+    bwd=$(ls -t /tmp/kf_bwd_all/runs/*/dispatch.json 2>/dev/null | head -1)
     bwd=${bwd:-experiments/results/rmsnorm_bwd_h200/dispatch.json}
+    echo "benching fwd $fwd, bwd $bwd" >> "$log"
+    mkdir -p "$out/tables" && cp "$fwd" "$out/tables/fwd_dispatch.json" && cp "$bwd" "$out/tables/bwd_dispatch.json"
     python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1 || { tail -3 "$log"; exit 1; }
-    timeout 150 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$bwd" --timeout-s 140 \
-      --out "$out/bwd_peers" >> "$log" 2>&1
+    timeout 150 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$bwd" --peer torch.eager --peer liger \
+      --peer quack --peer quack.autotuned --timeout-s 140 --out "$out/bwd_peers" >> "$log" 2>&1
     echo "bwd peers rc=$?" >> "$log"
-    timeout 170 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
-      --peer torch.rms_norm --peer torch.compile --peer liger --peer quack --timeout-s 100 --out "$out/fwd_peers" >> "$log" 2>&1
-    echo "fwd peers rc=$?" >> "$log"
-    timeout 110 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
-      --cells 'x=bf16' --peer quack.autotuned --timeout-s 100 --out "$out/fwd_quack_tuned" >> "$log" 2>&1
-    echo "fwd quack.autotuned rc=$?" >> "$log" ;;
+    timeout 320 python3 -m evo.cli.main bench --op rmsnorm --dispatch "$fwd" --peer torch.rms_norm --peer torch.compile \
+      --peer liger --peer quack --peer quack.autotuned --timeout-s 200 --out "$out/fwd_peers" >> "$log" 2>&1
+    echo "fwd peers rc=$?" >> "$log" ;;
   quack)
     export QUACK_COMPILE_WORKERS=14
     python3 -c "import importlib; importlib.import_module('quack.rmsnorm').rmsnorm_fwd; print('quack import')" >> "$log" 2>&1 \
@@ -108,4 +116,8 @@ case "$stage" in
 esac
 done
 smi
+# a call brings back at most 8 files: each stage's folder travels as one archive
+for d in "$out"/*/; do
+  [ -d "$d" ] && tar czf "${d%/}.tgz" -C "$out" "$(basename "$d")" && rm -rf "$d"
+done
 tail -5 "$log"
