@@ -58,18 +58,18 @@ case "$stage" in
     echo "fwd GA rc=$?" >> "$log" ;;
   bwdga) bwd_ga ;;
   verify)
-    timeout 190 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
+    timeout 150 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
       tests/gpu/test_kda_device.py tests/gpu/test_worker.py tests/gpu/test_export_gpu.py tests/gpu/test_peer_check.py \
       tests/gpu/test_export_kda_gpu.py >> "$log" 2>&1
     echo "GPU tests rc=$?" >> "$log" ;;
   bwdall)  # warm: a copy of the bf16 run's store (its lessons, builds and results under the same fingerprint)
     mkdir -p /tmp/kf_bwd_all && cp experiments/results/rmsnorm_bwd_h200/store.duckdb /tmp/kf_bwd_all/store.duckdb
-    timeout 330 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
+    timeout 265 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
       --store /tmp/kf_bwd_all/store.duckdb --out "$out/bwd_all" >> "$log" 2>&1
     echo "bwd GA (all dtypes) rc=$?" >> "$log"
     cp /tmp/kf_bwd_all/store.duckdb "$out/bwd_all/store.duckdb" 2>/dev/null ;;
   fwd2)
-    timeout 290 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes2.toml \
+    timeout 245 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes2.toml \
       --store /tmp/kf_fwd2/store.duckdb --out "$out/fwd2" >> "$log" 2>&1
     echo "fwd GA (regimes2) rc=$?" >> "$log"
     cp /tmp/kf_fwd2/store.duckdb "$out/fwd2/store.duckdb" 2>/dev/null ;;
@@ -86,10 +86,10 @@ case "$stage" in
     echo "benching fwd $fwd, bwd $bwd" >> "$log"
     mkdir -p "$out/tables" && cp "$fwd" "$out/tables/fwd_dispatch.json" && cp "$bwd" "$out/tables/bwd_dispatch.json"
     python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1 || { tail -3 "$log"; exit 1; }
-    timeout 150 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$bwd" --peer torch.eager --peer liger \
+    timeout 120 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$bwd" --peer torch.eager --peer liger \
       --peer quack --peer quack.autotuned --timeout-s 140 --out "$out/bwd_peers" >> "$log" 2>&1
     echo "bwd peers rc=$?" >> "$log"
-    timeout 320 python3 -m evo.cli.main bench --op rmsnorm --dispatch "$fwd" --peer torch.rms_norm --peer torch.compile \
+    timeout 280 python3 -m evo.cli.main bench --op rmsnorm --dispatch "$fwd" --peer torch.rms_norm --peer torch.compile \
       --peer liger --peer quack --peer quack.autotuned --timeout-s 200 --out "$out/fwd_peers" >> "$log" 2>&1
     echo "fwd peers rc=$?" >> "$log" ;;
   quack)
@@ -107,7 +107,7 @@ case "$stage" in
     echo "fwd quack.autotuned rc=$?" >> "$log" ;;
   kda)
     python3 -c "import fla.ops.kda; print('fla import')" >> "$log" 2>&1
-    timeout 170 python3 experiments/scripts/ga_h200.py --config experiments/kda_decode_h200.toml \
+    timeout 150 python3 experiments/scripts/ga_h200.py --config experiments/kda_decode_h200.toml \
       --store /tmp/kf_kda/store.duckdb --out "$out/kda_decode" >> "$log" 2>&1
     echo "kda decode GA rc=$?" >> "$log"
     cp /tmp/kf_kda/store.duckdb "$out/kda_decode/store.duckdb" 2>/dev/null ;;
