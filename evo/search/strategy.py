@@ -30,6 +30,7 @@ from ops.spec import Cell
 SAMPLE_TRIES = 64  # rejected (already proposed) random draws before listing what is left of a template
 BREED_TRIES = 20  # breeding attempts per wanted child before topping up with random genomes
 MISS = 0.02  # a warm start's prediction for a cell misses when it is this much slower than the best found there
+EXPLORE_SHARE = 0.25  # of a warm generation, for templates the seeds do not cover (a new template gets tried)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class _Search:
         self._priors = priors or {}
         self._seed = rng.getrandbits(64)
         self._proposed: set[str] = set()
+        self._tried: Counter[str] = Counter()  # genomes proposed per template
         self._genomes: dict[str, Genome] = {}  # observed, in order of first observation
         self._times: dict[str, dict[str, float]] = {}
         self._cells_for: dict[str, frozenset[str]] = {}  # genomes to evaluate on some cells only
@@ -100,6 +102,7 @@ class _Search:
             return []
         out = self._propose(n, random.Random(f"{self._seed}:{len(self._proposed)}"))
         self._proposed.update(g.key() for g in out)
+        self._tried.update(g.template for g in out)
         return out
 
     def _propose(self, n: int, rng: random.Random) -> list[Genome]:
@@ -141,14 +144,14 @@ class _Search:
         """A template uniformly, or weighted by the learned template prior (unknown templates weigh 1)."""
         return weighted_choice(rng, live, self._priors.get(ANY_TEMPLATE, {}).get("template"))
 
-    def _fresh(self, n: int, rng: random.Random, taken: set[str]) -> list[Genome]:
-        """Up to n random legal genomes never proposed: a template, then a point of it.
+    def _fresh(self, n: int, rng: random.Random, taken: set[str], names: Sequence[str] | None = None) -> list[Genome]:
+        """Up to n random legal genomes never proposed: a template (of `names`, default all), then a point of it.
 
         Uniform draws, or draws weighted by the priors (template prior, then per-param priors), which
         keep a floor of odds for every value, so a warm run still explores.
         """
         out: list[Genome] = []
-        live = list(self.tdefs)
+        live = list(names if names is not None else self.tdefs)
         rest: dict[str, list[Genome]] = {}  # what is left of a template, listed once rejection stalls
         while len(out) < n and live:
             name = self._pick_template(live, rng)
@@ -301,13 +304,35 @@ class GeneticSearch(_Search):
                 out.append(s)
                 taken.add(s.key())
         if self._targets:
-            if out and not self._genomes:
-                return out  # the seeds alone: refinement starts from what they measure
+            if out and not self._genomes:  # the seeds alone (and the unseeded templates' share):
+                return out + self._explore(n, n - len(out), rng, taken)  # refinement starts from what they measure
             out += self._refine(n - len(out), rng, taken)
+        out += self._explore(n, n - len(out), rng, taken)
         pool = self.population()
         if pool and len(out) < n:
             out += self._breed(pool, n - len(out), rng, taken)
         return out + self._fresh(n - len(out), rng, taken)
+
+    def _explore(self, n: int, room: int, rng: random.Random, taken: set[str]) -> list[Genome]:
+        """A warm run's share for the templates its seeds do not cover (a template new since the stored
+        runs has no champion to seed it, and breeding and refinement start from the seeds), until each
+        has had half a population of genomes: its default point first, then random legal points. A cold
+        run (no seeds) is unchanged."""
+        if not self._seeds or room <= 0:
+            return []
+        seeded = {g.template for g in self._seeds}
+        unseen = [t for t in self.tdefs if t not in seeded and self._tried[t] < max(1, self.population_size // 2)]
+        if not unseen:
+            return []
+        want = min(room, max(len(unseen), int(EXPLORE_SHARE * n)))
+        out: list[Genome] = []
+        for name in unseen:
+            g = self._genome(name, self.tdefs[name].default_params())
+            if len(out) < want and g.key() not in self._proposed and g.key() not in taken \
+                    and self._spaces[name].is_legal(g.params_dict()):
+                out.append(g)
+                taken.add(g.key())
+        return out + self._fresh(want - len(out), rng, taken, names=unseen)
 
     def missed(self, best: Mapping[str, tuple[Genome, float]] | None = None) -> dict[str, float]:
         """Cells where the prediction missed: label -> (time of the fastest predicted seed) / (best time)."""

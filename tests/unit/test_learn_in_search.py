@@ -140,14 +140,17 @@ def _targeted(tmp_path: Path, refine: str) -> tuple:
         refined = s.sql("SELECT DISTINCT u.genome_key, l.kind FROM lesson_uses u JOIN lessons l USING (lesson_id) "
                         "WHERE u.run_id = 'second' AND u.effect = 'refined'")
         seeded = s.sql("SELECT DISTINCT genome_key FROM lesson_uses WHERE run_id = 'second' AND effect = 'seeded'")
-        gens = s.sql("SELECT e.generation, e.genome_key, e.cell FROM evaluations e WHERE e.run_id = 'second'")
+        gens = s.sql("SELECT e.generation, e.genome_key, e.cell, c.template FROM evaluations e "
+                     "JOIN candidates c USING (genome_key) WHERE e.run_id = 'second'")
     return refined, seeded, gens
 
 
 def test_targeted_refinement_where_the_warm_prediction_missed(tmp_path):
     refined, seeded, gens = _targeted(tmp_path, "true")
-    first = set(gens[gens.generation == 0].genome_key)
-    assert first and first <= set(seeded.genome_key)  # the seeds alone make the first generation (those legal here)
+    g0 = gens[gens.generation == 0]
+    seeds = g0[g0.genome_key.isin(seeded.genome_key)]
+    assert len(seeds)  # the seeds (those legal here) make the first generation, beside a share for the
+    assert not set(g0[~g0.genome_key.isin(seeded.genome_key)].template) & set(seeds.template)  # unseeded templates
     assert len(refined) >= 3 and (refined.kind == "champion").all()  # credited to the champions that missed
     assert set(refined.genome_key) & set(gens[gens.generation == 1].genome_key)  # polled right after the seeds
     # each neighbour is timed only on the cell where the prediction missed, never on the fp32 one

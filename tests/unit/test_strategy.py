@@ -280,7 +280,9 @@ def test_targeted_refinement_polls_the_neighbours_of_the_best_where_the_predicti
     big, small = LABELS[-1], LABELS[-2]
     targets = {big: [miss.key()], small: [hit.key()]}
     s = ga(0, seeds=[hit, miss], targets=targets)
-    assert [g.key() for g in s.propose(16)] == [hit.key(), miss.key()]  # the seeds alone, first
+    first = s.propose(16)
+    assert [g.key() for g in first[:2]] == [hit.key(), miss.key()]  # the seeds first, then only
+    assert all(g.template == "warp_row" for g in first[2:]) and first[2:]  # the unseeded template's share
     s.observe([Observation(hit, {big: 10.0, small: 5.0}), Observation(miss, {big: 30.0, small: 6.0})])
     assert s.missed() == {big: pytest.approx(3.0)}  # small: the prediction was the best there
     out = s.propose(16)
@@ -319,3 +321,30 @@ def test_a_prediction_within_the_miss_margin_is_not_refined() -> None:
     s.observe([Observation(hit, {LABELS[0]: 10.0}), Observation(close, {LABELS[0]: 10.1})])  # 1% off: a hit
     assert s.missed() == {}
     assert all(s.cells_for(g) is None for g in s.propose(16))
+
+
+def test_a_warm_run_tries_the_templates_its_seeds_do_not_cover() -> None:
+    """A template new since the stored runs has no champion to seed it: a warm generation still gives
+    it a share (its default point first) until it has had half a population, with or without targets."""
+    cta, warp = TEMPLATES["cta_row"], TEMPLATES["warp_row"]
+    seed = Genome.make("rmsnorm", "cta_row", cta.source_hash, cta.default_params())
+    for targets in (None, {LABELS[-1]: [seed.key()]}):
+        s = ga(0, seeds=[seed], targets=targets)
+        first = s.propose(16)
+        new = [g for g in first if g.template == "warp_row"]
+        assert first[0] == seed and len(new) >= 4 and new[0].params_dict() == warp.default_params()
+        tried = len(new)
+        while tried < 8:  # until half a population of warp_row genomes has been proposed
+            s.observe([Observation(g, {lb: 10.0 for lb in LABELS}) for g in first])
+            first = s.propose(16)
+            tried += sum(g.template == "warp_row" for g in first)
+    cold = ga(0)  # no seeds: no exploration share, the stream is the plain GA's
+    assert [g.key() for g in cold.propose(16)] == [g.key() for g in ga(0).propose(16)]
+
+
+def test_seeds_of_every_template_leave_the_stream_unchanged_by_the_exploration_share() -> None:
+    w, c = TEMPLATES["warp_row"], TEMPLATES["cta_row"]
+    seeds = [Genome.make("rmsnorm", "warp_row", w.source_hash, w.default_params()),
+             Genome.make("rmsnorm", "cta_row", c.source_hash, c.default_params())]
+    s = ga(0, seeds=seeds)
+    assert s._explore(16, 14, random.Random(0), set()) == []
