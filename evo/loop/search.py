@@ -364,7 +364,8 @@ def _loop(session: Session, evaluator: Evaluator) -> int:
     callbacks = Callbacks(
         credit=lambda gen: learner.credit(gen, strategy.cells_for),
         record=Recorder(session, evaluator.fingerprint, evaluator.ceiling_gbps, evaluator.source),
-        after=(_show_progress(session, progress, learner), _extract_lessons(learner), _snapshot(session)),
+        after=(_show_progress(session, progress, learner), _extract_lessons(learner), _snapshot(session),
+               lambda gen: write_dispatch(session, progress, reuse)),  # a run killed later still leaves its table
         dispatch=_finish(session, learner, progress, reuse))
     stop = ""
     try:

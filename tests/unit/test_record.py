@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -48,11 +49,18 @@ def test_a_failure_while_recording_a_generation_leaves_the_earlier_ones_whole(tm
             raise OSError("disk full")  # ... when its write fails
 
     monkeypatch.setattr(Batch, "add_all", add_all)
-    broken = tmp_path / "broken.duckdb"
+    (tmp_path / "b").mkdir()
+    broken = tmp_path / "b" / "broken.duckdb"
     with pytest.raises(OSError, match="disk full"):
         main(["run", _config(tmp_path, 4), "--store", str(broken), "--run-id", "r"])
     monkeypatch.setattr(Batch, "add_all", real)
 
+    # the dispatch table is rewritten after every recorded generation: a run killed in generation 2
+    # (a wall-clock timeout's SIGTERM on the GPU machine) leaves the table of generations 0 and 1
+    left = tmp_path / "b" / "runs" / "r" / "dispatch.json"
+    assert left.exists()
+    clean_table = json.loads((tmp_path / "runs" / "r" / "dispatch.json").read_text())["dispatch"]
+    assert clean_table and json.loads(left.read_text())["dispatch"] == clean_table
     got, want = _content(broken), _content(clean)
     assert len(want["evaluations"]) > 0 and len(want["builds"]) > 0
     assert got == want  # generations 0 and 1 exactly as a run that stopped there; nothing of generation 2
