@@ -410,7 +410,7 @@ class Worker:
             "python": sys.version.split()[0],
             "gate": GATE_VERSION,
         }
-        for dist in ("triton", "liger-kernel", "quack-kernels", "nvidia-cutlass-dsl"):  # the peers' versions
+        for dist in ("triton", "liger-kernel", "quack-kernels", "nvidia-cutlass-dsl", "fla-core"):  # the peers' versions
             fp[dist.replace("-", "_")] = _version(dist)
         try:
             from cuda.bindings import nvrtc
