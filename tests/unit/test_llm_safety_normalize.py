@@ -122,10 +122,12 @@ def _renders():
     for name, t in sorted(TEMPLATES.items()):
         for dt in dtypes:
             yield f"{name}-{dt}-defaults", t, dict(t.default_params(), vec=4 if dt == "float32" else 8), dt
-        for load in t.values("load_hint"):
-            for store in t.values("store_hint"):
-                yield f"{name}-bfloat16-{load}-{store}", t, dict(t.default_params(), load_hint=load,
-                                                                  store_hint=store), "bfloat16"
+        space = dict(t.space)  # the cache-hint axes a template has (rows_bulk loads by bulk copies: no load_hint)
+        for load in space.get("load_hint", (None,)):
+            for store in space.get("store_hint", (None,)):
+                hints = {k: v for k, v in (("load_hint", load), ("store_hint", store)) if v is not None}
+                if t.is_valid(dict(t.default_params(), **hints), 90, {"x": "bfloat16", "w": "bfloat16"}):
+                    yield f"{name}-bfloat16-{load}-{store}", t, dict(t.default_params(), **hints), "bfloat16"
 
 
 RENDERS = list(_renders())
@@ -133,7 +135,7 @@ RENDERS = list(_renders())
 
 @pytest.mark.parametrize("tdef, params, dt", [r[1:] for r in RENDERS], ids=[r[0] for r in RENDERS])
 def test_rendered_templates_are_not_refused(tdef, params, dt):
-    r = render(tdef, params, 90, {"x": dt, "w": dt}, {"N": 4096})
+    r = render(tdef, params, 90, {"x": dt, "w": dt}, tdef.consts({"N": 4096}))
     assert r.status is Status.OK and "asm" in r.source and "#pragma unroll" in r.source
     assert cuda_problems(r.source) == []
 

@@ -56,7 +56,10 @@ def test_header_errors_name_the_problem():
 def _two_points(tdef):
     """The default point and a second, different legal point."""
     p1 = tdef.default_params()
-    p2 = dict(p1, threads=256 if p1["threads"] != 256 else 128, vec=4, load_hint="cg", store_hint="cs")
+    space = dict(tdef.space)
+    p2 = dict(p1, threads=256 if p1["threads"] != 256 else 128, vec=4)
+    p2 |= {k: v for k, v in (("load_hint", "cg"), ("store_hint", "cs")) if v in space.get(k, ())}
+    assert p2 != p1
     return p1, p2
 
 
