@@ -68,6 +68,9 @@ class TensorSpec:
     optional: bool = False
     # The role used when a cell lacks `dtype`: a variant's dtype role (out_dtype) that defaults to another.
     fallback: str = ""
+    # An optional tensor's use: the cells (of the op's variants) that use it. A template names it in a
+    # launch arg as "name?" to bind it on those cells only, and pass a null pointer on the others.
+    used_when: Callable[["Cell"], bool] | None = None
 
     def resolve_dtype(self, cell: "Cell") -> DType:
         if isinstance(self.dtype, DType):
@@ -119,6 +122,11 @@ class FillSpec:
     transform: str = ""
     offsets: str = ""
     end: int = 0
+    # Whether the gate's round C may move this input far (by 16 x magnitude()). False for an input
+    # whose scale the op multiplies by itself, e.g. a stored per-row rstd (rmsnorm_bwd): the move
+    # flips its sign and multiplies its row's terms by up to r^3 ~ 8000, an input no caller passes,
+    # whose exact result leaves fp16's range and cancels far below fp32's element-wise atol.
+    perturb: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.zero_rows <= 1.0:
@@ -262,6 +270,9 @@ class OpSpec:
     # More matrices by name, e.g. a variant's cells ("residual"): an experiment picks one with
     # cells.matrix = "<name>"; `matrix` stays the op's default.
     matrices: Mapping[str, Callable[[], list["Cell"]]] = field(default_factory=dict)
+    # Dims a cell may lack (a variant's switch), at the value they take where it does: a template
+    # specializing on one renders with it.
+    dim_defaults: Mapping[str, int] = field(default_factory=dict)
 
     def all_cells(self) -> list["Cell"]:
         """Every cell the op names: its matrix, its edge cells and its named matrices (no duplicates)."""
@@ -283,6 +294,25 @@ class OpSpec:
             if t.name == name:
                 return t
         raise KeyError(f"op {self.name} has no tensor {name!r}")
+
+    def uses(self, cell: Cell, name: str) -> bool:
+        """Whether `cell` uses tensor `name`: a required one always, an optional one as its used_when says."""
+        t = self.tensor(name)
+        if not t.optional:
+            return True
+        if t.used_when is None:
+            raise ValueError(f"op {self.name}: optional tensor {name!r} declares no used_when, so a launch arg "
+                             f"{name + '?'!r} cannot tell the cells that use it")
+        return bool(t.used_when(cell))
+
+    def dim_value(self, cell: "Cell | Mapping[str, int]", name: str) -> int:
+        """A cell's dim, or the op's default for it where the cell lacks it (bias and store_rstd: 0)."""
+        dims = cell.dims_dict() if isinstance(cell, Cell) else cell
+        if name in dims:
+            return int(dims[name])
+        if name in self.dim_defaults:
+            return int(self.dim_defaults[name])
+        raise KeyError(f"cell has no dim {name!r} (has {sorted(dims)}) and op {self.name} declares no default for it")
 
     def scalar_values(self, cell: Cell, overrides: Mapping[str, float | int] | None = None) -> dict[str, float | int]:
         vals = {s.name: s.value(cell) for s in self.scalars}

@@ -159,7 +159,7 @@ def prepare(
     tdef: TemplateDef, genome: Genome, arch: str, dtypes: Mapping[str, Any], dims: Mapping[str, int]
 ) -> BuildInput:
     """Render a genome for one cell's dtypes (and the dims the template specializes on)."""
-    consts = {d: int(dims[d]) for d in tdef.specialize}
+    consts = tdef.consts(dims)
     dt = tuple(sorted((k, getattr(v, "value", v)) for k, v in dtypes.items()))
     bi = BuildInput(genome, arch, dt, tuple(sorted(consts.items())))
     arch_n = bi.arch_number

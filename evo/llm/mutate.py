@@ -151,8 +151,9 @@ def _render_problems(tdef: TemplateDef, req: MutationRequest) -> list[str]:
     if not req.dtypes:
         return []
     arch = int(re.sub(r"\D", "", req.arch))
-    consts = {d: int(req.dims[d]) for d in tdef.specialize if d in req.dims}
-    if len(consts) < len(tdef.specialize):
+    try:
+        consts = tdef.consts(dict(req.dims))
+    except KeyError:  # a specialized dim the cell lacks and the op gives no default for
         return []
     r = render(tdef, tdef.default_params(), arch, dict(req.dtypes), consts)
     return cuda_problems(r.source) if r.status.ok else []

@@ -11,32 +11,53 @@ from evo.templates.template import Launch, TemplateDef
 from ops.spec import Cell, OpSpec, TensorSpec
 
 
-def bound_tensors(op: OpSpec, launches: Sequence[Launch]) -> tuple[TensorSpec, ...]:
-    """The op's tensors a launch plan uses: every required one, and an optional one only when a launch
-    binds it (a template that leaves it out is the op's variant without it)."""
-    named = {a.partition(":")[0] for ln in launches for a in ln.args}
-    return tuple(t for t in op.tensors if not t.optional or t.name in named)
+def arg_name(arg: str) -> tuple[str, bool]:
+    """A launch arg's name, and whether it is conditional ("bias?": a tensor bound only on the cells the
+    op says use it, a null pointer on the others)."""
+    name = arg.partition(":")[0]
+    return name.removesuffix("?"), name.endswith("?")
+
+
+def bound_tensors(op: OpSpec, launches: Sequence[Launch], cell: Cell) -> tuple[TensorSpec, ...]:
+    """The op's tensors a launch plan uses on `cell`: every required one; an optional one when a launch
+    names it, or names it conditionally ("name?") and the op says the cell uses it (a template that
+    leaves it out is the op's variant without it)."""
+    named: dict[str, bool] = {}  # name -> conditional everywhere it is named
+    for ln in launches:
+        for a in ln.args:
+            name, cond = arg_name(a)
+            named[name] = named.get(name, True) and cond
+    return tuple(t for t in op.tensors
+                 if not t.optional or (t.name in named and (not named[t.name] or op.uses(cell, t.name))))
 
 
 def bind_cell(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell,
               arch: int) -> tuple[tuple[LaunchJob, ...], tuple[BufferDecl, ...], tuple[tuple[str, float], ...]]:
     """The genome's launch plan on one cell, bound to the op's tensors (optional ones only when the plan
-    uses them: no buffer for the others), dims and scalars."""
+    uses them on this cell: no buffer for the others, a null pointer for a conditional arg), dims and
+    scalars."""
     dims = cell.dims_dict()
     launches, workspaces = tdef.plan(genome.params_dict(), arch, cell.dtypes_dict(), dims)
     scalars = op.scalar_values(cell)
     buffers = [BufferDecl(t.name, t.resolve_dtype(cell).value, t.shape(cell), t.role.value)
-               for t in bound_tensors(op, launches)]
+               for t in bound_tensors(op, launches, cell)]
     buffers += [BufferDecl(name, "uint8", (nbytes,), "ws") for name, nbytes in workspaces.items()]
     names = {b.name for b in buffers}
+    tensors = {t.name for t in op.tensors}
     scalar_kinds = {s.name: ("f32" if s.kind is float else "i32") for s in op.scalars}
     jobs = []
     for ln in launches:
         args = []
         for a in ln.args:
-            name, _, typ = a.partition(":")
+            name, cond = arg_name(a)
+            typ = a.partition(":")[2]
             if name in names:
                 args.append(("buf", name))
+            elif cond and name in tensors:  # a tensor this cell's variant does not use
+                args.append(("ptr", 0))
+            elif cond:
+                raise KeyError(f"template {tdef.name}: launch arg {a!r} is conditional, but {name!r} is not a tensor "
+                               f"of {op.name}")
             elif name in dims:
                 args.append((typ or "i32", dims[name]))
             elif name in scalars:
@@ -71,6 +92,9 @@ def make_job(
     gate = []
     for gc in gate_cells:
         gl, gb, gs = bind_cell(op, tdef, genome, gc, arch)
+        if {b.name for b in gb} != present:  # the job's left_out and fills are the main cell's
+            raise ValueError(f"gate cell {gc.label()} of {cell.label()} binds {sorted(b.name for b in gb)}, "
+                             f"the cell {sorted(present)}: not the same variant")
         gate.append(GateCell(gc.label(), tuple(sorted(gc.dims_dict().items())), gl, gb, gs))
     tols = tuple(
         (t.name, (tol.atol, tol.rtol, tol.rel_norm))

@@ -55,7 +55,7 @@ def gate_cells_for(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell, ar
     for c in [*op.gate_cells(cell), *op.edge_cells()]:
         if c == cell or c.dtypes_dict() != dtypes or c in out:
             continue
-        if any(c.dim(d) != cell.dim(d) for d in tdef.specialize):
+        if any(op.dim_value(c, d) != op.dim_value(cell, d) for d in tdef.specialize):
             continue
         if tdef.is_valid(params, arch, dtypes, c.dims_dict()):
             out.append(c)

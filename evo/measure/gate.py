@@ -239,9 +239,11 @@ class Gate:
             specs = self.job.fill_of(kind)
             for b in g.ins:
                 # a transformed fill keeps its values in a range (unit rows, (0, 1), negative decays) that
-                # a far move would leave: the op would be asked something its inputs never are
-                if b.dtype in ("float32", "float16", "bfloat16") and not specs[b.name].transform:
-                    self.dev.perturb(s.ins[b.name], b.dtype, b.numel, PERTURB_EVERY, 16.0 * specs[b.name].magnitude(),
+                # a far move would leave: the op would be asked something its inputs never are; so does a
+                # fill the op marks perturb=False (a stored per-row statistic such as rmsnorm_bwd's rstd)
+                spec = specs[b.name]
+                if b.dtype in ("float32", "float16", "bfloat16") and not spec.transform and spec.perturb:
+                    self.dev.perturb(s.ins[b.name], b.dtype, b.numel, PERTURB_EVERY, 16.0 * spec.magnitude(),
                                      self._next_seed())
             self._snapshot(g, s)
             self._launch_and_check(g, s, f"perturbed set {j}")

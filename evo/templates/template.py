@@ -18,13 +18,14 @@ Every `.cu.j2` file starts with a Jinja comment holding TOML:
     grid = ["ceil_div(M, threads // 32)"]
     block = ["threads"]
     smem = "0"
-    args = ["x", "w", "y", "M", "N", "eps"]
+    args = ["x", "w", "y", "M", "N", "eps"]   # "bias?": an optional tensor, null where the cell's variant lacks it
     -#}
 
 Expressions are evaluated in the same Jinja sandbox that renders the code, over the parameters,
 `arch` (e.g. 90), `<role>_bytes` and `<role>_dtype` for each dtype role of the cell, and the cell's
 dims. A constraint that names a dim applies per cell; the others decide whether a genome is legal at
-all. This one declaration serves sampling, repair, the build and the tests.
+all. A specialized dim the cell lacks (a variant's switch that is off) renders at the op's default.
+This one declaration serves sampling, repair, the build and the tests.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class Expr:
 
 @dataclass(frozen=True)
 class LaunchDecl:
-    """One kernel launch of a plan; args name tensors, dims, scalars or workspaces (`name:type`)."""
+    """One kernel launch of a plan; args name tensors, dims, scalars or workspaces (`name:type`), or an
+    optional tensor conditionally (`name?`: bound on the cells the op says use it, else a null pointer)."""
 
     kernel: str
     grid: tuple[Expr, ...]
@@ -182,6 +184,16 @@ class TemplateDef:
         if dims:
             ctx.update(dims)
         return ctx
+
+    def consts(self, dims: Mapping[str, int]) -> dict[str, int]:
+        """The dims this template specializes on, for one cell: a dim the cell lacks (a variant's switch
+        that is off) at its op's declared default."""
+        if all(d in dims for d in self.specialize):  # every cell of a plain op: no registry look-up
+            return {d: int(dims[d]) for d in self.specialize}
+        from ops import get_op  # a sibling package, as in context()
+
+        op = get_op(self.op)
+        return {d: op.dim_value(dims, d) for d in self.specialize}
 
     def violations(
         self,

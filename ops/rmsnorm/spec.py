@@ -13,12 +13,15 @@ keys and results) is unchanged:
     dim store_rstd = 1      rstd (M,) fp32 is written
 An fp32 weight with 16-bit x is the "w" role, as before. The residual variant is a dtype role, not a
 dim, because a template renders with the cell's dtype roles but only the dims it specializes: a
-template for the variant names `residual_t` and fails to render (RENDER_ERROR) on a plain cell, which a
-constraint could not ensure (a constraint naming a dim the cell lacks is skipped). The bias and
-store_rstd dims are read by constraints ("bias == 0" holds where the dim is absent, as it should).
+template sees `residual_t` exactly on the variant's cells (cta_row_fused branches on it). The bias and
+store_rstd dims are read by constraints ("bias == 0" holds where the dim is absent, as it should) and
+may be specialized (rendered at 0 where the cell lacks them).
 
 SPEC is the plain op the engine runs today; VARIANT_SPEC is the same op ("rmsnorm") with the variant
-tensors declared optional: a template binds them by naming them in its launch args.
+tensors declared optional: a template binds them by naming them in its launch args, always ("residual")
+or on the cells whose variant uses them ("residual?": `used_when`, here from `variant_of`). The dims
+bias and store_rstd default to 0 (`dim_defaults`): a template that specializes on them renders a cell
+without them as the variant switched off.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ DTYPES = (DType.BF16, DType.FP16, DType.FP32)
 MATRIX_M = (4096, 32768)
 MATRIX_N = (1024, 2048, 4096, 8192, 16384, 32768)
 RESIDUAL_M = 32768  # issue 14: the residual variant at M = 32768
+BIAS_RSTD_N = (1024, 4096, 16384)
 VARIANT_DIMS = ("bias", "store_rstd")
 
 # The gate's input kinds: each exercises one part of the contract, so a kernel that skips part of
@@ -191,6 +195,14 @@ def matrix_residual() -> list[Cell]:
     return cells + [cell(DType.BF16, RESIDUAL_M, 4096, residual=DType.FP32)]
 
 
+def matrix_bias_rstd() -> list[Cell]:
+    """Issue 14's other switches at M = 32768 in bf16, a few N: bias alone, store_rstd alone, and both
+    with the residual (QuACK's rmsnorm_fwd(x, w, bias, residual, store_rstd=True))."""
+    return [cell(DType.BF16, RESIDUAL_M, n, **kw) for kw in ({"bias": True}, {"store_rstd": True},
+                                                            {"residual": True, "bias": True, "store_rstd": True})
+            for n in BIAS_RSTD_N]
+
+
 def edge_cells() -> list[Cell]:
     """Shapes that catch tail and bounds bugs: M=1, odd M, N off the vector width, fp32 weight."""
     cells = []
@@ -219,6 +231,18 @@ def variant_edge_cells() -> list[Cell]:
         cell(fp, 6, 2048, f32, bias=True, store_rstd=True, out=f32),
         cell(bf, 7, 4100, residual=f32, bias=True, store_rstd=True),
     ]
+
+
+def uses_residual(c: Cell) -> bool:
+    return variant_of(c).residual
+
+
+def uses_bias(c: Cell) -> bool:
+    return variant_of(c).bias
+
+
+def stores_rstd(c: Cell) -> bool:
+    return variant_of(c).store_rstd
 
 
 def gate_cells(c: Cell) -> list[Cell]:
@@ -251,10 +275,11 @@ SPEC = OpSpec(
 )
 
 # The same op with the variants' tensors, optional: a template that names them in its launch args is
-# the variant that uses them (no buffer, fill or check for the others). y's dtype is the "out" role,
-# x's where the cell lacks it. The residual stream's is the "residual" role, which only the variant's
-# cells carry; a template that binds it on another cell gets x's dtype, and the device reference,
-# told the cell has no residual, fails it. dtype_roles stay x and w: an experiment's cells.dims product
+# the variant that uses them (no buffer, fill or check for the others); one that names them "name?"
+# serves several variants, each tensor bound on the cells whose variant uses it (used_when). y's dtype
+# is the "out" role, x's where the cell lacks it. The residual stream's is the "residual" role, which
+# only the variant's cells carry; a template that binds it (unconditionally) on another cell gets x's
+# dtype, and the device reference, told the cell has no residual, fails it. dtype_roles stay x and w: an experiment's cells.dims product
 # gives every role the same dtype, and must keep giving plain cells.
 VARIANT_SPEC = OpSpec(**{
     **SPEC.__dict__,
@@ -262,11 +287,13 @@ VARIANT_SPEC = OpSpec(**{
         TensorSpec("x", ("M", "N"), "x"),
         TensorSpec("w", ("N",), "w"),
         TensorSpec("y", ("M", "N"), "out", role=Role.OUT, fallback="x"),
-        TensorSpec("residual", ("M", "N"), "residual", optional=True, fallback="x"),
-        TensorSpec("bias", ("N",), "w", optional=True),
-        TensorSpec("residual_out", ("M", "N"), "residual", role=Role.OUT, optional=True, fallback="x"),
-        TensorSpec("rstd", ("M",), DType.FP32, role=Role.OUT, optional=True),
+        TensorSpec("residual", ("M", "N"), "residual", optional=True, fallback="x", used_when=uses_residual),
+        TensorSpec("bias", ("N",), "w", optional=True, used_when=uses_bias),
+        TensorSpec("residual_out", ("M", "N"), "residual", role=Role.OUT, optional=True, fallback="x",
+                   used_when=uses_residual),
+        TensorSpec("rstd", ("M",), DType.FP32, role=Role.OUT, optional=True, used_when=stores_rstd),
     ),
     "fills": {k: {**FILLS[k], **VARIANT_FILLS[k]} for k in FILLS},
-    "matrices": {"residual": matrix_residual},
+    "matrices": {"residual": matrix_residual, "bias_rstd": matrix_bias_rstd},
+    "dim_defaults": {d: 0 for d in VARIANT_DIMS},
 })

@@ -20,12 +20,19 @@ DTYPES = (DType.BF16, DType.FP16, DType.FP32)
 MATRIX = [(32768, n) for n in (4096, 8192, 16384, 32768, 65536)] + [(16384, 131072), (8192, 262144)]
 
 _W = FillSpec(mean=1.0, std=0.1)
-_R = FillSpec(mean=1.0, std=0.2)  # rstd of unit-rms rows, give or take
+# rstd of unit-rms rows, give or take. The gate's round C never moves rstd far (perturb=False): rstd is
+# drawn apart from x, so xhat = x * rstd stays near unit rms only while rstd stays near 1 / rms(x). A
+# far move (-r +- 16 x 1.2, so |r| ~ 18-20) makes the row's term rstd * xhat * mean(g * xhat) grow as
+# r^3 ~ 8000: the exact dx reaches 1.6e5 (past fp16's 65504: a right fp16 kernel writes inf) and its
+# two terms cancel at ~1e5, where fp32's rounding (~6e-8 x the terms, ~1e-2) is 20x the element-wise
+# atol + rtol * |dx| at small |dx|. Moving x, w and dout still makes a cached result stale.
+_R = FillSpec(mean=1.0, std=0.2, perturb=False)
 _DY = FillSpec()
 FILLS = {
     "normal": {"x": FillSpec(), "w": _W, "dout": _DY, "rstd": _R},
     # x in the hundreds with a small rstd, as a forward of such rows stores it
-    "large": {"x": FillSpec(std=300.0, row_shift=200.0), "w": _W, "dout": _DY, "rstd": FillSpec(mean=3e-3, std=5e-4)},
+    "large": {"x": FillSpec(std=300.0, row_shift=200.0), "w": _W, "dout": _DY,
+              "rstd": FillSpec(mean=3e-3, std=5e-4, perturb=False)},
     # half the rows of x zero (xhat = 0: dx = rstd * dout * w there)
     "zero_rows": {"x": FillSpec(zero_rows=0.5), "w": _W, "dout": _DY, "rstd": _R},
     # one outlier per row of dout: the row mean of g * xhat is dominated by it

@@ -4,6 +4,7 @@ bias optional, in its two variants, checked by the real gate on the numpy device
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -51,9 +52,17 @@ PLAIN = parse_template(template("plain", '["x", "y", "M", "N"]'))
 BIASED = parse_template(template("biased", '["x", "bias", "y", "M", "N"]'))
 
 
-def job(tdef):
+# The same op whose cells say whether they use the bias (a dim, 0 where absent): a template serves both
+# variants by naming it "bias?".
+CELL_B = Cell.make({"x": "fp32"}, {"M": 4, "N": 24, "bias": 1})
+TOY_V = OpSpec(**{**TOY.__dict__, "dim_defaults": {"bias": 0}, "tensors": (
+    TOY.tensors[0], replace(TOY.tensors[1], used_when=lambda c: TOY_V.dim_value(c, "bias") == 1), TOY.tensors[2])})
+COND = parse_template(template("cond", '["x", "bias?", "y", "M", "N"]'))
+
+
+def job(tdef, op=TOY, cell=CELL):
     g = Genome.make("toy_add", tdef.name, tdef.source_hash, tdef.default_params())
-    return g, make_job(TOY, tdef, g, BuildResult("k", Status.OK), CELL, 90, seed=1, timing=None, baseline=False)
+    return g, make_job(op, tdef, g, BuildResult("k", Status.OK), cell, 90, seed=1, timing=None, baseline=False)
 
 
 def rows(dev: FakeDevice, args: tuple) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
@@ -64,7 +73,7 @@ def rows(dev: FakeDevice, args: tuple) -> tuple[np.ndarray, np.ndarray | None, n
     return x, bias, out
 
 
-def gate(tdef, kernel):
+def gate(tdef, kernel, op=TOY, cell=CELL):
     """The gate over the numpy device; returns the Outcome, what was allocated, and the bias the reference saw."""
     seen: list[bool] = []
 
@@ -87,9 +96,9 @@ def gate(tdef, kernel):
                                                   (("buf", "x"), ("buf", "bias"), ("buf", "ref:y"),
                                                    ("i32", dims["M"]), ("i32", dims["N"])))],
         tail_width=lambda dims: 1)
-    g, j = job(tdef)
+    g, j = job(tdef, op, cell)
     res = Gate(dev, j, "cand", "toyref", ref_mod, random.Random(0), (("gpu", "fake"),), dev.ceiling_gbps).run()
-    return judge(res, {"y": 1e-6}, g, CELL), sizes, seen
+    return judge(res, {"y": 1e-6}, g, cell), sizes, seen
 
 
 def test_a_variant_that_leaves_the_optional_tensor_out_gets_no_buffer_fill_or_reference_input():
@@ -118,3 +127,38 @@ def test_a_variant_that_uses_the_optional_tensor_gets_it_allocated_filled_and_ch
 def test_an_input_kind_may_fill_an_optional_tensor_and_must_fill_the_required(fills, ok):
     spec = OpSpec(**{**TOY.__dict__, "fills": {"normal": fills}})
     assert (not any("input kind" in p for p in _runnable_problems(spec))) is ok
+
+
+def test_a_conditional_arg_binds_the_optional_tensor_only_on_the_cells_the_op_says_use_it():
+    """"bias?": a null pointer, no buffer, fill or reference input on a cell without the bias (its dim
+    absent: the op's default 0); allocated, filled and checked on a cell with it."""
+    _, j = job(COND, TOY_V, CELL)
+    assert [b.name for b in j.buffers] == ["x", "y"] and j.left_out == ("bias",)
+    assert j.launches[0].args[1] == ("ptr", 0) and all(dict(specs).keys() == {"x"} for _, specs in j.fills)
+    outcome, sizes, seen = gate(COND, lambda x, bias: x, TOY_V, CELL)
+    assert outcome.status is Status.OK, outcome.error
+    assert 96 not in sizes and seen and not any(seen)
+    _, j = job(COND, TOY_V, CELL_B)
+    assert [b.name for b in j.buffers] == ["x", "bias", "y"] and j.left_out == ()
+    assert j.launches[0].args[1] == ("buf", "bias")
+    outcome, sizes, seen = gate(COND, lambda x, bias: x + bias, TOY_V, CELL_B)
+    assert outcome.status is Status.OK, outcome.error
+    assert 96 in sizes and seen and all(seen)
+    ignored, _, _ = gate(COND, lambda x, bias: x, TOY_V, CELL_B)  # a kernel that drops the bias is caught
+    assert ignored.status is Status.WRONG_ANSWER
+
+
+def test_a_conditional_arg_needs_a_tensor_whose_use_the_op_decides():
+    with pytest.raises(ValueError, match="no used_when"):  # TOY's bias does not say which cells use it
+        job(COND, TOY, CELL)
+    with pytest.raises(KeyError, match="conditional"):
+        job(parse_template(template("cond_dim", '["x", "bias?", "y", "M?", "N"]')), TOY_V, CELL)
+    _, j = job(parse_template(template("cond_x", '["x?", "bias?", "y", "M", "N"]')), TOY_V, CELL)
+    assert j.launches[0].args[0] == ("buf", "x")  # a required tensor is used by every cell
+
+
+def test_a_dim_a_cell_lacks_takes_the_ops_default():
+    assert TOY_V.dim_value(CELL, "bias") == 0 and TOY_V.dim_value(CELL_B, "bias") == 1
+    assert TOY_V.dim_value({"M": 4}, "M") == 4
+    with pytest.raises(KeyError, match="no default"):
+        TOY.dim_value(CELL, "bias")

@@ -17,6 +17,10 @@ from evo.build.nvrtc import BuildResult, compile_one, include_dir, prepare
 from evo.core.genome import Genome
 from evo.core.status import Status
 from evo.measure.evaluate import make_job
+from evo.measure.evaluators import gate_cells_for
+from evo.measure.gate import Gate
+from evo.measure.jobs import Timing
+from evo.measure.verify import judge
 from evo.search.space import repair
 from evo.templates.template import load_templates
 from ops import contract
@@ -27,16 +31,18 @@ from ops.rmsnorm.spec import (
     TOLERANCES,
     VARIANT_SPEC,
     cell,
-    edge_cells_residual,
+    edge_cells,
     gate_cells,
     matrix,
+    matrix_bias_rstd,
     matrix_residual,
     out_dtype,
     residual_dtype,
     variant_edge_cells,
     variant_of,
 )
-from ops.spec import Cell, DType, Role, quantize
+from ops.spec import Cell, DType, Role, from_device_bytes, quantize, to_device_bytes
+from tests.unit.fake_device import FakeDevice
 from tests.unit.verdict import outside
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,6 +204,27 @@ def test_residual_matrix_is_issue_14s():
     assert VARIANT_SPEC.bytes_moved(c) == 32768 * 4096 * (2 + 4 + 4 + 2) + 4096 * 2
 
 
+def test_bias_rstd_matrix_covers_the_other_switches():
+    cells = matrix_bias_rstd()
+    assert VARIANT_SPEC.matrices["bias_rstd"] is matrix_bias_rstd and len(set(cells)) == len(cells) == 9
+    assert {(c.dim("M"), c.dtype("x"), c.dtype("w")) for c in cells} == {(32768, DType.BF16, DType.BF16)}
+    assert {(variant_of(c), c.dim("N")) for c in cells} == {
+        (v, n) for v in (variant_of(cell("bf16", 1, 8, bias=True)), variant_of(cell("bf16", 1, 8, store_rstd=True)),
+                         variant_of(cell("bf16", 1, 8, residual=True, bias=True, store_rstd=True)))
+        for n in (1024, 4096, 16384)}
+    assert not set(cells) & (set(matrix()) | set(matrix_residual()))
+    assert contract.problems(VARIANT_SPEC) == [] and set(cells) <= set(VARIANT_SPEC.all_cells())
+
+
+def test_the_op_says_which_cells_use_each_optional_tensor():
+    for c in variant_edge_cells() + matrix_bias_rstd() + SPEC.edge_cells():
+        var = variant_of(c)
+        assert {t.name for t in VARIANT_SPEC.tensors if VARIANT_SPEC.uses(c, t.name)} == (
+            {"x", "w", "y"} | ({"residual", "residual_out"} if var.residual else set())
+            | ({"bias"} if var.bias else set()) | ({"rstd"} if var.store_rstd else set()))
+        assert [VARIANT_SPEC.dim_value(c, d) for d in ("bias", "store_rstd")] == [int(var.bias), int(var.store_rstd)]
+
+
 def test_bytes_count_only_the_tensors_a_variant_uses():
     m, n = 6, 2048
     c = cell("fp16", m, n, "fp32", bias=True, store_rstd=True, out="fp32")
@@ -242,7 +269,7 @@ def test_device_reference_source_compiles_for_sm90a():
         assert k.encode() in cubin, k
 
 
-# ---- the residual template --------------------------------------------------------------------------
+# ---- the fused template: every variant ---------------------------------------------------------------
 
 def repaired(c: Cell) -> dict:
     p = repair(FUSED, FUSED.default_params(), random.Random(0), 90, [c.dtypes_dict()], [c.dims_dict()])
@@ -255,7 +282,11 @@ def build(c: Cell, params: dict):
     return compile_one(prepare(FUSED, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
 
 
-@pytest.mark.parametrize("c", matrix_residual() + edge_cells_residual(), ids=ids)
+PLAIN_EDGES = [c for c in edge_cells() if c.dtype("x") is DType.BF16] + [cell("fp16", 19, 2056, "fp32")]
+BUILT = list(dict.fromkeys(matrix_residual() + matrix_bias_rstd() + variant_edge_cells() + PLAIN_EDGES))
+
+
+@pytest.mark.parametrize("c", BUILT, ids=ids)
 def test_fused_template_builds_without_spills(c):
     params = repaired(c)
     r = build(c, params)
@@ -265,37 +296,81 @@ def test_fused_template_builds_without_spills(c):
 
 
 def test_fused_template_builds_at_its_defaults_where_they_are_legal():
-    c = cell("bf16", 32768, 4096, residual=True)
-    assert FUSED.violations(FUSED.default_params(), 90, c.dtypes_dict(), c.dims_dict()) == []
-    r = build(c, FUSED.default_params())
-    assert r.status is Status.OK and r.spill_stores == 0, r.error + r.log
+    for c in (cell("bf16", 32768, 4096, residual=True), cell("bf16", 32768, 4096, bias=True, store_rstd=True)):
+        assert FUSED.violations(FUSED.default_params(), 90, c.dtypes_dict(), c.dims_dict()) == []
+        r = build(c, FUSED.default_params())
+        assert r.status is Status.OK and r.spill_stores == 0, r.error + r.log
 
 
-def test_fused_template_refuses_what_it_does_not_serve():
+def test_fused_template_renders_each_variant_and_bakes_in_bias_and_store_rstd():
+    """The specialized dims are N, bias and store_rstd, at 0 where the cell lacks them; the rendered code
+    touches only the tensors of the cell's variant."""
+    assert FUSED.specialize == ("N", "bias", "store_rstd")
     p = FUSED.default_params()
-    for c, why in [(cell("bf16", 64, 4096, residual=True, bias=True), "no_bias"),
-                   (cell("bf16", 64, 4096, residual=True, store_rstd=True), "no_rstd_store")]:
-        assert why in FUSED.violations(p, 90, c.dtypes_dict(), c.dims_dict())
-    plain = cell("bf16", 64, 4096)  # no residual role: it does not compile (never runs as the plain op)
-    r = build(plain, p)
-    assert r.status is Status.COMPILE_ERROR and "residual variant" in r.error + r.log
+    g = Genome.make("rmsnorm", FUSED.name, FUSED.source_hash, p)
+    for c, touches in [(cell("bf16", 64, 4096), set()), (cell("bf16", 64, 4096, residual=True), {"residual"}),
+                       (cell("bf16", 64, 4096, bias=True), {"bias"}), (cell("bf16", 64, 4096, store_rstd=True), {"rstd"}),
+                       (cell("bf16", 64, 4096, residual="fp32", bias=True, store_rstd=True), {"residual", "bias", "rstd"})]:
+        bi = prepare(FUSED, g, "sm_90a", c.dtypes_dict(), c.dims_dict())
+        var = variant_of(c)
+        assert dict(bi.consts) == {"N": 4096, "bias": int(var.bias), "store_rstd": int(var.store_rstd)}
+        body = bi.source.split("float* __restrict__ rstd, int M, float eps) {", 1)[1]
+        used = {t for t, use in [("residual", "residual + base"), ("bias", "bias + (long long)"), ("rstd", "rstd[blockIdx.x]")]
+                if use in body}
+        assert used == touches, c.label()
+        assert ("residual_out + base" in body) == var.residual
 
 
-def test_fused_launch_binds_the_residual_tensors_only():
-    c = cell("bf16", 4096, 2048, residual=DType.FP32)
+def test_plain_cells_keep_their_build_keys_under_every_other_template():
+    """The dims a template specializes on are the cell's own wherever the cell has them: every template
+    but cta_row_fused renders and keys a plain cell as before the variants' defaults existed."""
+    for name, t in load_templates("rmsnorm").items():
+        if name == FUSED.name:
+            continue
+        g = Genome.make("rmsnorm", name, t.source_hash, t.default_params())
+        for c in matrix()[:12] + edge_cells():
+            bi = prepare(t, g, "sm_90a", c.dtypes_dict(), c.dims_dict())
+            assert bi.consts == tuple(sorted((d, c.dim(d)) for d in t.specialize)), (name, c.label())
+    plain = cell("bf16", 64, 4096)
+    assert FUSED.consts(plain.dims_dict()) == {"N": 4096, "bias": 0, "store_rstd": 0}
+    assert FUSED.consts(cell("bf16", 64, 4096, bias=True).dims_dict())["bias"] == 1
+
+
+def test_gate_cells_of_a_variant_cell_share_its_specialized_dims():
+    """gate_cells_for compares the specialized dims with the op's default: the plain edge cells (no bias
+    dim) join a plain cell's gate, never a bias cell's (another build)."""
+    p = FUSED.default_params() | {"threads": 128, "vec": 8}
+    g = Genome.make("rmsnorm", FUSED.name, FUSED.source_hash, p)
+    plain, biased = cell("bf16", 4096, 2048, "fp32"), cell("bf16", 4096, 2048, "fp32", bias=True)
+    assert cell("bf16", 19, 2048, "fp32") in gate_cells_for(VARIANT_SPEC, FUSED, g, plain, 90)
+    gates = gate_cells_for(VARIANT_SPEC, FUSED, g, biased, 90)
+    assert gates and all(variant_of(x) == variant_of(biased) for x in gates)
+
+
+VARIANTS = [cell("bf16", 4096, 2048), cell("bf16", 4096, 2048, residual="fp32"), cell("bf16", 4096, 2048, bias=True),
+            cell("fp16", 4096, 2048, store_rstd=True, out="fp32"),
+            cell("bf16", 4096, 2048, residual=True, bias=True, store_rstd=True)]
+
+
+@pytest.mark.parametrize("c", VARIANTS, ids=ids)
+def test_fused_launch_binds_the_variants_tensors_and_nulls_the_others(c):
     params = repaired(c)
     g = Genome.make("rmsnorm", FUSED.name, FUSED.source_hash, params)
     job = make_job(VARIANT_SPEC, FUSED, g, BuildResult("k", Status.OK), c, 90, seed=1, timing=None, baseline=False,
                    gate_cells=gate_cells(c))
-    assert {b.name: b.dtype for b in job.buffers} == {"x": "bfloat16", "w": "bfloat16", "y": "bfloat16",
-                                                      "residual": "float32", "residual_out": "float32"}
-    assert set(job.left_out) == {"bias", "rstd"}
-    assert dict(job.tolerances).keys() == {"y", "residual_out"}
-    assert all(dict(specs).keys() == {"x", "w", "residual"} for _, specs in job.fills)
+    used = {t.name for t in VARIANT_SPEC.tensors if VARIANT_SPEC.uses(c, t.name)}
+    assert {b.name: b.dtype for b in job.buffers} == {t.name: t.resolve_dtype(c).value for t in VARIANT_SPEC.tensors
+                                                      if t.name in used}
+    assert set(job.left_out) == {t.name for t in VARIANT_SPEC.tensors} - used
+    assert dict(job.tolerances).keys() == {t.name for t in VARIANT_SPEC.outputs()} & used
+    assert all(dict(specs).keys() == {t.name for t in VARIANT_SPEC.inputs()} & used for _, specs in job.fills)
     assert job.bytes_moved == VARIANT_SPEC.bytes_moved(c)
-    assert [gc.label for gc in job.gate] == [g.label() for g in gate_cells(c)]
+    assert [gc.label for gc in job.gate] == [x.label() for x in gate_cells(c)]
     (launch,) = job.launches
-    assert launch.args[:5] == (("buf", "x"), ("buf", "residual"), ("buf", "w"), ("buf", "y"), ("buf", "residual_out"))
+    names = ["x", "residual", "w", "bias", "y", "residual_out", "rstd"]
+    assert launch.args[:7] == tuple(("buf", n) if n in used else ("ptr", 0) for n in names)
+    for gc in job.gate:
+        assert {b.name for b in gc.buffers} == used and gc.launches[0].args[:7] == launch.args[:7]
 
 
 # ---- the template's arithmetic, emulated ------------------------------------------------------------
@@ -305,14 +380,16 @@ def f32(a) -> np.ndarray:
 
 
 def emulate(c: Cell, params: dict, ins: dict, eps: float) -> dict[str, np.ndarray]:
-    """cta_row_fused's fp32 arithmetic in its order: h = x + r; per thread ss = fma(h, h, ss) over its
+    """cta_row_fused's fp32 arithmetic in its order: h = x (+ r); per thread ss = fma(h, h, ss) over its
     vectors t, t + threads, ...; a butterfly warp sum; the warps' partials summed in order; rstd =
-    rsqrtf(total * (1/N) + eps); y = (h * rstd) * w rounded to y's dtype, residual_out = h rounded."""
+    rsqrtf(total * (1/N) + eps); y = fma(h * rstd, w, bias) (or (h * rstd) * w) rounded to y's dtype,
+    residual_out = h rounded, rstd as computed. Only the outputs of the cell's variant."""
     m, n = c.dim("M"), c.dim("N")
+    var = variant_of(c)
     threads, vec = params["threads"], params["vec"]
     nvec = n // vec
     items = -(-nvec // threads)
-    h = f32(f32(ins["x"]) + f32(ins["residual"]))
+    h = f32(f32(ins["x"]) + f32(ins["residual"])) if var.residual else f32(ins["x"])
     hv = np.zeros((m, items * threads, vec), dtype=np.float32)
     hv[:, :nvec] = h.reshape(m, nvec, vec)
     hv = hv.reshape(m, items, threads, vec)
@@ -329,21 +406,31 @@ def emulate(c: Cell, params: dict, ins: dict, eps: float) -> dict[str, np.ndarra
         total = f32(total + lanes[:, wi, 0])
     inv_n = np.float32(1.0) / np.float32(n)
     rstd = f32(1.0 / np.sqrt(f32(total.astype(np.float64) * float(inv_n) + float(np.float32(eps))).astype(np.float64)))
-    y = f32(f32(h * rstd[:, None]) * f32(ins["w"]))
-    return {"y": quantize(y, out_dtype(c)), "residual_out": quantize(h, residual_dtype(c))}
+    hr = f32(h * rstd[:, None]).astype(np.float64)
+    w = f32(ins["w"]).astype(np.float64)
+    y = f32(hr * w + f32(ins["bias"]).astype(np.float64)) if var.bias else f32(hr * w)
+    out = {"y": quantize(y, out_dtype(c))}
+    if var.residual:
+        out["residual_out"] = quantize(h, residual_dtype(c))
+    if var.store_rstd:
+        out["rstd"] = rstd.astype(np.float64)
+    return out
 
 
-EMULATED = [Cell.make(c.dtypes_dict(), c.dims_dict() | {"M": 3}) for c in matrix_residual()] + edge_cells_residual()
+EMULATED = list(dict.fromkeys([Cell.make(c.dtypes_dict(), c.dims_dict() | {"M": 3})
+                               for c in matrix_residual() + matrix_bias_rstd()] + variant_edge_cells() + PLAIN_EDGES))
 
 
 @pytest.mark.parametrize("c", EMULATED, ids=ids)
 def test_emulated_template_is_within_tolerance_on_every_kind(c):
     params = repaired(c)
+    used = {t.name for t in VARIANT_SPEC.outputs() if VARIANT_SPEC.uses(c, t.name)}
     for kind in KINDS:
         ins = VARIANT_SPEC.make_inputs(c, kind, np.random.default_rng(5))
         ref = VARIANT_SPEC.reference(ins, {"eps": EPS})
         got = emulate(c, params, ins, EPS)
-        for name in ("y", "residual_out"):
+        assert got.keys() == used
+        for name in used:
             assert not fails(c, name, got[name], ref[name]), (kind, name)
 
 
@@ -360,6 +447,101 @@ def test_emulation_catches_a_norm_of_the_rounded_residual_out_only_where_it_matt
     assert fails(c, "y", emulate(c, params, dropped, EPS)["y"], ref["y"])
 
 
+# ---- the real gate on the numpy device: make_job's job for the template, the emulated kernel ----------
+
+NP_OF = {DType.BF16: np.uint16, DType.FP16: np.float16, DType.FP32: np.float32}
+
+
+class RmsFakeDevice(FakeDevice):
+    """The numpy device with RMSNorm's float64 reference (plain and variant kernels) computed by the op's
+    reference from the bound buffers; the cell's dtypes are given, M comes from the launch."""
+
+    def __init__(self, kernels, c0: Cell) -> None:
+        super().__init__(kernels, baseline_us=None)
+        self.c0 = c0
+
+    def launch(self, obj, kernel, grid, block, smem, args):
+        if obj == "ref" and self._capturing is None:
+            return self._reference(args)
+        return super().launch(obj, kernel, grid, block, smem, args)
+
+    def read(self, ptr: int, dt: DType, shape: tuple) -> np.ndarray:
+        n = int(np.prod(shape))
+        return from_device_bytes(self.view(ptr, "uint8", n * dt.nbytes).view(NP_OF[dt]), dt).reshape(shape)
+
+    def write(self, ptr: int, dt: DType, a: np.ndarray) -> None:
+        b = to_device_bytes(a.reshape(-1), dt).view(np.uint8)
+        self.view(ptr, "uint8", b.size)[:] = b
+
+    def _reference(self, args: tuple) -> None:
+        names = ("x", "residual", "w", "bias", "ref:y", "ref:residual_out", "ref:rstd")
+        if len(args) == 6:  # the plain kernel: x, w, ref:y, M, N, eps
+            names = ("x", "w", "ref:y")
+        ptr = {k: v for k, (_, v) in zip(names, args)}
+        m, n, eps = (v for _, v in args[len(names):len(names) + 3])
+        c = Cell.make(self.c0.dtypes_dict(), self.c0.dims_dict() | {"M": m})
+        ins = {t.name: self.read(ptr[t.name], t.resolve_dtype(c), t.shape(c)) for t in VARIANT_SPEC.inputs()
+               if ptr.get(t.name)}
+        out = VARIANT_SPEC.reference(ins, {"eps": eps})
+        for t in VARIANT_SPEC.outputs():
+            if ptr.get(f"ref:{t.name}"):
+                self.view(ptr[f"ref:{t.name}"], "float64", out[t.name].size)[:] = out[t.name].reshape(-1)
+
+
+def fused_kernel(c0: Cell, params: dict, bug: str = ""):
+    """cta_row_fused as a fake kernel: its args in the header's order (null pointers for the tensors the
+    cell's variant does not use), `emulate` for the launched M; `bug` drops the bias, or stores an rstd
+    without eps or of x alone."""
+    def run(dev: RmsFakeDevice, args: tuple) -> None:
+        (_, px), (_, pr), (_, pw), (_, pb), (_, py), (_, pro), (_, prs), (_, m), (_, eps) = args
+        c = Cell.make(c0.dtypes_dict(), c0.dims_dict() | {"M": m})
+        shapes = {t.name: (t.resolve_dtype(c), t.shape(c)) for t in VARIANT_SPEC.tensors}
+        ins = {k: dev.read(p, *shapes[k]) for k, p in [("x", px), ("residual", pr), ("w", pw), ("bias", pb)] if p}
+        if bug == "no_bias":
+            ins["bias"] = np.zeros_like(ins["bias"])
+        out = emulate(c, params, ins, eps)
+        if bug == "rstd_no_eps":  # inf on an all-zero row
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out["rstd"] = emulate(c, params, ins, 0.0)["rstd"]
+        if bug == "rstd_of_x":  # the norm of x, not of h = x + residual
+            plain = Cell.make({k: v for k, v in c.dtypes_dict().items() if k != "residual"}, c.dims_dict())
+            out["rstd"] = emulate(plain, params, {"x": ins["x"], "w": ins["w"]}, eps)["rstd"]
+        for k, p in [("y", py), ("residual_out", pro), ("rstd", prs)]:
+            assert (k in out) == bool(p), k  # the plan binds exactly the variant's outputs
+            if p:
+                dev.write(p, shapes[k][0], out[k])
+        dev.clock += VARIANT_SPEC.bytes_moved(c) / 3e6  # an honest kernel's time at 3 TB/s
+    return run
+
+
+@pytest.mark.parametrize("c, bug", [
+    (cell("bf16", 8, 1024), ""),
+    (cell("bf16", 8, 1024, residual=True, bias=True, store_rstd=True), ""),
+    (cell("fp16", 8, 2048, "fp32", bias=True, out="fp32"), ""),
+    (cell("bf16", 8, 1024, bias=True), "no_bias"),
+    (cell("bf16", 8, 1024, residual=True, bias=True, store_rstd=True), "no_bias"),
+    (cell("fp16", 8, 1024, store_rstd=True), "rstd_no_eps"),
+    (cell("bf16", 8, 1024, residual="fp32", store_rstd=True), "rstd_of_x"),
+], ids=lambda v: ids(v) if isinstance(v, Cell) else (v or "honest"))
+def test_the_gate_runs_the_fused_template_on_the_fake_device(c, bug):
+    """make_job's job (conditional args bound or null, the variant's fills and checks, gate cells) through
+    the real Gate with the emulated template: OK; WRONG_ANSWER when it drops the bias or writes a wrong
+    rstd."""
+    params = repaired(c)
+    g = Genome.make("rmsnorm", FUSED.name, FUSED.source_hash, params)
+    gates = gate_cells_for(VARIANT_SPEC, FUSED, g, c, 90)
+    job = make_job(VARIANT_SPEC, FUSED, g, BuildResult("k", Status.OK), c, 90, seed=3,
+                   timing=Timing(min_samples=20, max_samples=20, warmup=2), baseline=False, gate_cells=gates)
+    dev = RmsFakeDevice({"rmsnorm_cta_row_fused": fused_kernel(c, params, bug)}, c)
+    res = Gate(dev, job, "cand", "ref", device, random.Random(0), (("gpu", "fake"),), dev.ceiling_gbps).run()
+    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, "k")
+    if bug:
+        assert out.status is Status.WRONG_ANSWER, out
+    else:
+        assert out.status is Status.OK, (out.status, out.error, res.checks[-2:], res.input_faults)
+        assert len(res.times_us) >= 20 and any("perturbed" in w for w, _ in res.checks)
+
+
 # ---- the experiment ---------------------------------------------------------------------------------
 
 def test_residual_experiment_searches_the_fused_template_on_the_residual_matrix():
@@ -367,7 +549,7 @@ def test_residual_experiment_searches_the_fused_template_on_the_residual_matrix(
     assert doc["run"]["op"] == "rmsnorm" and doc["run"]["templates"] == ["cta_row_fused"]
     assert doc["cells"]["matrix"] == "residual"
     space = FUSED.restrict(doc["search"]["space"]["cta_row_fused"])
-    for c in matrix_residual():
+    for c in matrix_residual() + matrix_bias_rstd():  # the same search serves the "bias_rstd" matrix
         legal = repair(space, space.default_params(), random.Random(0), 90, [c.dtypes_dict()], [c.dims_dict()])
         assert legal is not None, c.label()
 
