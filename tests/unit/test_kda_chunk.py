@@ -1,0 +1,350 @@
+"""KDA chunked prefill on the CPU: the chunk template compiles with real NVRTC for sm_90a on the prefill
+cells and their gate cells without spills, refuses what it does not implement, and a numpy emulation
+of its algorithm (same chunking, workspace layout and precision: fp32 cumulative decay and forward
+substitution, exact fp32 diagonal blocks, tf32 products in the first launch, bf16 operands with fp32
+accumulation in the second) matches the float64 reference within the spec's tolerance on every kind;
+the real gate runs the two launches, emulated, on the numpy fake device."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from evo.build.nvrtc import compile_one, prepare
+from evo.core.genome import Genome
+from evo.templates.template import load_templates
+from ops.kda import SPEC
+from ops.kda.reference import BetaAct, Gate, Variant
+from ops.kda.spec import FILLS, MODEL, PREFILL, cell, gate_cells, is_varlen, variant_of
+from ops.spec import Cell, DType, quantize
+from tests.unit.test_kda_recurrent import KdaFakeDevice, device_fill, passes
+
+BF, FP16, FP32 = DType.BF16, DType.FP16, DType.FP32
+TDEF = load_templates("kda")["chunk"]
+PREFILL_CELLS = SPEC.matrices["prefill"]()
+ARCH = 90
+f32 = np.float32
+
+
+def compile_point(c: Cell, params: dict):
+    g = Genome.make("kda", "chunk", TDEF.source_hash, params)
+    return compile_one(prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
+
+
+def legal_points(c: Cell, n: int, seed: int = 0) -> list[dict]:
+    """n distinct legal parameter points on c (the default first), drawn from the declared space."""
+    rng = random.Random(seed)
+    out = [TDEF.default_params()]
+    for _ in range(20000):
+        if len(out) == n:
+            break
+        p = {k: rng.choice(v) for k, v in TDEF.space}
+        if p not in out and TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
+            out.append(p)
+    return out
+
+
+# ---- NVRTC ---------------------------------------------------------------------------------------
+
+def test_prefill_matrix_is_what_the_template_serves():
+    """The named matrix "prefill" is the op matrix's fla-default multi-token cells, all admitted."""
+    assert [(c.dim("B"), c.dim("T"), c.dim("H")) for c in PREFILL_CELLS] == list(PREFILL)
+    assert PREFILL_CELLS == [c for c in SPEC.matrix() if c.dim("T") > 1 and not is_varlen(c)]
+    for c in PREFILL_CELLS:
+        assert TDEF.violations(TDEF.default_params(), ARCH, c.dtypes_dict(), c.dims_dict()) == []
+        for gc in gate_cells(c):  # T = 1 and T = 3: partial chunks
+            assert TDEF.is_valid(TDEF.default_params(), ARCH, gc.dtypes_dict(), gc.dims_dict()), gc.label()
+
+
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_default_point_compiles_without_spills(chunk: int):
+    r = compile_point(PREFILL_CELLS[0], TDEF.default_params() | {"chunk": chunk})
+    assert r.status.ok, r.error + r.log
+    assert r.cubin[:4] == b"\x7fELF" and "sm_90a" in r.log
+    assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0
+    for kernel in TDEF.kernel_names():
+        assert kernel in r.log
+
+
+def test_legal_points_compile_without_spills():
+    """A sample of the space (both chunk sizes, every warps count, the split state) stays off the spill path."""
+    c = PREFILL_CELLS[2]
+    points = legal_points(c, 10, seed=1) + [
+        {"chunk": 64, "prep_threads": 128, "warps": 8, "stages": 3, "state_split": False},
+        {"chunk": 32, "prep_threads": 128, "warps": 8, "stages": 6, "state_split": True},
+        {"chunk": 32, "prep_threads": 256, "warps": 2, "stages": 6, "state_split": False},
+    ]
+    for p in points:
+        assert TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()), p
+        r = compile_point(c, p)
+        assert r.status.ok, (p, r.error)
+        assert r.spill_stores == 0 and r.stack_bytes == 0, (p, r.regs, r.spill_stores)
+
+
+def test_plans_fit_the_launch_limits():
+    """Dynamic smem <= 48 KB (the runner does not opt kernels into more), workspace sized per chunk."""
+    for c in PREFILL_CELLS:
+        for p in legal_points(c, 12, seed=2):
+            launches, ws = TDEF.plan(p, ARCH, c.dtypes_dict(), c.dims_dict())
+            assert all(ln.smem <= 48 * 1024 for ln in launches), p
+            assert launches[0].grid == (-(-c.dim("T") // p["chunk"]), c.dim("HV"), c.dim("B"))
+            n = c.dim("B") * c.dim("HV") * -(-c.dim("T") // p["chunk"])
+            assert ws["ws_u"] == 4 * n * p["chunk"] * c.dim("V") and ws["ws_gl"] == 4 * n * c.dim("K")
+
+
+@pytest.mark.parametrize("c, why", [
+    (cell(BF, 2, 64, 2, variant=Variant(Gate.SOFTPLUS)), "gate_is_log_space"),
+    (cell(BF, 2, 64, 2, variant=Variant(beta_act=BetaAct.SIGMOID)), "beta_is_post_sigmoid"),
+    (cell(BF, 2, 64, 2, variant=Variant(qk_l2norm=True)), "no_qk_l2norm"),
+    (cell(BF, 2, 64, 2, variant=Variant(v_first=True)), "state_is_k_first"),
+    (cell(BF, 1, 64, 2, n=3), "no_varlen"),
+    (cell(FP16, 2, 64, 2), "bf16_activations"),
+    (cell(BF, 2, 64, 2, g=BF), "fp32_log_decay"),
+    (cell(BF, 2, 64, 2, state=BF), "fp32_state"),
+    (cell(BF, 2, 64, 2, 64, 128), "k_is_128"),
+    (cell(BF, 1, 8192, 32, n=8, g=BF, variant=MODEL), "gate_is_log_space"),
+], ids=lambda v: v if isinstance(v, str) else v.label())
+def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
+    assert why in TDEF.violations(TDEF.default_params(), ARCH, c.dtypes_dict(), c.dims_dict())
+
+
+# ---- the template's algorithm, emulated in numpy ------------------------------------------------------
+
+def bf(x: np.ndarray) -> np.ndarray:
+    """Round to bf16 (nearest even), as cvt.rn.bf16x2.f32."""
+    return quantize(np.asarray(x, np.float64), BF).astype(f32)
+
+
+def tf(x: np.ndarray) -> np.ndarray:
+    """Round to tf32 (nearest, ties away from zero), as cvt.rna.tf32.f32."""
+    b = np.asarray(x, f32).view(np.uint32).astype(np.uint64)
+    return (((b + 0x1000) & 0xFFFFE000).astype(np.uint32)).view(f32)
+
+
+def mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An mma product of already-rounded operands, accumulated exactly and rounded to fp32."""
+    return (a.astype(np.float64) @ b.astype(np.float64)).astype(f32)
+
+
+def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float) -> dict[str, np.ndarray]:
+    """Launch 1: the workspace, [B * HV * NT] chunks in the kernel's layouts (qg [C, K], kgT [K, C],
+    -w [C, K], A_qk [C, C] as bf16 values; u [C, V], gl [K] fp32)."""
+    B, T, H, HV, K = (c.dim(d) for d in ("B", "T", "H", "HV", "K"))
+    C = p["chunk"]
+    NT = -(-T // C)
+    grp = HV // H
+
+    def chunks(x: np.ndarray) -> np.ndarray:  # [B, T, HV, ...] -> [B, HV, NT, C, ...], zero rows past T
+        out = np.zeros((B, NT * C, *x.shape[2:]), f32)
+        out[:, :T] = x
+        return np.moveaxis(out.reshape(B, NT, C, *x.shape[2:]), 3, 1)
+
+    q, k = (chunks(np.repeat(np.asarray(inputs[n], f32), grp, axis=2)) for n in ("q", "k"))
+    v, g, beta = (chunks(np.asarray(inputs[n], f32)) for n in ("v", "g", "beta"))
+    s = f32(scale)
+    G = np.cumsum(g, axis=3, dtype=f32)  # sequential fp32 sums, as the kernel's column loop
+    gl = G[..., -1:, :]
+    ws = {"qg": bf(s * q * np.exp(G)), "kgT": np.swapaxes(bf(k * np.exp(gl - G)), -1, -2), "gl": np.exp(gl[..., 0, :])}
+    akk = np.zeros((*G.shape[:-1], C), f32)
+    aqk = np.zeros_like(akk)
+    tri = np.tril(np.ones((16, 16), bool))
+    for blk in range(C // 16):
+        rs = slice(16 * blk, 16 * blk + 16)
+        gi = G[..., rs, :]
+        with np.errstate(over="ignore"):  # the upper triangle, masked: the kernel never forms it
+            e = np.where(tri[:, :, None], np.exp(gi[..., :, None, :] - gi[..., None, :, :]), 0).astype(f32)
+        kd = k[..., None, rs, :] * e  # [.., i, j, c] = k_j exp(G_i - G_j)
+        akk[..., rs, rs] = (np.einsum("...ic,...ijc->...ij", k[..., rs, :], kd) * np.tri(16, k=-1)).astype(f32)
+        aqk[..., rs, rs] = np.einsum("...ic,...ijc->...ij", q[..., rs, :], kd).astype(f32)
+        if blk:
+            r = 16 * blk
+            fa = np.exp(gi - G[..., r:r + 1, :])
+            kr = np.swapaxes(tf(k[..., :r, :] * np.exp(G[..., r:r + 1, :] - G[..., :r, :])), -1, -2)
+            akk[..., rs, :r] = mm(tf(k[..., rs, :] * fa), kr)
+            aqk[..., rs, :r] = mm(tf(q[..., rs, :] * fa), kr)
+    ws["aqk"] = bf(s * aqk)
+    tinv = np.zeros_like(akk)
+    for i in range(C):  # forward substitution in fp32
+        acc = np.einsum("...m,...mj->...j", akk[..., i, :i], tinv[..., :i, :]).astype(f32)
+        row = -beta[..., i, None] * acc
+        row[..., i] = 1.0
+        row[..., i + 1:] = 0.0
+        tinv[..., i, :] = row
+    t32 = tf(tinv)
+    ws["w"] = bf(-mm(t32, tf(beta[..., None] * k * np.exp(G))))
+    ws["u"] = mm(t32, tf(beta[..., None] * v))
+    return {n: a.reshape(B * HV * NT, *a.shape[3:]) for n, a in ws.items()}
+
+
+def emulate_recur(ws: dict[str, np.ndarray], h0: np.ndarray, c: Cell, p: dict) -> dict[str, np.ndarray]:
+    """Launch 2 from the workspace: per chunk v_new = u - w S, o = qg S + A_qk v_new, S = gl S + kg^T v_new,
+    S fp32 and every mma operand bf16 (S as hi + lo with state_split)."""
+    B, T, HV, K, V = (c.dim(d) for d in ("B", "T", "HV", "K", "V"))
+    C = p["chunk"]
+    NT = -(-T // C)
+    w, qg, aqk, kgT, u, gl = (ws[n].reshape(B * HV, NT, *ws[n].shape[1:]) for n in ("w", "qg", "aqk", "kgT", "u", "gl"))
+    S = np.asarray(h0, f32).reshape(B * HV, K, V).copy()
+    o = np.full((B * HV, NT, C, V), np.nan, f32)
+    for ci in range(NT):
+        parts = [bf(S)]
+        if p["state_split"]:
+            parts.append(bf(S - parts[0]))
+        vn, on = u[:, ci].copy(), np.zeros_like(u[:, ci])
+        for part in parts:  # the kernel accumulates hi, then lo, per k-step: the same sums
+            vn = vn + mm(w[:, ci], part)
+            on = on + mm(qg[:, ci], part)
+        vb = bf(vn)
+        o[:, ci] = on + mm(aqk[:, ci], vb)
+        S = S * gl[:, ci, :, None] + mm(kgT[:, ci], vb)
+    o = np.moveaxis(o.reshape(B, HV, NT * C, V)[:, :, :T], 1, 2)
+    return {"o": quantize(o.astype(np.float64), c.dtype("x")), "final_state": S.astype(np.float64).reshape(B, HV, K, V)}
+
+
+def emulate(inputs: dict, scal: dict, c: Cell, p: dict) -> dict[str, np.ndarray]:
+    K, V, N, HV = (c.dim(d) for d in ("K", "V", "N", "HV"))
+    h0 = inputs.get("initial_state", np.zeros((N, HV, K, V)))
+    return emulate_recur(emulate_prep(inputs, c, p, scal["scale"]), h0, c, p)
+
+
+EMU_CELLS = [cell(BF, 1, 200, 2), cell(BF, 2, 130, 1, hv=2), cell(BF, 3, 1, 2), cell(BF, 2, 3, 2), cell(BF, 1, 64, 1),
+             cell(BF, 1, 97, 1)]
+EMU_POINTS = [{"chunk": 64, "state_split": False}, {"chunk": 32, "state_split": False},
+              {"chunk": 32, "state_split": True}]
+
+
+@pytest.mark.parametrize("fit", EMU_POINTS, ids=lambda p: f"C{p['chunk']}-split{int(p['state_split'])}")
+@pytest.mark.parametrize("c", EMU_CELLS, ids=lambda c: c.label())
+def test_emulated_template_matches_the_float64_reference(c: Cell, fit: dict):
+    p = TDEF.default_params() | fit
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
+    scal = SPEC.scalar_values(c)
+    for kind in FILLS:
+        for source in ("make_inputs", "gate fill"):
+            if source == "make_inputs":
+                inputs = SPEC.make_inputs(c, kind, np.random.default_rng(1))
+            else:
+                inputs = {n: a for n, a in device_fill(c, kind).items() if n not in ("A_log", "dt_bias", "cu_seqlens")}
+            want, got = SPEC.reference(inputs, scal), emulate(inputs, scal, c, p)
+            for name in want:
+                ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+                assert ok and share < 0.85, (kind, source, name, share)
+
+
+def test_long_sequence_with_decay_near_one_keeps_its_margin():
+    """The kind that accumulates error: 2048 tokens of decay ~ 1 - 3e-4 (the whole sequence remembered)."""
+    c = cell(BF, 1, 2048, 1)
+    inputs = SPEC.make_inputs(c, "decay_near_one", np.random.default_rng(2))
+    scal = SPEC.scalar_values(c)
+    want = SPEC.reference(inputs, scal)
+    for split, bound in ((False, 0.9), (True, 0.85)):
+        got = emulate(inputs, scal, c, TDEF.default_params() | {"chunk": 32, "state_split": split})
+        for name in want:
+            ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+            assert ok and share < bound, (split, name, share)
+
+
+@pytest.mark.parametrize("bug", ["decay_ref_at_chunk_start", "no_intra_decay", "state_not_decayed"])
+def test_emulation_catches_classic_chunking_bugs(bug: str):
+    """The check has teeth: each bug of a chunked kernel fails some kind."""
+    c = cell(BF, 1, 130, 1)
+    p = TDEF.default_params()
+    scal = SPEC.scalar_values(c)
+    failed = False
+    for kind in FILLS:
+        inputs = SPEC.make_inputs(c, kind, np.random.default_rng(1))
+        want = SPEC.reference(inputs, scal)
+        ws = emulate_prep(inputs, c, p, scal["scale"])
+        if bug == "decay_ref_at_chunk_start":  # A_qk without the diagonal decay: exp(G_i) only
+            ws["aqk"] = ws["aqk"] * 0.5
+        elif bug == "no_intra_decay":
+            bad = emulate_prep(inputs | {"g": np.zeros_like(inputs["g"])}, c, p, scal["scale"])
+            ws = {n: bad[n] if n in ("aqk", "w", "u") else a for n, a in ws.items()}
+        else:
+            ws["gl"] = np.ones_like(ws["gl"])
+        h0 = inputs.get("initial_state", np.zeros((1, 1, 128, 128)))
+        got = emulate_recur(ws, h0, c, p)
+        failed = failed or not all(passes(got[n], want[n], SPEC.tolerance(c, n))[0] for n in want)
+    assert failed
+
+
+# ---- the real gate on the fake device: the two launches, emulated, through the workspace ----------------
+
+WS_DTYPES = {"qg": BF, "kgT": BF, "w": BF, "aqk": BF, "u": FP32, "gl": FP32}
+WS_ARGS = {"ws_qg": "qg", "ws_kg": "kgT", "ws_w": "w", "ws_aqk": "aqk", "ws_u": "u", "ws_gl": "gl"}
+
+
+def emulated_kernels(c0: Cell, p: dict, bug: str = "") -> dict:
+    """The template's two launches as fake kernels: launch 1 writes the workspace (the kernel's flat
+    layouts and dtypes) from the bound inputs; launch 2 reads only the workspace and the initial state."""
+    def dims(dev: KdaFakeDevice, T: int, H: int, HV: int) -> Cell:
+        return cell(c0.dtype("x"), dev.state["grid"][2], T, H, c0.dim("K"), c0.dim("V"), hv=HV)
+
+    def prep(dev: KdaFakeDevice, args: tuple) -> None:
+        names = ("q", "k", "v", "g", "beta", *WS_ARGS, "T", "H", "HV", "scale")
+        a = {n: v for n, (_, v) in zip(names, args)}
+        c = dims(dev, a["T"], a["H"], a["HV"])
+        assert dev.state["grid"][:2] == (-(-a["T"] // p["chunk"]), a["HV"])
+        B, T, H, HV, K, V = (c.dim(d) for d in ("B", "T", "H", "HV", "K", "V"))
+        inputs = {"q": dev.read(a["q"], BF, (B, T, H, K)), "k": dev.read(a["k"], BF, (B, T, H, K)),
+                  "v": dev.read(a["v"], BF, (B, T, HV, V)), "g": dev.read(a["g"], FP32, (B, T, HV, K)),
+                  "beta": dev.read(a["beta"], BF, (B, T, HV))}
+        if bug == "no_decay":
+            inputs["g"] = np.zeros_like(inputs["g"])
+        for arg, name in WS_ARGS.items():
+            dev.write(a[arg], WS_DTYPES[name], emulate_prep(inputs, c, p, a["scale"])[name].astype(np.float64))
+
+    def recur(dev: KdaFakeDevice, args: tuple) -> None:
+        names = (*WS_ARGS, "initial_state", "o", "final_state", "T", "HV")
+        a = {n: v for n, (_, v) in zip(names, args)}
+        B = dev.state["grid"][2]
+        assert dev.state["grid"][:2] == (c0.dim("V") // (16 * p["warps"]), a["HV"])
+        c = cell(c0.dtype("x"), B, a["T"], 1, c0.dim("K"), c0.dim("V"), hv=a["HV"])
+        B, T, HV, K, V = (c.dim(d) for d in ("B", "T", "HV", "K", "V"))
+        nc = B * HV * -(-T // p["chunk"])
+        C = p["chunk"]
+        shapes = {"qg": (nc, C, K), "kgT": (nc, K, C), "w": (nc, C, K), "aqk": (nc, C, C), "u": (nc, C, V), "gl": (nc, K)}
+        ws = {name: dev.read(a[arg], WS_DTYPES[name], shapes[name]).astype(f32) for arg, name in WS_ARGS.items()}
+        out = emulate_recur(ws, dev.read(a["initial_state"], FP32, (B, HV, K, V)), c, p)
+        dev.write(a["o"], BF, out["o"])
+        dev.write(a["final_state"], FP32, out["final_state"])
+        dev.clock += SPEC.bytes_moved(c) / 3e6
+
+    return {"kda_chunk_prep": prep, "kda_chunk_recur": recur}
+
+
+@pytest.mark.parametrize("bug", ["", "no_decay"])
+def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str):
+    """make_job's kda job for the chunk template (two launches, six workspaces, gate cells of T = 1 and 3)
+    through the real Gate with the emulated launches: OK, and WRONG_ANSWER with a bug."""
+    from evo.core.status import Status
+    from evo.measure.evaluate import make_job
+    from evo.measure.evaluators import gate_cells_for
+    from evo.measure.gate import Gate as GateRun
+    from evo.measure.jobs import Timing
+    from evo.measure.verify import judge
+    from ops.kda import device as kda_device
+
+    c = cell(BF, 2, 70, 2)
+    p = TDEF.default_params() | {"chunk": 32}
+    g = Genome.make("kda", "chunk", TDEF.source_hash, p)
+    gates = gate_cells_for(SPEC, TDEF, g, c, ARCH)
+    assert {(x.dim("B"), x.dim("T")) for x in gates} >= {(1, 1), (3, 1), (2, 3)}
+    build = compile_point(c, p)
+    assert build.status.ok, build.error
+    job = make_job(SPEC, TDEF, g, build, c, ARCH, seed=3, timing=Timing(min_samples=30, max_samples=30, warmup=2),
+                   baseline=False, gate_cells=gates, stress_launches=1)
+    assert set(job.left_out) == {"A_log", "dt_bias", "cu_seqlens"}
+    assert [ln.kernel for ln in job.launches] == ["kda_chunk_prep", "kda_chunk_recur"]
+    dev = KdaFakeDevice(emulated_kernels(c, p, bug))
+    res = GateRun(dev, job, "cand", "ref", kda_device, random.Random(0), (("gpu", "fake"),), dev.ceiling_gbps).run()
+    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
+    if bug:
+        assert out.status is Status.WRONG_ANSWER, out
+    else:
+        assert out.status is Status.OK, (out.status, out.error, res.checks[-2:], res.input_faults)
+
+
+def test_variant_of_prefill_cells_is_fla_default():
+    assert all(variant_of(c) == Variant() for c in PREFILL_CELLS)
