@@ -50,6 +50,12 @@ NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1}
 # rounding order differ from a kernel's, yet a peer computing something else (another eps, a missing
 # term or row) stays far outside.
 PEER_TOL_FACTOR = 2.0
+# Launch by launch, with peers: before each timed call the stream is held busy this long (a spin
+# kernel), so the host's work to launch it (a Python peer's dispatch: torch.compile's guards, a DSL's
+# call path, up to ~150 us) is done while the GPU spins and falls outside the timed interval. The L2
+# flush before it covers ~60 us; the H200 peers bench of 2026-12-03 timed QuACK at 47 us on a cell
+# where it runs 14 us.
+HOLD_US = 300.0
 PRECISION = {"bfloat16": 8, "float16": 11, "float32": 24}  # significand bits: a peer's output may be finer, not coarser
 
 
@@ -72,6 +78,8 @@ class GateDevice(Protocol):
         """The stats of slots 0..n-1, with one read-back."""
     def sync(self, what: str) -> None: ...
     def reset_l2(self) -> None: ...
+    def hold(self, us: float) -> None:
+        """Keep the stream busy for `us` microseconds (work queued after it starts when it ends)."""
     def time(self, fns: Sequence[Callable[[int], None]], preps: Sequence[Callable[[int], None]], n: int,
              per: int, after: Callable[[int], None]) -> list[list[float]]: ...
     def capture(self, fn: Callable[[], None]) -> Callable[[int], None]: ...
@@ -301,6 +309,8 @@ class Gate:
 
         fns: list = [cand] + [(lambda f: lambda i: f(set_of(i)))(fn) for _, fn in base]
         preps: list = [prep] + [lambda i: self.dev.reset_l2()] * len(base)
+        if base:  # every timed call of the job behind a hold, ours too (the same mode for all)
+            preps = [(lambda p: lambda i: (p(i), self.dev.hold(HOLD_US)))(p) for p in preps]
         samples = self._sample_loop(fns, preps, 1, after)
         return samples[0], samples[1:]
 

@@ -268,6 +268,10 @@ class Worker:
                                   float(u[5:6].view(np.float64)[0]), rel, int(raw[i, 8])))
         return out
 
+    def hold(self, us: float) -> None:
+        """One warp spinning on the global timer for `us` microseconds on the stream."""
+        self.launch(self.support, "kf_hold", (1, 1, 1), (32, 1, 1), 0, (("u64", int(us * 1000)),))
+
     def reset_l2(self) -> None:
         """Persisting L2 lines back to normal, then every line evicted by a 256 MB memset."""
         check(_drv().cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")

@@ -76,6 +76,7 @@ class FakeDevice:
         self.launches = 0  # candidate launches
         self.baseline_calls = 0
         self.resets = 0
+        self.holds: list[float] = []  # hold(us) calls: the stream held busy before a timed call
         self.state: dict[str, Any] = {}  # a fake kernel's "__device__" globals, kept across launches
         self._capturing: list | None = None
         self.slots: dict[int, CheckStats] = {}
@@ -190,6 +191,9 @@ class FakeDevice:
 
     def sync(self, what: str) -> None:
         return None
+
+    def hold(self, us: float) -> None:
+        self.holds.append(us)  # host-side launch latency is not modelled: the clock does not move
 
     def reset_l2(self) -> None:
         self.resets += 1

@@ -15,6 +15,7 @@ import pytest
 
 from evo.core.genome import Genome
 from evo.core.status import Status
+from evo.measure.gate import HOLD_US
 from evo.measure.jobs import GateCell, LaunchJob, Timing
 from evo.measure.verify import judge
 from ops.rmsnorm.spec import SPEC, cell
@@ -344,6 +345,15 @@ def test_every_named_peer_is_timed_beside_the_candidate_and_absent_ones_are_name
     per = dev.state.get("graph_launches", 1) if res.graph else 1
     assert dev.peer_calls["peer.fast"] == dev.peer_calls["fake.baseline"] == len(res.times_us) * per
     assert dev.resets == len(res.times_us) * 3  # the candidate and both peers: one flush per sample each
+    # launch by launch, each timed call (ours and the peers') waits behind a hold of the stream, so a
+    # peer's host-side dispatch is not timed; a graph replay needs none
+    assert dev.holds == ([] if res.graph else [HOLD_US] * (len(res.times_us) * 3))
+
+
+def test_without_peers_direct_timing_holds_nothing():
+    _, res, dev = status_of(honest, rms_job(CELL, timing=Timing(min_samples=20, max_samples=20, warmup=3,
+                                                                   graph_below_us=0.0), baseline=False))
+    assert not res.graph and dev.holds == [] and not res.peers
 
 
 def test_without_torch_every_peer_is_absent_and_the_candidate_still_timed():

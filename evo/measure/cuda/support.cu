@@ -190,3 +190,15 @@ extern "C" __global__ void kf_canary(const unsigned char* p, long long n, unsign
   for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
   if ((threadIdx.x & 31) == 0 && c) atomicAdd(count, c);
 }
+
+// Keeps the stream busy for `ns` nanoseconds (one warp reading the global timer): launches queued behind
+// it start when it ends, so the host-side cost of launching the next timed call (a Python peer's
+// dispatch) is not inside the timed interval (evo/measure/gate.py HOLD_US).
+extern "C" __global__ void kf_hold(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(256);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
