@@ -35,7 +35,11 @@ MAX_AUDIT = 256  # buffers audited in one read-back
 NP_SCALAR = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64,
              "u64": np.uint64, "u8": np.uint8}
 SUPPORT = Path(__file__).with_name("cuda") / "support.cu"
-STATIC_SMEM = 48 * 1024  # dynamic shared memory beyond this needs the kernel's opt-in
+# A kernel's static plus dynamic shared memory past 48 KB needs its opt-in to the dynamic part (the
+# default cap is 48 KB less its static use): every launch with dynamic shared memory opts in, once per
+# job and kernel. (Opting in only past 48 KB of dynamic memory failed on the H200 for exactly 48 KB
+# dynamic plus the kernel's few static bytes: rows_bulk's 18 CUDA_ERROR_INVALID_VALUE launches.)
+STATIC_SMEM = 48 * 1024
 
 
 class CudaFault(Exception):
@@ -63,8 +67,8 @@ def check(result: Any, what: str) -> Any:
 
 
 def allow_smem(kernel: Any, nbytes: int, device: int) -> None:
-    """Opt a kernel in to `nbytes` of dynamic shared memory (past STATIC_SMEM the driver refuses the launch
-    without it); a refusal (more than the device has) is a LaunchFault."""
+    """Opt a kernel in to `nbytes` of dynamic shared memory (the driver refuses a launch whose static plus
+    dynamic bytes pass STATIC_SMEM without it); a refusal (more than the device has) is a LaunchFault."""
     drv = _drv()
     attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     h = kernel.handle
@@ -155,7 +159,7 @@ class Worker:
         vals = tuple(NP_SCALAR[k](v) for k, v in args)
         try:
             k = obj.get_kernel(kernel)
-            if smem > STATIC_SMEM and self.smem_allowed.get((id(obj), kernel), 0) < smem:
+            if smem > 0 and self.smem_allowed.get((id(obj), kernel), 0) < smem:
                 allow_smem(k, int(smem), self.dev.device_id)
                 self.smem_allowed[(id(obj), kernel)] = int(smem)
             launch(self.stream, LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem)), k, *vals)

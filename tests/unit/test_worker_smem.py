@@ -58,14 +58,19 @@ def test_launch_past_48k_opts_the_kernel_in_once(monkeypatch):
     w, drv, launched = _worker(monkeypatch, calls)
     obj = _Obj(drv.CUkernel())
     w.launch(obj, "k", (4, 1, 1), (256, 1, 1), 0, ())
+    assert calls == [] and len(launched) == 1  # no dynamic shared memory: no opt-in
     w.launch(obj, "k", (4, 1, 1), (256, 1, 1), W.STATIC_SMEM, ())
-    assert calls == [] and len(launched) == 2  # up to 48 KB: no opt-in
+    # exactly 48 KB dynamic plus the kernel's static bytes passes the default cap: the H200 refused it
+    assert calls == [("kernel", "MAXDYN", W.STATIC_SMEM, "dev0")]
+    calls.clear()
     for _ in range(3):
         w.launch(obj, "k", (4, 1, 1), (256, 1, 1), 196608, ())
     assert calls == [("kernel", "MAXDYN", 196608, "dev0")]  # once: later launches (and captures) skip it
     assert launched[-1].shmem_size == 196608
     w.launch(obj, "k", (4, 1, 1), (256, 1, 1), 200000, ())  # more than allowed so far: asked again
     assert calls[-1] == ("kernel", "MAXDYN", 200000, "dev0") and len(calls) == 2
+    w.launch(obj, "k", (4, 1, 1), (256, 1, 1), 1024, ())  # less than already allowed: nothing asked
+    assert len(calls) == 2
 
 
 def test_a_function_handle_uses_cuFuncSetAttribute(monkeypatch):

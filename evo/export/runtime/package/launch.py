@@ -22,7 +22,6 @@ from .table import Launch, tables
 
 _SCALAR = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64,
            "u64": np.uint64}
-_STATIC_SMEM = 48 * 1024  # dynamic shared memory beyond this needs the kernel's opt-in
 
 
 @lru_cache(maxsize=4096)
@@ -90,6 +89,6 @@ class Launcher:
                 else:
                     raise KeyError(f"{c.template}: launch arg {name!r} is no tensor, dim or scalar of {c.op}")
             kernel = loaded.module.get_kernel(ln.kernel)
-            if ln.smem > _STATIC_SMEM:
+            if ln.smem > 0:
                 _allow_smem(kernel, ln.smem, index)
             launch(stream, LaunchConfig(grid=ln.grid, block=ln.block, shmem_size=ln.smem), kernel, *args)
