@@ -16,9 +16,11 @@
 #               against every peer in one process (kfactory bench --dispatch)
 #   kda OUT     KDA: the decode GA (kda_decode_h200.toml) with fla's fused_recurrent_kda beside it
 #               (fla-core from experiments/fla_wheels.txt in .whl/)
+#   kdaprefill OUT  KDA: the chunked prefill GA (kda_prefill_h200.toml), then its dispatch timed against
+#               fla's chunk_kda in one process (kfactory bench --dispatch)
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, stash, peers, quack, verify, bwdall, fwd2, residual or kda}; out=${2:?output folder}
+stages=${1:?ga, bwdga, stash, peers, quack, verify, bwdall, fwd2, residual, kda or kdaprefill}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
@@ -111,6 +113,16 @@ case "$stage" in
       --store /tmp/kf_kda/store.duckdb --out "$out/kda_decode" >> "$log" 2>&1
     echo "kda decode GA rc=$?" >> "$log"
     cp /tmp/kf_kda/store.duckdb "$out/kda_decode/store.duckdb" 2>/dev/null ;;
+  kdaprefill)
+    timeout 420 python3 experiments/scripts/ga_h200.py --config experiments/kda_prefill_h200.toml \
+      --store /tmp/kf_kdap/store.duckdb --out "$out/kda_prefill" >> "$log" 2>&1
+    echo "kda prefill GA rc=$?" >> "$log"
+    table=$(ls -t /tmp/kf_kdap/runs/*/dispatch.json 2>/dev/null | head -1)
+    if [ -n "$table" ]; then
+      timeout 150 python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda --timeout-s 140 \
+        --out "$out/kda_prefill/peers" >> "$log" 2>&1
+      echo "kda prefill bench rc=$?" >> "$log"
+    fi ;;
   stash) ;;
   *) echo "unknown stage $stage" >> "$log" ;;
 esac
