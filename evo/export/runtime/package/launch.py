@@ -13,15 +13,12 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
 import torch
 
+from .args import bind_args
 from .choose import Choice
 from .loader import Modules, check_grid
 from .table import Launch, tables
-
-_SCALAR = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64,
-           "u64": np.uint64}
 
 
 @lru_cache(maxsize=4096)
@@ -76,18 +73,9 @@ class Launcher:
             check_grid(ln, loaded.clusters)
         stream = Stream.from_handle(torch.cuda.current_stream(device).cuda_stream)
         dims, kinds = dict(c.dims), dict(table.scalars)
+        ptrs = {n: b.data_ptr() for n, b in bufs.items()}
         for ln in launches:
-            args = []
-            for a in ln.args:
-                name, _, typ = a.partition(":")
-                if name in bufs:
-                    args.append(np.uint64(bufs[name].data_ptr()))
-                elif name in dims:
-                    args.append(_SCALAR[typ or "i32"](dims[name]))
-                elif name in scalars:
-                    args.append(_SCALAR[typ or kinds[name]](scalars[name]))
-                else:
-                    raise KeyError(f"{c.template}: launch arg {name!r} is no tensor, dim or scalar of {c.op}")
+            args = bind_args(ln.args, ptrs, dims, scalars, kinds, f"{c.template} ({c.op})")
             kernel = loaded.module.get_kernel(ln.kernel)
             if ln.smem > 0:
                 _allow_smem(kernel, ln.smem, index)
