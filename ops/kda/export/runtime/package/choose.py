@@ -23,14 +23,13 @@ Paths, best first:
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from . import expr
+from .ladder import dims_distance, distinct_genomes, walk
 from .table import OpTable, tables
 
 OP = "kda"
@@ -112,35 +111,6 @@ def call_dims(q_shape: Sequence[int], v_shape: Sequence[int], n_seqs: int | None
     return dims | {d: int(variant.get(d, 0)) for d in VARIANT_DIMS}
 
 
-def dims_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
-    """Euclidean distance of log2 dims (as the factory's warm start ranks cells)."""
-    return math.sqrt(sum((math.log2(max(a[k], 1)) - math.log2(max(b.get(k, 1), 1))) ** 2 for k in a))
-
-
-def repair(t: Any, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, str],
-           dims: Mapping[str, int]) -> dict[str, Any] | None:
-    """The nearest legal point: fewest params changed, then smallest total step in the declared lists."""
-    space = dict(t.space)
-    free = [p for p, vals in t.space if len(vals) > 1]
-    at = {p: space[p].index(params[p]) if params.get(p) in space[p] else 0 for p in space}
-    base = {p: space[p][at[p]] for p in space}
-    if not t.violations(base, arch, dtypes, dims):
-        return base
-    for k in range(1, min(len(free), 3) + 1):  # three params at most: the space is a product of lists
-        options = []
-        for subset in itertools.combinations(free, k):
-            others = [[j for j in range(len(space[p])) if j != at[p]] for p in subset]
-            for pick in itertools.product(*others):
-                options.append((sum(abs(j - at[p]) for p, j in zip(subset, pick)), subset, pick))
-        options.sort(key=lambda o: o[0])  # stable: ties keep the declared order
-        for _, subset, pick in options:
-            point = dict(base)
-            point.update({p: space[p][j] for p, j in zip(subset, pick)})
-            if not t.violations(point, arch, dtypes, dims):
-                return point
-    return None
-
-
 def kind_of(template_name: str) -> str:
     """'decode' or 'prefill': the entry point a template serves, by its name; '' for neither."""
     for kind, prefix in ENTRY_POINTS.values():
@@ -176,47 +146,15 @@ def choose(entry: str, dims: tuple[tuple[str, int], ...], dtypes: tuple[tuple[st
         return _torch(entry, want_dims, want_dt, arch, why, "missing" if kind == "prefill" else "torch")
     if any(d not in expr.DTYPES for d in want_dt.values()):
         return _torch(entry, want_dims, want_dt, arch, f"dtypes {want_dt} are not all kernel dtypes")
-    same_arch = arch == table.arch_number
     variant = {d: want_dims.get(d, 0) for d in VARIANT_DIMS}
-    ranked = sorted((e for e in table.entries if e.template in mine),
-                    key=lambda e: (dict(e.dtypes) != want_dt,
-                                   {d: dict(e.dims).get(d, 0) for d in VARIANT_DIMS} != variant,
-                                   round(dims_distance(want_dims, dict(e.dims)), 9), e.cell))
-    seen, genomes = set(), []
-    for e in ranked:  # each genome once, at its nearest cell
-        if (e.template, e.params) not in seen:
-            seen.add((e.template, e.params))
-            genomes.append(e)
-    notes = () if same_arch else (f"the prebuilt cubins are {table.arch}, this GPU is sm_{arch}: compiled for it",)
-    # a prebuilt cubin that admits the call first (measured, gate-checked, no NVRTC needed)
-    for e in genomes if same_arch else ():
-        t = table.templates[e.template]
-        params = dict(e.params)
-        consts = {d: want_dims[d] for d in t.specialize}
-        build = table.find_build(e.template, params, want_dt, consts)
-        if build is None or t.violations(params, arch, want_dt, want_dims):
-            continue
-        exact = dict(e.dims) == want_dims and dict(e.dtypes) == want_dt
-        path, why = ("table", f"searched cell {e.cell}") if exact else (
-            "table-build", f"prebuilt {build.id} (the genome of {e.cell}, same build; launch plan for this call)")
-        return Choice(OP, path, dims, dtypes, arch, why, entry, e.template, e.params, tuple(sorted(consts.items())),
-                      build.id, e.cell, notes)
-    for e in genomes:
-        t = table.templates[e.template]
-        if t.violations(dict(e.params), arch, want_dt, want_dims):
-            continue
-        consts = {d: want_dims[d] for d in t.specialize}
-        return Choice(OP, "rerender", dims, dtypes, arch, f"the genome of {e.cell} rendered for this call", entry,
-                      e.template, e.params, tuple(sorted(consts.items())), "", e.cell, notes)
-    for e in genomes[:4]:  # the nearest few, repaired
-        t = table.templates[e.template]
-        fixed = repair(t, dict(e.params), arch, want_dt, want_dims)
-        if fixed is None:
-            continue
-        changed = ", ".join(f"{k} {dict(e.params)[k]}->{v}" for k, v in sorted(fixed.items()) if dict(e.params)[k] != v)
-        consts = {d: want_dims[d] for d in t.specialize}
-        return Choice(OP, "repaired", dims, dtypes, arch, f"the genome of {e.cell} with {changed}", entry, e.template,
-                      tuple(sorted(fixed.items())), tuple(sorted(consts.items())), "", e.cell, notes)
+    genomes = distinct_genomes(sorted(
+        (e for e in table.entries if e.template in mine),
+        key=lambda e: (dict(e.dtypes) != want_dt, {d: dict(e.dims).get(d, 0) for d in VARIANT_DIMS} != variant,
+                       round(dims_distance(want_dims, dict(e.dims)), 9), e.cell)))
+    step = walk(table, genomes, arch, want_dims, want_dt, "call")
+    if step is not None:
+        return Choice(OP, step.path, dims, dtypes, arch, step.reason, entry, step.template, step.params, step.consts,
+                      step.build, step.source_cell, step.notes)
     nearest = genomes[0]
     broken = table.templates[nearest.template].violations(dict(nearest.params), arch, want_dt, want_dims)
     return _torch(entry, want_dims, want_dt, arch,

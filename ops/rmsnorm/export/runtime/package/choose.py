@@ -16,7 +16,6 @@ Paths, best first:
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from functools import lru_cache
 from typing import Any
 
 from . import expr
+from .ladder import dims_distance, distinct_genomes, walk
 from .table import OpTable, tables
 
 PATHS = ("table", "table-build", "rerender", "repaired", "torch")
@@ -64,35 +64,6 @@ class Choice:
         return f"{self.op} {dts} {dims} sm_{self.arch}: {self.path}: {what}: {self.reason}{extra}"
 
 
-def dims_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
-    """Euclidean distance of log2 dims (as the factory's warm start ranks cells)."""
-    return math.sqrt(sum((math.log2(max(a[k], 1)) - math.log2(max(b.get(k, 1), 1))) ** 2 for k in a))
-
-
-def repair(t: Any, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, str],
-           dims: Mapping[str, int]) -> dict[str, Any] | None:
-    """The nearest legal point: fewest params changed, then smallest total step in the declared lists."""
-    space = dict(t.space)
-    free = [p for p, vals in t.space if len(vals) > 1]
-    at = {p: space[p].index(params[p]) if params.get(p) in space[p] else 0 for p in space}
-    base = {p: space[p][at[p]] for p in space}
-    if not t.violations(base, arch, dtypes, dims):
-        return base
-    for k in range(1, len(free) + 1):
-        options = []
-        for subset in itertools.combinations(free, k):
-            others = [[j for j in range(len(space[p])) if j != at[p]] for p in subset]
-            for pick in itertools.product(*others):
-                options.append((sum(abs(j - at[p]) for p, j in zip(subset, pick)), subset, pick))
-        options.sort(key=lambda o: o[0])  # stable: ties keep the declared order
-        for _, subset, pick in options:
-            point = dict(base)
-            point.update({p: space[p][j] for p, j in zip(subset, pick)})
-            if not t.violations(point, arch, dtypes, dims):
-                return point
-    return None
-
-
 def _torch(op: str, dims: Mapping[str, int], dtypes: Mapping[str, str], arch: int, reason: str) -> Choice:
     return Choice(op, "torch", tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), arch, reason)
 
@@ -106,47 +77,12 @@ def choose(op: str, dims: tuple[tuple[str, int], ...], dtypes: tuple[tuple[str, 
         return _torch(op, want_dims, want_dt, arch, f"no {op} run was exported")
     if any(d not in expr.DTYPES for d in want_dt.values()):
         return _torch(op, want_dims, want_dt, arch, f"dtypes {want_dt} are not all kernel dtypes")
-    same_arch = arch == table.arch_number
-    ranked = sorted(table.entries, key=lambda e: (dict(e.dtypes) != want_dt,
-                                                  round(dims_distance(want_dims, dict(e.dims)), 9), e.cell))
-    seen = set()
-    genomes = []
-    for e in ranked:  # each genome once, at its nearest cell
-        if (e.template, e.params) not in seen:
-            seen.add((e.template, e.params))
-            genomes.append(e)
-    notes = () if same_arch else (f"the prebuilt cubins are {table.arch}, this GPU is sm_{arch}: compiled for it",)
-    # A prebuilt cubin that admits the shape first (measured, gate-checked, no NVRTC needed), even when a
-    # nearer cell's genome would have to be compiled: e.g. another M of a searched N.
-    for e in genomes if same_arch else ():
-        t = table.templates[e.template]
-        params = dict(e.params)
-        consts = {d: want_dims[d] for d in t.specialize}
-        build = table.find_build(e.template, params, want_dt, consts)
-        if build is None or t.violations(params, arch, want_dt, want_dims):
-            continue
-        exact = dict(e.dims) == want_dims and dict(e.dtypes) == want_dt
-        path, why = ("table", f"searched cell {e.cell}") if exact else (
-            "table-build", f"prebuilt {build.id} (the genome of {e.cell}, same build; launch plan for this shape)")
-        return Choice(op, path, dims, dtypes, arch, why, e.template, e.params, tuple(sorted(consts.items())),
-                      build.id, e.cell, notes)
-    for e in genomes:
-        t = table.templates[e.template]
-        params = dict(e.params)
-        if t.violations(params, arch, want_dt, want_dims):
-            continue
-        consts = {d: want_dims[d] for d in t.specialize}
-        return Choice(op, "rerender", dims, dtypes, arch, f"the genome of {e.cell} rendered for this shape",
-                      e.template, e.params, tuple(sorted(consts.items())), "", e.cell, notes)
-    for e in genomes[:4]:  # the nearest few, repaired
-        t = table.templates[e.template]
-        fixed = repair(t, dict(e.params), arch, want_dt, want_dims)
-        if fixed is None:
-            continue
-        changed = ", ".join(f"{k} {dict(e.params)[k]}->{v}" for k, v in sorted(fixed.items()) if dict(e.params)[k] != v)
-        consts = {d: want_dims[d] for d in t.specialize}
-        return Choice(op, "repaired", dims, dtypes, arch, f"the genome of {e.cell} with {changed}", e.template,
-                      tuple(sorted(fixed.items())), tuple(sorted(consts.items())), "", e.cell, notes)
+    genomes = distinct_genomes(sorted(table.entries, key=lambda e: (
+        dict(e.dtypes) != want_dt, round(dims_distance(want_dims, dict(e.dims)), 9), e.cell)))
+    step = walk(table, genomes, arch, want_dims, want_dt, "shape")
+    if step is not None:
+        return Choice(op, step.path, dims, dtypes, arch, step.reason, step.template, step.params, step.consts,
+                      step.build, step.source_cell, step.notes)
     nearest = genomes[0] if genomes else None
     why = "no entries" if nearest is None else (
         f"no exported template admits it (nearest genome, of {nearest.cell}, breaks "
