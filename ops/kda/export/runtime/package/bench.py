@@ -27,28 +27,9 @@ from . import api, verify
 from .choose import ENTRY_POINTS, kind_of
 from .loader import PACKAGE
 from .table import Entry, provenance, tables
+from .timing import samples_us
 
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_FLUSH_BYTES = 256 << 20
-
-
-def samples_us(fns: list[Callable[[], object]], n: int, warmup: int = 10) -> list[list[float]]:
-    """n CUDA-event timings per function, L2 flushed before each, the functions taking turns in both orders."""
-    flush = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    out: list[list[float]] = [[] for _ in fns]
-    for i in range(n):
-        for j in (range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))):
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[j]()
-            end.record()
-            end.synchronize()
-            out[j].append(start.elapsed_time(end) * 1e3)
-    return out
 
 
 def inputs(dims: dict[str, int], dtypes: dict[str, str], seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:

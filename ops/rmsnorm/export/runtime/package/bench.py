@@ -16,7 +16,6 @@ import math
 import platform
 import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,29 +24,9 @@ from . import api, verify
 from .choose import explain
 from .loader import PACKAGE
 from .table import Entry, provenance, tables
+from .timing import samples_us
 
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_FLUSH_BYTES = 256 << 20
-
-
-def samples_us(fns: list[Callable[[], object]], n: int, warmup: int = 10) -> list[list[float]]:
-    """n CUDA-event timings per function, L2 flushed before each, the functions taking turns in both orders."""
-    flush = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    out: list[list[float]] = [[] for _ in fns]
-    for i in range(n):
-        order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
-        for j in order:
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[j]()
-            end.record()
-            end.synchronize()
-            out[j].append(start.elapsed_time(end) * 1e3)
-    return out
 
 
 def _inputs(dtype: str, wdtype: str, m: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
