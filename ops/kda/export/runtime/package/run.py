@@ -10,10 +10,6 @@ check reads results back).
 
 from __future__ import annotations
 
-import os
-import threading
-import warnings
-from collections import Counter
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -35,39 +31,16 @@ from .choose import (
     unsupported,
 )
 from .expr import dtype_name
-from .launch import Launcher
-from .loader import PACKAGE, CompileError, PlanError
+from .guard import Guarded, aligned, tensor_arch
+from .loader import PACKAGE
 from .table import tables
 
-SELFCHECK_ENV = f"{PACKAGE.upper()}_SELFCHECK"  # "0" turns the first-use check off
-_ALIGN = 16  # bytes: the kernels use 16-byte vector loads and stores
 
 
-def _aligned(t: Tensor) -> Tensor:
-    """Contiguous and 16-byte aligned (a view at an odd offset is copied)."""
-    t = t.contiguous()
-    return t if t.data_ptr() % _ALIGN == 0 else t.clone()
+class Runtime(Guarded):
+    """KDA's entry points on the shared launch guard; paths counted by entry point."""
 
-
-@lru_cache(maxsize=16)
-def _arch_of(index: int) -> int:
-    major, minor = torch.cuda.get_device_capability(index)
-    return major * 10 + minor
-
-
-def _arch(device: torch.device) -> int:
-    return _arch_of(device.index if device.index is not None else torch.cuda.current_device())
-
-
-class Runtime:
-    """Per-process state: loaded kernels, kernels found bad, kernels checked, path counts."""
-
-    def __init__(self) -> None:
-        self.launcher = Launcher()
-        self.bad: dict[tuple, str] = {}
-        self.checked: set[tuple] = set()
-        self.counts: Counter[tuple[str, str]] = Counter()
-        self._lock = threading.Lock()
+    STACKLEVEL = 5  # the warning names the caller of the api function (one frame more than RMSNorm's)
 
     def choice(self, entry: str, t: Mapping[str, Tensor | None], variant: Mapping[str, int]) -> Choice:
         """The path of a call with tensors `t` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens)."""
@@ -81,7 +54,7 @@ class Runtime:
         if others:
             return self._generic(entry, dims, dt, 0, f"{', '.join(others)} not in q's dtype {q.dtype}: the kernels "
                                  "read q, k, v, beta in one dtype")
-        arch = _arch(q.device) if q.is_cuda else 0
+        arch = tensor_arch(q.device) if q.is_cuda else 0
         if t["beta"].dim() == 4:
             return self._generic(entry, dims, dt, arch, "headwise beta (B, T, HV, V): the kernels read beta (B, T, HV)")
         devices = {x.device for x in t.values() if x is not None and x.dim() > 0}
@@ -101,43 +74,10 @@ class Runtime:
             return choose(entry, tuple(sorted(dims.items())), tuple(sorted(dt.items())), arch)
         return _torch(entry, dims, dt, arch, why)
 
-    def count(self, entry: str, path: str) -> None:
-        with self._lock:
-            self.counts[(entry, path)] += 1
-
     def launch(self, c: Choice, tensors: Mapping[str, Tensor], scalars: Mapping[str, float], o: Tensor,
                final: Tensor) -> bool:
         """Run the choice's kernel; False when the caller must take the torch path instead."""
-        key = (c.op, c.template, c.params, c.dtypes, c.consts, c.arch, c.build)
-        if key in self.bad:
-            self.count(c.entry, "torch")
-            return False
-        must_check = (not c.checked_by_factory and key not in self.checked
-                      and os.environ.get(SELFCHECK_ENV, "1") != "0")
-        if must_check and torch.cuda.is_current_stream_capturing():
-            self.count(c.entry, "torch")
-            return False
-        try:
-            self.launcher.run(c, tensors, scalars)
-        except (CompileError, PlanError) as e:
-            self._disable(key, c, str(e))
-            return False
-        if must_check:
-            problem = verify.check(tensors, scalars, o, final)
-            if problem:
-                self._disable(key, c, problem)
-                return False
-            with self._lock:
-                self.checked.add(key)
-        self.count(c.entry, c.path)
-        return True
-
-    def _disable(self, key: tuple, c: Choice, why: str) -> None:
-        with self._lock:
-            self.bad[key] = why
-            self.counts[(c.entry, "torch")] += 1
-        warnings.warn(f"{PACKAGE}: {c} -- not used ({why}); this call takes the torch fp32 path", RuntimeWarning,
-                      stacklevel=5)
+        return self.run_kernel(c, c.entry, tensors, scalars, lambda: verify.check(tensors, scalars, o, final))
 
     def call(self, entry: str, t: Mapping[str, Tensor | None], scale: float | None, lower_bound: float | None,
              variant: Mapping[str, int]) -> tuple[Tensor, Tensor]:
@@ -152,10 +92,10 @@ class Runtime:
                                    "lower_bound": -5.0 if lower_bound is None else float(lower_bound), **variant}
         if c.kernel:
             dims = dict(c.dims)
-            bound = {n: _aligned(x) for n, x in t.items() if x is not None}
+            bound = {n: aligned(x) for n, x in t.items() if x is not None}
             h0 = t.get("initial_state")
             shape = (dims["N"], dims["HV"], dims["SR"], dims["SC"])
-            bound["initial_state"] = (_aligned(h0.to(torch.float32)) if h0 is not None
+            bound["initial_state"] = (aligned(h0.to(torch.float32)) if h0 is not None
                                       else torch.zeros(shape, dtype=torch.float32, device=q.device))
             if "cu_seqlens" in bound:
                 bound["cu_seqlens"] = bound["cu_seqlens"].to(torch.int32).contiguous()
