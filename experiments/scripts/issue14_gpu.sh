@@ -16,17 +16,23 @@
 #               against every peer in one process (kfactory bench --dispatch)
 #   kda OUT     KDA: the decode GA (kda_decode_h200.toml) with fla's fused_recurrent_kda beside it
 #               (fla-core from experiments/fla_wheels.txt in .whl/)
+#   kdacheck OUT  KDA: the chunk template at three points through the real gate on every prefill cell,
+#               timed beside fla's chunk_kda (tests/gpu/test_kda_device.py -k chunk); when none passes,
+#               a later kdaprefill stage of the call is skipped
 #   kdaprefill OUT  KDA: the chunked prefill GA (kda_prefill_h200.toml), then its dispatch timed against
 #               fla's chunk_kda in one process (kfactory bench --dispatch)
+#   fwdlong OUT the forward GA on the N >= 4096 cells with cta_row and cta_row_async (rmsnorm_h200_long.toml)
+#   bwdpeers OUT  as peers, the backward only; fwdpeers OUT as peers, the forward only, on the cells
+#               matching $FWD_CELLS (a regular expression; all cells when unset)
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, stash, peers, quack, verify, bwdall, fwd2, residual, kda or kdaprefill}; out=${2:?output folder}
+stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck or kdaprefill}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
 # pip --target skips the CUTLASS DSL's .pth file: put its packages folder on the path by hand
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD
-if [[ " $stages " == *" peers "* || " $stages " == *" quack "* ]]; then
+if [[ " $stages " =~ " "(peers|bwdpeers|fwdpeers|quack)" " ]]; then
   cat /tmp/kfw/cu13.part.* > /tmp/kfw/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
   rm -f /tmp/kfw/cu13.part.*
   extra=(/tmp/kfw/*.whl)
@@ -48,6 +54,30 @@ bwd_ga() {
     --store /tmp/kf_bwd/store.duckdb --out "$out/bwd" >> "$log" 2>&1
   echo "bwd GA rc=$?" >> "$log"
   cp /tmp/kf_bwd/store.duckdb "$out/bwd/store.duckdb" 2>/dev/null
+}
+# the peers benches time the dispatch tables of this chain's GAs where /tmp still has them (the forward:
+# fwdlong's table completed by the committed regimes table for the short rows), else the committed ones
+peers_setup() {
+  export QUACK_COMPILE_WORKERS=14
+  python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1 || { tail -3 "$log"; return 1; }
+  mkdir -p "$out/tables"
+  fwd_long=$(ls -t /tmp/kf_fwdlong/runs/*/dispatch.json 2>/dev/null | head -1)
+  python3 experiments/scripts/merge_dispatch.py "$out/tables/fwd_dispatch.json" ${fwd_long:+"$fwd_long"} \
+    experiments/results/rmsnorm_h200_regimes/dispatch.json >> "$log" 2>&1
+  bwd=$(ls -t /tmp/kf_bwd_all/runs/*/dispatch.json 2>/dev/null | head -1)
+  cp "${bwd:-experiments/results/rmsnorm_bwd_h200/dispatch.json}" "$out/tables/bwd_dispatch.json"
+  echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed}" >> "$log"
+}
+bwd_peers() {
+  timeout 150 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$out/tables/bwd_dispatch.json" --peer torch.eager \
+    --peer liger --peer quack --peer quack.autotuned --timeout-s 140 --out "$out/bwd_peers" >> "$log" 2>&1
+  echo "bwd peers rc=$?" >> "$log"
+}
+fwd_peers() {
+  timeout "${FWD_PEERS_S:-280}" python3 -m evo.cli.main bench --op rmsnorm --dispatch "$out/tables/fwd_dispatch.json" \
+    ${FWD_CELLS:+--cells "$FWD_CELLS"} --peer torch.rms_norm --peer torch.compile --peer liger --peer quack \
+    --peer quack.autotuned --timeout-s 200 --out "$out/fwd_peers" >> "$log" 2>&1
+  echo "fwd peers rc=$?" >> "$log"
 }
 for stage in $stages; do
 case "$stage" in
@@ -79,21 +109,9 @@ case "$stage" in
     timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_residual_h200.toml \
       --store /tmp/kf_res/store.duckdb --out "$out/residual" >> "$log" 2>&1
     echo "residual GA rc=$?" >> "$log" ;;
-  peers)  # the dispatch tables of this chain's GAs (fwd2, bwdall) where /tmp still has them, else the committed ones
-    export QUACK_COMPILE_WORKERS=14
-    fwd=$(ls -t /tmp/kf_fwd2/runs/*/dispatch.json 2>/dev/null | head -1)
-    fwd=${fwd:-experiments/results/rmsnorm_h200_regimes2/dispatch.json}
-    bwd=$(ls -t /tmp/kf_bwd_all/runs/*/dispatch.json 2>/dev/null | head -1)
-    bwd=${bwd:-experiments/results/rmsnorm_bwd_h200/dispatch.json}
-    echo "benching fwd $fwd, bwd $bwd" >> "$log"
-    mkdir -p "$out/tables" && cp "$fwd" "$out/tables/fwd_dispatch.json" && cp "$bwd" "$out/tables/bwd_dispatch.json"
-    python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1 || { tail -3 "$log"; exit 1; }
-    timeout 120 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$bwd" --peer torch.eager --peer liger \
-      --peer quack --peer quack.autotuned --timeout-s 140 --out "$out/bwd_peers" >> "$log" 2>&1
-    echo "bwd peers rc=$?" >> "$log"
-    timeout 280 python3 -m evo.cli.main bench --op rmsnorm --dispatch "$fwd" --peer torch.rms_norm --peer torch.compile \
-      --peer liger --peer quack --peer quack.autotuned --timeout-s 200 --out "$out/fwd_peers" >> "$log" 2>&1
-    echo "fwd peers rc=$?" >> "$log" ;;
+  peers) peers_setup && bwd_peers && fwd_peers ;;
+  bwdpeers) peers_setup && bwd_peers ;;
+  fwdpeers) peers_setup && fwd_peers ;;
   quack)
     export QUACK_COMPILE_WORKERS=14
     python3 -c "import importlib; importlib.import_module('quack.rmsnorm').rmsnorm_fwd; print('quack import')" >> "$log" 2>&1 \
@@ -113,13 +131,23 @@ case "$stage" in
       --store /tmp/kf_kda/store.duckdb --out "$out/kda_decode" >> "$log" 2>&1
     echo "kda decode GA rc=$?" >> "$log"
     cp /tmp/kf_kda/store.duckdb "$out/kda_decode/store.duckdb" 2>/dev/null ;;
+  kdacheck)
+    timeout 170 python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k chunk > "$out/kdacheck.log" 2>&1
+    echo "kda chunk check rc=$?" >> "$log"
+    grep -qE ": OK | passed" "$out/kdacheck.log" || touch /tmp/kf_chunk_broken ;;
+  fwdlong)
+    timeout 230 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_long.toml \
+      --store /tmp/kf_fwdlong/store.duckdb --out "$out/fwdlong" >> "$log" 2>&1
+    echo "fwd GA (long rows) rc=$?" >> "$log"
+    cp /tmp/kf_fwdlong/store.duckdb "$out/fwdlong/store.duckdb" 2>/dev/null ;;
   kdaprefill)
-    timeout 420 python3 experiments/scripts/ga_h200.py --config experiments/kda_prefill_h200.toml \
+    if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi
+    timeout 270 python3 experiments/scripts/ga_h200.py --config experiments/kda_prefill_h200.toml \
       --store /tmp/kf_kdap/store.duckdb --out "$out/kda_prefill" >> "$log" 2>&1
     echo "kda prefill GA rc=$?" >> "$log"
     table=$(ls -t /tmp/kf_kdap/runs/*/dispatch.json 2>/dev/null | head -1)
     if [ -n "$table" ]; then
-      timeout 150 python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda --timeout-s 140 \
+      timeout 110 python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda --timeout-s 100 \
         --out "$out/kda_prefill/peers" >> "$log" 2>&1
       echo "kda prefill bench rc=$?" >> "$log"
     fi ;;

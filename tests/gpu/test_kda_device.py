@@ -80,15 +80,15 @@ def test_device_reference_matches_numpy_on_device_fills(worker, c, kind):
             worker.free(b)
 
 
-def _job(c, params=None, timing=None, baselines=()):
+def _job(c, params=None, timing=None, baselines=(), template="recurrent"):
     from evo.build.nvrtc import compile_one, prepare
     from evo.core.genome import Genome
     from evo.measure.evaluate import make_job
     from evo.measure.evaluators import gate_cells_for
     from evo.templates.template import load_templates
 
-    tdef = load_templates("kda")["recurrent"]
-    g = Genome.make("kda", "recurrent", tdef.source_hash, params or tdef.default_params())
+    tdef = load_templates("kda")[template]
+    g = Genome.make("kda", template, tdef.source_hash, tdef.default_params() | (params or {}))
     build = compile_one(prepare(tdef, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
     assert build.status.ok, build.error
     gates = gate_cells_for(SPEC, tdef, g, c, 90)
@@ -130,3 +130,31 @@ def test_recurrent_decode_timed_beside_fla(worker, b):
     print(f"\nkda decode B={b}: {med:.1f} us, {gbps:.0f} GB/s = {gbps / res.ceiling_gbps:.0%} of the copy ceiling; "
           + (f"fla {np.median(peer):.1f} us" if peer else f"fla absent: {dict(res.absent)}"))
     assert peer or "fla.fused_recurrent_kda" in dict(res.absent)
+
+
+PREFILL = [c for c in SPEC.matrix() if c.dim("T") > 1 and not is_varlen(c)]
+CHUNK_POINTS = [{}, {"chunk": 32, "warps": 4, "stages": 4}, {"chunk": 32, "warps": 2, "state_split": True}]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", CHUNK_POINTS, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()) or "default")
+@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
+def test_chunk_template_passes_the_gate_on_every_prefill_cell_beside_fla(worker, c, params):
+    """The chunked prefill through the real gate (its gate cells and the cell itself, every input set),
+    then timed with fla's chunk_kda in the same process (or fla reported absent): prints the ratio, the
+    issue's prefill target (>= 2x fla)."""
+    from evo.core.status import Status
+    from evo.measure.jobs import Timing
+    from evo.measure.verify import judge
+
+    g, build, job = _job(c, params, timing=Timing(min_samples=20, max_samples=50), baselines=("fla.chunk_kda",),
+                         template="chunk")
+    res = worker.run(job)
+    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
+    print(f"\nkda chunk {c.label()} {params}: {out.status.name} {out.error or ''} checks {res.checks[-4:]}")
+    assert out.status is Status.OK, (out.status, out.error, res.checks[-4:])
+    med = float(np.median(res.times_us))
+    peer = dict(res.peers).get("fla.chunk_kda")
+    print(f"kda chunk {c.label()} {params}: {med:.1f} us; "
+          + (f"fla {np.median(peer):.1f} us, {np.median(peer) / med:.2f}x" if peer else f"fla absent: {dict(res.absent)}"))
+    assert peer or "fla.chunk_kda" in dict(res.absent)

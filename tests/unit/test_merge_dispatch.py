@@ -1,0 +1,51 @@
+"""experiments/scripts/merge_dispatch.py: a GA's table over some cells completed by an earlier table,
+the first table winning on shared cells, and a table kfactory bench --dispatch reads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments" / "scripts"))
+
+import merge_dispatch  # noqa: E402
+
+
+def _entry(t: str, us: float) -> dict:
+    return {"template": t, "params": {}, "median_us": us, "measured_in": t}
+
+
+def test_first_table_wins_and_later_tables_fill(tmp_path):
+    a = {"run_id": "long", "dispatch": {"c1": _entry("a", 1.0), "c2": _entry("a", 2.0)}}
+    b = {"run_id": "old", "dispatch": {"c2": _entry("b", 0.5), "c3": _entry("b", 3.0)}}
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    out = tmp_path / "m.json"
+    assert merge_dispatch.main([str(out), str(tmp_path / "a.json"), str(tmp_path / "b.json"), str(tmp_path / "no.json")]) == 0
+    m = json.loads(out.read_text())
+    assert m["merged_from"] == ["long", "old"]
+    assert {k: v["template"] for k, v in m["dispatch"].items()} == {"c1": "a", "c2": "a", "c3": "b"}
+
+
+def test_a_file_without_dispatch_is_an_error():
+    with pytest.raises(ValueError, match="table 1 has no 'dispatch'"):
+        merge_dispatch.merge([{"dispatch": {}}, {"cells": []}])
+
+
+def test_merged_committed_table_is_a_bench_plan(tmp_path):
+    from evo.cli.bench import dispatch_plan
+    from evo.templates.template import load_templates
+    from ops.rmsnorm.spec import SPEC
+
+    src = ROOT / "experiments" / "results" / "rmsnorm_h200_regimes" / "dispatch.json"
+    t = json.loads(src.read_text())
+    first = {"run_id": "part", "dispatch": dict(list(t["dispatch"].items())[:5])}
+    (tmp_path / "part.json").write_text(json.dumps(first))
+    out = tmp_path / "m.json"
+    merge_dispatch.main([str(out), str(tmp_path / "part.json"), str(src)])
+    plan = dispatch_plan(SPEC, load_templates("rmsnorm"), out)
+    assert len(plan) == len(t["dispatch"]) == 36
