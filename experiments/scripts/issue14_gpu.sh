@@ -132,7 +132,7 @@ case "$stage" in
     echo "kda decode GA rc=$?" >> "$log"
     cp /tmp/kf_kda/store.duckdb "$out/kda_decode/store.duckdb" 2>/dev/null ;;
   kdacheck)
-    timeout 170 python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k chunk > "$out/kdacheck.log" 2>&1
+    timeout 150 python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k chunk > "$out/kdacheck.log" 2>&1
     echo "kda chunk check rc=$?" >> "$log"
     grep -qE ": OK | passed" "$out/kdacheck.log" || touch /tmp/kf_chunk_broken ;;
   fwdlong)
@@ -142,7 +142,7 @@ case "$stage" in
     cp /tmp/kf_fwdlong/store.duckdb "$out/fwdlong/store.duckdb" 2>/dev/null ;;
   kdaprefill)
     if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi
-    timeout 270 python3 experiments/scripts/ga_h200.py --config experiments/kda_prefill_h200.toml \
+    timeout 240 python3 experiments/scripts/ga_h200.py --config experiments/kda_prefill_h200.toml \
       --store /tmp/kf_kdap/store.duckdb --out "$out/kda_prefill" >> "$log" 2>&1
     echo "kda prefill GA rc=$?" >> "$log"
     table=$(ls -t /tmp/kf_kdap/runs/*/dispatch.json 2>/dev/null | head -1)
