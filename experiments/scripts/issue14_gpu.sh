@@ -70,13 +70,13 @@ peers_setup() {
 }
 bwd_peers() {
   timeout 150 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$out/tables/bwd_dispatch.json" --peer torch.eager \
-    --peer liger --peer quack --peer quack.autotuned --timeout-s 140 --out "$out/bwd_peers" >> "$log" 2>&1
+    --peer liger --peer quack --peer quack.autotuned --timeout-s 140 --out "$out/tables/bwd_peers" >> "$log" 2>&1
   echo "bwd peers rc=$?" >> "$log"
 }
 fwd_peers() {
   timeout "${FWD_PEERS_S:-280}" python3 -m evo.cli.main bench --op rmsnorm --dispatch "$out/tables/fwd_dispatch.json" \
     ${FWD_CELLS:+--cells "$FWD_CELLS"} --peer torch.rms_norm --peer torch.compile --peer liger --peer quack \
-    --peer quack.autotuned --timeout-s 200 --out "$out/fwd_peers" >> "$log" 2>&1
+    --peer quack.autotuned --timeout-s 200 --out "$out/tables/fwd_peers" >> "$log" 2>&1
   echo "fwd peers rc=$?" >> "$log"
 }
 for stage in $stages; do
@@ -96,7 +96,7 @@ case "$stage" in
     echo "GPU tests rc=$?" >> "$log" ;;
   bwdall)  # warm: a copy of the bf16 run's store (its lessons, builds and results under the same fingerprint)
     mkdir -p /tmp/kf_bwd_all && cp experiments/results/rmsnorm_bwd_h200/store.duckdb /tmp/kf_bwd_all/store.duckdb
-    timeout 265 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
+    timeout 200 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
       --store /tmp/kf_bwd_all/store.duckdb --out "$out/bwd_all" >> "$log" 2>&1
     echo "bwd GA (all dtypes) rc=$?" >> "$log"
     cp /tmp/kf_bwd_all/store.duckdb "$out/bwd_all/store.duckdb" 2>/dev/null ;;
@@ -136,7 +136,7 @@ case "$stage" in
     echo "kda chunk check rc=$?" >> "$log"
     grep -qE ": OK | passed" "$out/kdacheck.log" || touch /tmp/kf_chunk_broken ;;
   fwdlong)
-    timeout 230 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_long.toml \
+    timeout 190 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_long.toml \
       --store /tmp/kf_fwdlong/store.duckdb --out "$out/fwdlong" >> "$log" 2>&1
     echo "fwd GA (long rows) rc=$?" >> "$log"
     cp /tmp/kf_fwdlong/store.duckdb "$out/fwdlong/store.duckdb" 2>/dev/null ;;
