@@ -22,8 +22,10 @@
 #   kdaprefill OUT  KDA: the chunked prefill GA (kda_prefill_h200.toml), then its dispatch timed against
 #               fla's chunk_kda in one process (kfactory bench --dispatch)
 #   fwdlong OUT the forward GA on the N >= 4096 cells with cta_row and cta_row_async (rmsnorm_h200_long.toml)
-#   bwdpeers OUT  as peers, the backward only; fwdpeers OUT as peers, the forward only, on the cells
-#               matching $FWD_CELLS (a regular expression; all cells when unset)
+#   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
+#               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
+#               on the cells matching $FWD_CELLS within $FWD_PEERS_S seconds (280). QuACK autotuned
+#               autotunes each cell on its first call (~20 s a cell): 36 forward cells need ~2 calls
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
 stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck or kdaprefill}; out=${2:?output folder}
@@ -69,8 +71,9 @@ peers_setup() {
   echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed}" >> "$log"
 }
 bwd_peers() {
-  timeout 150 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$out/tables/bwd_dispatch.json" --peer torch.eager \
-    --peer liger --peer quack --peer quack.autotuned --timeout-s 140 --out "$out/tables/bwd_peers" >> "$log" 2>&1
+  timeout "${BWD_PEERS_S:-150}" python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$out/tables/bwd_dispatch.json" \
+    ${BWD_CELLS:+--cells "$BWD_CELLS"} --peer torch.eager --peer liger --peer quack --peer quack.autotuned --timeout-s 140 \
+    --out "$out/tables/bwd_peers" >> "$log" 2>&1
   echo "bwd peers rc=$?" >> "$log"
 }
 fwd_peers() {
@@ -145,6 +148,7 @@ case "$stage" in
     timeout 240 python3 experiments/scripts/ga_h200.py --config experiments/kda_prefill_h200.toml \
       --store /tmp/kf_kdap/store.duckdb --out "$out/kda_prefill" >> "$log" 2>&1
     echo "kda prefill GA rc=$?" >> "$log"
+    cp /tmp/kf_kdap/store.duckdb "$out/kda_prefill/store.duckdb" 2>/dev/null
     table=$(ls -t /tmp/kf_kdap/runs/*/dispatch.json 2>/dev/null | head -1)
     if [ -n "$table" ]; then
       timeout 110 python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda --timeout-s 100 \
