@@ -19,6 +19,8 @@
 #   kdacheck OUT  KDA: the chunk template at three points through the real gate on every prefill cell,
 #               timed beside fla's chunk_kda (tests/gpu/test_kda_device.py -k chunk); when none passes,
 #               a later kdaprefill stage of the call is skipped
+#   kdatimes OUT  KDA: each launch of the chunk template timed apart (tests/gpu/test_kda_launch_times.py),
+#               rows in kda_launch_times.json
 #   kdaprefill OUT  KDA: the chunked prefill GA (kda_prefill_h200.toml), then its dispatch timed against
 #               fla's chunk_kda in one process (kfactory bench --dispatch)
 #   fwdlong OUT the forward GA on the N >= 4096 cells with cta_row and cta_row_async (rmsnorm_h200_long.toml)
@@ -28,7 +30,7 @@
 #               autotunes each cell on its first call (~20 s a cell): 36 forward cells need ~2 calls
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck or kdaprefill}; out=${2:?output folder}
+stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdatimes or kdaprefill}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
@@ -143,6 +145,10 @@ case "$stage" in
       --store /tmp/kf_fwdlong/store.duckdb --out "$out/fwdlong" >> "$log" 2>&1
     echo "fwd GA (long rows) rc=$?" >> "$log"
     cp /tmp/kf_fwdlong/store.duckdb "$out/fwdlong/store.duckdb" 2>/dev/null ;;
+  kdatimes)
+    KF_LAUNCH_TIMES_OUT="$out/kda_launch_times.json" timeout 200 python3 -m pytest -q -s -rs tests/gpu/test_kda_launch_times.py \
+      > "$out/kdatimes.log" 2>&1
+    echo "kda launch times rc=$?" >> "$log" ;;
   kdaprefill)
     if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi
     timeout 240 python3 experiments/scripts/ga_h200.py --config experiments/kda_prefill_h200.toml \
