@@ -49,9 +49,10 @@ class Progress:
     reused: int = 0  # of them, results copied from another run's measurement (same fingerprint class)
     best: dict[str, tuple[str, float, float]] = field(default_factory=dict)  # cell -> (genome key, us, baseline)
     stale: int = 0
-    started: float = field(default_factory=time.monotonic)  # moved back by the time spent before a resume
+    started: float = field(default_factory=lambda: time.monotonic())  # moved back by the time spent before a resume
     builds_compiled: int = 0  # build inputs handed to the compiler
     builds_reused: int = 0  # build inputs answered from the store's builds
+    genomes: int = 0  # genomes measured in this process's generations (the pace that sizes the last one)
 
     @property
     def elapsed(self) -> float:
@@ -284,7 +285,9 @@ class Search:
     def propose(self) -> list[Genome]:
         """The strategy's next genomes, less those this run already evaluated."""
         c = self.session.config
-        want = min(c.search.population, max(1, c.budget.max_evals - self.progress.evaluated))
+        p = self.progress
+        want = min(c.search.population, max(1, c.budget.max_evals - p.evaluated))
+        want = fit_in_time(want, c.budget.max_seconds - p.elapsed, p.elapsed, p.genomes)
         return [g for g in self.strategy.propose(want) if not self._evaluated(g)]
 
     def screen(self, genomes: Sequence[Genome], generation: int) -> Screened:
@@ -323,6 +326,7 @@ class Search:
     def learn(self, gen: Generation) -> None:
         """The strategy observes the generation; the loop's progress and evaluated pairs take it in."""
         self.progress.reused += sum(bool(o.reused_from) for o in gen.outcomes)
+        self.progress.genomes += len(gen.genomes)
         self.strategy.observe(observations(self.session, gen.outcomes, gen.genomes))
         self.done |= {o.pair() for o in gen.outcomes}
         improved = update_progress(self.progress, gen.outcomes)
@@ -423,6 +427,16 @@ def _finish(session: Session, learner: Learner, progress: Progress,
                     f"{progress.geomean_speedup():.3f}; dispatch table {dispatch}{kept}")
 
     return finish
+
+
+def fit_in_time(want: int, left_s: float, spent_s: float, genomes: int) -> int:
+    """How many of `want` genomes a generation can take in the `left_s` seconds of budget.max_seconds,
+    at this run's pace so far (spent_s over the genomes its generations measured, builds included): all
+    of them before a pace is known, never fewer than one. The budget is checked between generations,
+    so without this the last generation overran it by up to a whole generation (50 s of a 180 s run)."""
+    if want <= 0 or genomes <= 0 or spent_s <= 0 or not math.isfinite(left_s):
+        return want
+    return max(1, min(want, int(left_s / (spent_s / genomes))))
 
 
 def _budget_exhausted(c: Config, p: Progress) -> str:
