@@ -16,6 +16,8 @@
 #               against every peer in one process (kfactory bench --dispatch)
 #   kda OUT     KDA: the decode GA (kda_decode_h200.toml) with fla's fused_recurrent_kda beside it
 #               (fla-core from experiments/fla_wheels.txt in .whl/)
+#   export OUT  the chain's bwdall and fwdlong runs (one store) as one package (kfactory export), installed
+#               with pip into a folder of its own, its tests run on this GPU (export/tests.log)
 #   kdacheck OUT  KDA: the chunk template at three points through the real gate on every prefill cell,
 #               timed beside fla's chunk_kda (tests/gpu/test_kda_device.py -k chunk); when none passes,
 #               a later kdaprefill stage of the call is skipped
@@ -30,7 +32,7 @@
 #               autotunes each cell on its first call (~20 s a cell): 36 forward cells need ~2 calls
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdatimes or kdaprefill}; out=${2:?output folder}
+stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdatimes, export or kdaprefill}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
@@ -59,16 +61,22 @@ bwd_ga() {
   echo "bwd GA rc=$?" >> "$log"
   cp /tmp/kf_bwd/store.duckdb "$out/bwd/store.duckdb" 2>/dev/null
 }
+# RMSNorm's GAs of a chain (bwdall, fwdlong) share one store, so one export packages both runs; it starts
+# as a copy of the committed bf16 backward run's store (its lessons, builds and results: a warm start)
+rms_store() {
+  [ -e /tmp/kf_rms/store.duckdb ] && return 0
+  mkdir -p /tmp/kf_rms && cp experiments/results/rmsnorm_bwd_h200/store.duckdb /tmp/kf_rms/store.duckdb
+}
 # the peers benches time the dispatch tables of this chain's GAs where /tmp still has them (the forward:
 # fwdlong's table completed by the committed regimes table for the short rows), else the committed ones
 peers_setup() {
   export QUACK_COMPILE_WORKERS=14
   python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1 || { tail -3 "$log"; return 1; }
   mkdir -p "$out/tables"
-  fwd_long=$(ls -t /tmp/kf_fwdlong/runs/*/dispatch.json 2>/dev/null | head -1)
+  fwd_long=$(ls -t /tmp/kf_rms/runs/rmsnorm-h200-long-*/dispatch.json 2>/dev/null | head -1)
   python3 experiments/scripts/merge_dispatch.py "$out/tables/fwd_dispatch.json" ${fwd_long:+"$fwd_long"} \
     experiments/results/rmsnorm_h200_regimes/dispatch.json >> "$log" 2>&1
-  bwd=$(ls -t /tmp/kf_bwd_all/runs/*/dispatch.json 2>/dev/null | head -1)
+  bwd=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)
   cp "${bwd:-experiments/results/rmsnorm_bwd_h200/dispatch.json}" "$out/tables/bwd_dispatch.json"
   echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed}" >> "$log"
 }
@@ -100,11 +108,11 @@ case "$stage" in
       tests/gpu/test_export_kda_gpu.py >> "$log" 2>&1
     echo "GPU tests rc=$?" >> "$log" ;;
   bwdall)  # warm: a copy of the bf16 run's store (its lessons, builds and results under the same fingerprint)
-    mkdir -p /tmp/kf_bwd_all && cp experiments/results/rmsnorm_bwd_h200/store.duckdb /tmp/kf_bwd_all/store.duckdb
+    rms_store
     timeout 200 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
-      --store /tmp/kf_bwd_all/store.duckdb --out "$out/bwd_all" >> "$log" 2>&1
+      --store /tmp/kf_rms/store.duckdb --out "$out/bwd_all" >> "$log" 2>&1
     echo "bwd GA (all dtypes) rc=$?" >> "$log"
-    cp /tmp/kf_bwd_all/store.duckdb "$out/bwd_all/store.duckdb" 2>/dev/null ;;
+    cp /tmp/kf_rms/store.duckdb "$out/bwd_all/store.duckdb" 2>/dev/null ;;
   fwd2)
     timeout 245 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes2.toml \
       --store /tmp/kf_fwd2/store.duckdb --out "$out/fwd2" >> "$log" 2>&1
@@ -141,10 +149,11 @@ case "$stage" in
     echo "kda chunk check rc=$?" >> "$log"
     grep -qE ": OK | passed" "$out/kdacheck.log" || touch /tmp/kf_chunk_broken ;;
   fwdlong)
+    rms_store
     timeout 190 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_long.toml \
-      --store /tmp/kf_fwdlong/store.duckdb --out "$out/fwdlong" >> "$log" 2>&1
+      --store /tmp/kf_rms/store.duckdb --out "$out/fwdlong" >> "$log" 2>&1
     echo "fwd GA (long rows) rc=$?" >> "$log"
-    cp /tmp/kf_fwdlong/store.duckdb "$out/fwdlong/store.duckdb" 2>/dev/null ;;
+    cp /tmp/kf_rms/store.duckdb "$out/fwdlong/store.duckdb" 2>/dev/null ;;
   kdatimes)
     KF_LAUNCH_TIMES_OUT="$out/kda_launch_times.json" timeout 200 python3 -m pytest -q -s -rs tests/gpu/test_kda_launch_times.py \
       > "$out/kdatimes.log" 2>&1
@@ -161,6 +170,17 @@ case "$stage" in
         --out "$out/kda_prefill/peers" >> "$log" 2>&1
       echo "kda prefill bench rc=$?" >> "$log"
     fi ;;
+  export)  # the chain's forward and backward runs as one package, installed with pip, its own tests on this GPU
+    fwd_id=$(basename "$(dirname "$(ls -t /tmp/kf_rms/runs/rmsnorm-h200-long-*/dispatch.json 2>/dev/null | head -1)")")
+    bwd_id=$(basename "$(dirname "$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)")")
+    rm -rf /tmp/kf_pkg /tmp/kf_pkg_site && mkdir -p "$out/export"
+    python3 -m evo.cli.main export $fwd_id $bwd_id --store /tmp/kf_rms/store.duckdb --out /tmp/kf_pkg >> "$log" 2>&1
+    echo "export $fwd_id $bwd_id rc=$?" >> "$log"
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/kf_pkg_site /tmp/kf_pkg >> "$log" 2>&1
+    echo "package pip install rc=$?" >> "$log"
+    (cd /tmp/kf_pkg && PYTHONPATH=/tmp/kf_pkg_site timeout 240 python3 -m pytest -q -rs tests) > "$out/export/tests.log" 2>&1
+    echo "package tests rc=$?" >> "$log"
+    cp /tmp/kf_pkg/README.md "$out/export/" 2>/dev/null ;;
   stash) ;;
   *) echo "unknown stage $stage" >> "$log" ;;
 esac
