@@ -38,7 +38,10 @@ import numpy as np
 
 from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob
 
-GATE_VERSION = "2"  # in every GPU fingerprint: results of an older, foolable gate are never reused
+# In every GPU fingerprint: results of an older gate are never reused. "3" (2026-12-03): the peer check, the
+# timing hold before each timed call when peers are timed, and rmsnorm_bwd's rstd no longer perturbed (the
+# "2" gate rejected correct fp16/fp32 backward kernels: a store holding those rejections must not serve them).
+GATE_VERSION = "3"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
 CHECK_FRACTION = 0.1  # share of timed samples whose outputs are checked (decided after the sample ran)
