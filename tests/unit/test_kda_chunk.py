@@ -3,18 +3,28 @@ cells and their gate cells without spills, refuses what it does not implement, a
 of its algorithm (same chunking, workspace layout and precision: fp32 cumulative decay and forward
 substitution, exact fp32 diagonal blocks, tf32 products in the first launch, bf16 operands with fp32
 accumulation in the second) matches the float64 reference within the spec's tolerance on every kind;
-the real gate runs the two launches, emulated, on the numpy fake device."""
+the real gate runs the two launches, emulated, on the numpy fake device. Of the options, stage_in (launch 1
+reads q, k, v, beta from a staged smem copy) and u_prefetch (launch 2 loads u a chunk ahead) change no
+arithmetic, so the emulation stands for them unchanged; prep_exp = fast (__expf in launch 1) is emulated
+at the edge of its documented error. With all three off the template renders the code it had before
+they existed, and every kernel they add builds without spills."""
 
 from __future__ import annotations
 
 import random
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from itertools import product
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from evo.build.nvrtc import compile_one, prepare
+from evo.build.nvrtc import MAX_SMEM_PER_BLOCK, compile_one, prepare
 from evo.core.genome import Genome
-from evo.templates.template import load_templates
+from evo.templates.render import render
+from evo.templates.template import TemplateDef, load_templates, parse_template
 from ops.kda import SPEC
 from ops.kda.reference import BetaAct, Gate, Variant
 from ops.kda.spec import FILLS, MODEL, PREFILL, cell, gate_cells, is_varlen, variant_of
@@ -71,11 +81,11 @@ def test_default_point_compiles_without_spills(chunk: int):
 def test_legal_points_compile_without_spills():
     """A sample of the space (both chunk sizes, every warps count, the split state) stays off the spill path."""
     c = PREFILL_CELLS[2]
-    points = legal_points(c, 10, seed=1) + [
+    points = legal_points(c, 10, seed=1) + [TDEF.default_params() | q for q in (
         {"chunk": 64, "prep_threads": 128, "warps": 8, "stages": 3, "state_split": False},
         {"chunk": 32, "prep_threads": 128, "warps": 8, "stages": 6, "state_split": True},
         {"chunk": 32, "prep_threads": 256, "warps": 2, "stages": 6, "state_split": False},
-    ]
+    )]
     for p in points:
         assert TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()), p
         r = compile_point(c, p)
@@ -84,11 +94,12 @@ def test_legal_points_compile_without_spills():
 
 
 def test_plans_fit_the_launch_limits():
-    """Dynamic smem <= 48 KB (the runner does not opt kernels into more), workspace sized per chunk."""
+    """Dynamic smem within a block's opt-in limit (the worker opts every launch with dynamic smem in), the
+    recurrence's ring within 48 KB as its constraint says; workspace sized per chunk."""
     for c in PREFILL_CELLS:
         for p in legal_points(c, 12, seed=2):
             launches, ws = TDEF.plan(p, ARCH, c.dtypes_dict(), c.dims_dict())
-            assert all(ln.smem <= 48 * 1024 for ln in launches), p
+            assert launches[0].smem <= MAX_SMEM_PER_BLOCK and launches[1].smem <= 48 * 1024, p
             assert launches[0].grid == (-(-c.dim("T") // p["chunk"]), c.dim("HV"), c.dim("B"))
             n = c.dim("B") * c.dim("HV") * -(-c.dim("T") // p["chunk"])
             assert ws["ws_u"] == 4 * n * p["chunk"] * c.dim("V") and ws["ws_gl"] == 4 * n * c.dim("K")
@@ -110,6 +121,185 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
     assert why in TDEF.violations(TDEF.default_params(), ARCH, c.dtypes_dict(), c.dims_dict())
 
 
+# ---- the options: stage_in and prep_exp (launch 1), u_prefetch (launch 2) -----------------------------
+
+OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf"}  # each option's off value: the code before it
+TEMPLATE = "templates/kda/chunk.cu.j2"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def template_before_options() -> TemplateDef:
+    """The template as it was before the options: at the parent of the oldest commit whose diff names
+    u_prefetch in it (HEAD while no commit does yet). Skips outside a git checkout with that history.
+    When the options-off code is changed on purpose, this test has served its turn: pin or drop it."""
+    try:
+        log = subprocess.run(["git", "log", "-S", "u_prefetch", "--format=%H", "--", TEMPLATE], cwd=REPO,
+                             capture_output=True, text=True, check=True, timeout=60).stdout.split()
+        rev = f"{log[-1]}^" if log else "HEAD"
+        text = subprocess.run(["git", "show", f"{rev}:{TEMPLATE}"], cwd=REPO, capture_output=True, text=True,
+                              check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"no git history of {TEMPLATE}: {e}")
+    old = parse_template(text, f"{rev}:{TEMPLATE}", trusted=True)
+    if set(OPTIONS) & set(old.param_names):
+        pytest.skip(f"{rev} already has the options (a shallow or rewritten history)")
+    return old
+
+
+def source(t: TemplateDef, c: Cell, p: dict) -> str:
+    r = render(t, p, ARCH, c.dtypes_dict(), t.consts(c.dims_dict()))
+    assert r.status.ok, r.error
+    return r.source
+
+
+def all_legal(c: Cell, t: TemplateDef = TDEF) -> list[dict]:
+    names = t.param_names
+    points = (dict(zip(names, vals)) for vals in product(*(t.values(n) for n in names)))
+    return [p for p in points if t.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())]
+
+
+def test_options_off_render_the_code_from_before_the_options():
+    """Byte for byte, at every point of the old space (the specialized dims are K and V only: one cell)."""
+    old = template_before_options()
+    assert set(TDEF.param_names) == set(old.param_names) | set(OPTIONS)
+    assert old.default_params() | OPTIONS == TDEF.default_params()
+    c = PREFILL_CELLS[0]
+    names = old.param_names
+    for vals in product(*(old.values(n) for n in names)):
+        p = dict(zip(names, vals))
+        assert source(TDEF, c, p | OPTIONS) == source(old, c, p), p
+    assert len(all_legal(c, old)) == 54 and len(all_legal(c)) == 408  # experiments/kda_prefill_h200.toml
+
+
+def prep_key(p: dict) -> tuple:  # what kda_chunk_prep's code depends on
+    return p["chunk"], p["prep_threads"], p["stage_in"], p["prep_exp"]
+
+
+def recur_key(p: dict) -> tuple:  # what kda_chunk_recur's code depends on
+    return p["chunk"], p["warps"], p["stages"], p["state_split"], p["u_prefetch"]
+
+
+def test_option_points_compile_without_spills():
+    """Every legal point with an option on builds for sm_90a without spills: a point is its two kernels,
+    each rendered from its own params (prep_key, recur_key), so points covering every prep kernel with
+    stage_in or the fast exp and every recurrence with u_prefetch build every such point's code (30 builds,
+    2 at a time: the 6 prep kernels at chunk 64 share no point with a u_prefetch recurrence)."""
+    c = PREFILL_CELLS[2]
+    legal = [p for p in all_legal(c) if any(p[k] != off for k, off in OPTIONS.items())]
+    for p in legal:
+        g = Genome.make("kda", "chunk", TDEF.source_hash, p)
+        src = prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()).source
+        kernels = src.split("kda_chunk_recur(", 1)
+        assert ("cp.async.wait_all" in kernels[0]) == p["stage_in"] and ("load_u(" in kernels[1]) == p["u_prefetch"]
+        assert ("__expf(" in kernels[0]) == (p["prep_exp"] == "fast") and "expf(" not in kernels[1]
+    todo = {("prep", prep_key(p)) for p in legal if p["stage_in"] or p["prep_exp"] == "fast"}
+    todo |= {("recur", recur_key(p)) for p in legal if p["u_prefetch"]}
+    assert len(todo) == 4 * 3 + 24  # (chunk, prep_threads) x 3 option pairs; (warps, stages, state_split) at chunk 32
+    points = []
+    while todo:  # greedy cover
+        p = max(legal, key=lambda p: len(todo & {("prep", prep_key(p)), ("recur", recur_key(p))}))
+        todo -= {("prep", prep_key(p)), ("recur", recur_key(p))}
+        points.append(p)
+    assert len(points) == 30
+    with ThreadPoolExecutor(2) as pool:  # NVRTC releases the GIL
+        results = list(pool.map(lambda p: compile_point(c, p), points))
+    for p, r in zip(points, results):
+        assert r.status.ok, (p, r.error)
+        for kernel, res in r.resources:
+            assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_bytes == 0, (p, kernel, res)
+            assert res.smem_bytes == 0, (p, kernel, res)  # all of it dynamic: the plan's smem is the whole
+
+
+def test_u_prefetch_at_chunk_64_spills_as_its_constraint_says():
+    """The reason for u_prefetch_fits_registers_at_chunk_32: 32 more live registers a thread at chunk 64."""
+    c = PREFILL_CELLS[2]
+    p = TDEF.default_params() | {"chunk": 64, "u_prefetch": True}
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["u_prefetch_fits_registers_at_chunk_32"]
+    r = compile_point(c, p)  # compile_one does not check constraints
+    assert r.status.ok, r.error
+    assert dict(r.resources)["kda_chunk_recur"].spill_stores > 0  # when it stops spilling, lift the constraint
+
+
+def prep_smem(p: dict, K: int, V: int) -> int:
+    """kda_chunk_prep's layout, written out: G [C][K] and A [C][C] fp32; with stage_in q and k [C][K], v [C][V]
+    bf16 and beta [C] fp32 after A (qs = as + C C 4, ks = qs + C K 2, vs = ks + C K 2, bs = vs + C V 2)."""
+    C = p["chunk"]
+    size = C * K * 4 + C * C * 4
+    if p["stage_in"]:
+        size += C * K * 2 + C * K * 2 + C * V * 2 + C * 4
+    return size
+
+
+def test_prep_smem_is_the_kernels_layout():
+    for c in PREFILL_CELLS:
+        for p in all_legal(c):
+            launches, _ = TDEF.plan(p, ARCH, c.dtypes_dict(), c.dims_dict())
+            assert launches[0].smem == prep_smem(p, c.dim("K"), c.dim("V")) <= MAX_SMEM_PER_BLOCK, p
+            assert launches[1].smem == p["stages"] * p["chunk"] * c.dim("K") * 2 <= 48 * 1024, p
+    p = TDEF.default_params() | {"stage_in": True}
+    assert prep_smem(p, 128, 128) == 98560 and prep_smem(p | {"chunk": 32}, 128, 128) == 45184
+
+
+def test_prep_smem_constraint_is_the_opt_in_limit():
+    """prep_smem_fits_227KB refuses exactly the points whose prep launch would pass 227 KB: none at K = V = 128,
+    so wider (hypothetical) K show it, on both sides of the limit and right at it (chunk 64 with stage_in:
+    512 K + 33024 bytes, K = 388 in, K = 392 out)."""
+    c = PREFILL_CELLS[0]
+    seen = set()
+    for K in (128, 256, 388, 392, 512, 768, 1024):
+        dims = c.dims_dict() | {"K": K}
+        for p in all_legal(c):
+            too_big = prep_smem(p, K, c.dim("V")) > MAX_SMEM_PER_BLOCK
+            assert ("prep_smem_fits_227KB" in TDEF.violations(p, ARCH, c.dtypes_dict(), dims)) == too_big, (K, p)
+            assert TDEF.plan(p, ARCH, c.dtypes_dict(), dims)[0][0].smem == prep_smem(p, K, c.dim("V"))
+            seen.add((p["stage_in"], too_big))
+    assert seen == {(False, False), (False, True), (True, False), (True, True)}
+    p = TDEF.default_params() | {"stage_in": True}
+    assert prep_smem(p, 388, 128) == 231680 <= MAX_SMEM_PER_BLOCK < prep_smem(p, 392, 128) == 233728
+
+
+def stg_offset(src: str):
+    """The staged tiles' swizzle, read from the rendered CUDA (C's ^ >> & << mean the same in Python)."""
+    m = re.search(r"int stg\(int t, int c\) \{\n(?:\s*static_assert[^\n]*\n)?\s*return ([^;]+);", src)
+    assert m, "no stg() in the stage_in rendering"
+    expr = m.group(1)
+    assert set(expr) <= set("tcN*+^()&<>2 01234567")
+    return lambda t, c, N: eval(expr, {}, {"t": t, "c": c, "N": N})  # noqa: S307 (checked characters)
+
+
+def wavefronts(addrs: list[int]) -> int:
+    """Shared memory wavefronts of one warp's <= 4-byte loads: the most distinct words in one bank."""
+    banks: dict[int, set[int]] = {}
+    for a in addrs:
+        banks.setdefault(a // 4 % 32, set()).add(a // 4)
+    return max(len(words) for words in banks.values())
+
+
+@pytest.mark.parametrize("C", [32, 64])
+def test_staged_tile_swizzle(C: int):
+    """stg keeps 16-byte pieces whole and in their row (cp.async targets) and is a bijection; the kernel's
+    reads of the staged tiles: mma fragments and row-wise passes conflict-free, the transposed k read of
+    kgT at most C / 16-way (8-way under the 128-byte swz of the fp32 tiles; the old path read global memory)."""
+    src = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | {"chunk": C, "stage_in": True})
+    stg = stg_offset(src)
+    K = N = 128
+    offs = sorted(stg(t, c, N) for t in range(C) for c in range(N))
+    assert offs == list(range(0, 2 * C * N, 2))
+    for t, c in product(range(C), range(0, N, 8)):
+        assert [stg(t, c + j, N) for j in range(8)] == [stg(t, c, N) + 2 * j for j in range(8)]
+        assert stg(t, c, N) // (2 * N) == t
+    lanes = range(32)
+    frag = max(wavefronts([stg(r + dr + ln // 4, c0 + dc + ln % 4, K) for ln in lanes])
+               for r, c0, dr, dc in product(range(0, C, 16), range(0, K, 8), (0, 8), (0, 4)))
+    vfrag = max(wavefronts([stg(8 * kb + ds + ln % 4, c8 + ln // 4, N) for ln in lanes])  # v_at(s0, col) of w, u
+                for kb, c8, ds in product(range(C // 8), range(0, N, 8), (0, 4)))
+    rows = max(wavefronts([stg((i0 + ln) // (K // 2), 2 * ((i0 + ln) % (K // 2)) + d, K) for ln in lanes])
+               for i0, d in product(range(0, C * K // 2, 32), (0, 1)))  # the qg pass; the X pass likewise
+    kgt = max(wavefronts([stg(2 * ((i0 + ln) % (C // 2)) + d, (i0 + ln) // (C // 2), K) for ln in lanes])
+              for i0, d in product(range(0, K * C // 2, 32), (0, 1)))
+    assert (frag, vfrag, rows, kgt) == (1, 1, 1, C // 16)
+
+
 # ---- the template's algorithm, emulated in numpy ------------------------------------------------------
 
 def bf(x: np.ndarray) -> np.ndarray:
@@ -128,11 +318,24 @@ def mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a.astype(np.float64) @ b.astype(np.float64)).astype(f32)
 
 
-def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float) -> dict[str, np.ndarray]:
+def fast_exp(x: np.ndarray, sign: int) -> np.ndarray:
+    """__expf at the edge of its documented error, 2 + floor(1.173 |x|) ulp (taken as 2 + 1.2 |x| ulp of
+    2^-23 relative each), all in one direction (the worst case for sums and for the state's product of
+    decays); results below the smallest normal flush to zero (ex2.approx.ftz)."""
+    x64 = np.asarray(x, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = np.exp(x64) * (1 + sign * (2 + 1.2 * np.abs(x64)) * 2.0**-23)
+        y = np.where(np.abs(y) < 2.0**-126, 0.0, y).astype(f32)
+    return y
+
+
+def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1) -> dict[str, np.ndarray]:
     """Launch 1: the workspace, [B * HV * NT] chunks in the kernel's layouts (qg [C, K], kgT [K, C],
-    -w [C, K], A_qk [C, C] as bf16 values; u [C, V], gl [K] fp32)."""
+    -w [C, K], A_qk [C, C] as bf16 values; u [C, V], gl [K] fp32). With prep_exp = fast every exponential
+    errs by fast_exp's bound in the direction exp_sign."""
     B, T, H, HV, K = (c.dim(d) for d in ("B", "T", "H", "HV", "K"))
     C = p["chunk"]
+    ex = (lambda x: fast_exp(x, exp_sign)) if p.get("prep_exp") == "fast" else np.exp
     NT = -(-T // C)
     grp = HV // H
 
@@ -146,7 +349,7 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float) -> dict[str, np.n
     s = f32(scale)
     G = np.cumsum(g, axis=3, dtype=f32)  # sequential fp32 sums, as the kernel's column loop
     gl = G[..., -1:, :]
-    ws = {"qg": bf(s * q * np.exp(G)), "kgT": np.swapaxes(bf(k * np.exp(gl - G)), -1, -2), "gl": np.exp(gl[..., 0, :])}
+    ws = {"qg": bf(s * q * ex(G)), "kgT": np.swapaxes(bf(k * ex(gl - G)), -1, -2), "gl": ex(gl[..., 0, :])}
     akk = np.zeros((*G.shape[:-1], C), f32)
     aqk = np.zeros_like(akk)
     tri = np.tril(np.ones((16, 16), bool))
@@ -154,14 +357,14 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float) -> dict[str, np.n
         rs = slice(16 * blk, 16 * blk + 16)
         gi = G[..., rs, :]
         with np.errstate(over="ignore"):  # the upper triangle, masked: the kernel never forms it
-            e = np.where(tri[:, :, None], np.exp(gi[..., :, None, :] - gi[..., None, :, :]), 0).astype(f32)
+            e = np.where(tri[:, :, None], ex(gi[..., :, None, :] - gi[..., None, :, :]), 0).astype(f32)
         kd = k[..., None, rs, :] * e  # [.., i, j, c] = k_j exp(G_i - G_j)
         akk[..., rs, rs] = (np.einsum("...ic,...ijc->...ij", k[..., rs, :], kd) * np.tri(16, k=-1)).astype(f32)
         aqk[..., rs, rs] = np.einsum("...ic,...ijc->...ij", q[..., rs, :], kd).astype(f32)
         if blk:
             r = 16 * blk
-            fa = np.exp(gi - G[..., r:r + 1, :])
-            kr = np.swapaxes(tf(k[..., :r, :] * np.exp(G[..., r:r + 1, :] - G[..., :r, :])), -1, -2)
+            fa = ex(gi - G[..., r:r + 1, :])
+            kr = np.swapaxes(tf(k[..., :r, :] * ex(G[..., r:r + 1, :] - G[..., :r, :])), -1, -2)
             akk[..., rs, :r] = mm(tf(k[..., rs, :] * fa), kr)
             aqk[..., rs, :r] = mm(tf(q[..., rs, :] * fa), kr)
     ws["aqk"] = bf(s * aqk)
@@ -173,7 +376,7 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float) -> dict[str, np.n
         row[..., i + 1:] = 0.0
         tinv[..., i, :] = row
     t32 = tf(tinv)
-    ws["w"] = bf(-mm(t32, tf(beta[..., None] * k * np.exp(G))))
+    ws["w"] = bf(-mm(t32, tf(beta[..., None] * k * ex(G))))
     ws["u"] = mm(t32, tf(beta[..., None] * v))
     return {n: a.reshape(B * HV * NT, *a.shape[3:]) for n, a in ws.items()}
 
@@ -202,21 +405,27 @@ def emulate_recur(ws: dict[str, np.ndarray], h0: np.ndarray, c: Cell, p: dict) -
     return {"o": quantize(o.astype(np.float64), c.dtype("x")), "final_state": S.astype(np.float64).reshape(B, HV, K, V)}
 
 
-def emulate(inputs: dict, scal: dict, c: Cell, p: dict) -> dict[str, np.ndarray]:
+def emulate(inputs: dict, scal: dict, c: Cell, p: dict, exp_sign: int = 1) -> dict[str, np.ndarray]:
     K, V, N, HV = (c.dim(d) for d in ("K", "V", "N", "HV"))
     h0 = inputs.get("initial_state", np.zeros((N, HV, K, V)))
-    return emulate_recur(emulate_prep(inputs, c, p, scal["scale"]), h0, c, p)
+    return emulate_recur(emulate_prep(inputs, c, p, scal["scale"], exp_sign), h0, c, p)
 
 
 EMU_CELLS = [cell(BF, 1, 200, 2), cell(BF, 2, 130, 1, hv=2), cell(BF, 3, 1, 2), cell(BF, 2, 3, 2), cell(BF, 1, 64, 1),
              cell(BF, 1, 97, 1)]
 EMU_POINTS = [{"chunk": 64, "state_split": False}, {"chunk": 32, "state_split": False},
-              {"chunk": 32, "state_split": True}]
+              {"chunk": 32, "state_split": True}, {"chunk": 64, "state_split": False, "prep_exp": "fast"},
+              {"chunk": 32, "state_split": False, "prep_exp": "fast"}]
 
 
-@pytest.mark.parametrize("fit", EMU_POINTS, ids=lambda p: f"C{p['chunk']}-split{int(p['state_split'])}")
+def emu_id(p: dict) -> str:
+    return f"C{p['chunk']}-split{int(p['state_split'])}" + ("-fastexp" if p.get("prep_exp") == "fast" else "")
+
+
+@pytest.mark.parametrize("fit", EMU_POINTS, ids=emu_id)
 @pytest.mark.parametrize("c", EMU_CELLS, ids=lambda c: c.label())
 def test_emulated_template_matches_the_float64_reference(c: Cell, fit: dict):
+    """prep_exp = fast with its error bound spent one way, then the other."""
     p = TDEF.default_params() | fit
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
     scal = SPEC.scalar_values(c)
@@ -226,10 +435,12 @@ def test_emulated_template_matches_the_float64_reference(c: Cell, fit: dict):
                 inputs = SPEC.make_inputs(c, kind, np.random.default_rng(1))
             else:
                 inputs = {n: a for n, a in device_fill(c, kind).items() if n not in ("A_log", "dt_bias", "cu_seqlens")}
-            want, got = SPEC.reference(inputs, scal), emulate(inputs, scal, c, p)
-            for name in want:
-                ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
-                assert ok and share < 0.85, (kind, source, name, share)
+            want = SPEC.reference(inputs, scal)
+            for sign in (1, -1) if p["prep_exp"] == "fast" else (1,):
+                got = emulate(inputs, scal, c, p, sign)
+                for name in want:
+                    ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+                    assert ok and share < 0.85, (kind, source, name, sign, share)
 
 
 def test_long_sequence_with_decay_near_one_keeps_its_margin():
@@ -238,11 +449,12 @@ def test_long_sequence_with_decay_near_one_keeps_its_margin():
     inputs = SPEC.make_inputs(c, "decay_near_one", np.random.default_rng(2))
     scal = SPEC.scalar_values(c)
     want = SPEC.reference(inputs, scal)
-    for split, bound in ((False, 0.9), (True, 0.85)):
-        got = emulate(inputs, scal, c, TDEF.default_params() | {"chunk": 32, "state_split": split})
+    for split, exp, sign, bound in ((False, "expf", 1, 0.9), (True, "expf", 1, 0.85), (False, "fast", 1, 0.9),
+                                    (False, "fast", -1, 0.9)):
+        got = emulate(inputs, scal, c, TDEF.default_params() | {"chunk": 32, "state_split": split, "prep_exp": exp}, sign)
         for name in want:
             ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
-            assert ok and share < bound, (split, name, share)
+            assert ok and share < bound, (split, exp, sign, name, share)
 
 
 @pytest.mark.parametrize("bug", ["decay_ref_at_chunk_start", "no_intra_decay", "state_not_decayed"])

@@ -30,7 +30,9 @@ def expected(c, p: dict) -> tuple[list[tuple], dict[str, int]]:
     C, warps = p["chunk"], p["warps"]
     nt = -(-T // C)
     launches = [
-        ("kda_chunk_prep", (nt, HV, B), (p["prep_threads"], 1, 1), C * (K + C) * 4),
+        # G and A in fp32; with stage_in also the chunk's q, k (bf16 [C][K]), v (bf16 [C][V]) and beta (fp32 [C])
+        ("kda_chunk_prep", (nt, HV, B), (p["prep_threads"], 1, 1),
+         C * (K + C) * 4 + (C * (2 * K * 2 + V * 2 + 4) if p["stage_in"] else 0)),
         ("kda_chunk_recur", (V // (16 * warps), HV, B), (32 * warps, 1, 1), p["stages"] * C * K * 2),
     ]
     n = B * HV * nt
