@@ -193,8 +193,9 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
 
 def dispatch_plan(op: OpSpec, tdefs: dict[str, TemplateDef], path: Path
                   ) -> list[tuple[list[tuple[str, TemplateDef, Genome | None]], list[Cell]]]:
-    """Each entry of a dispatch.json (cell label -> template, params) as (its genome, [its cell]).
-    The genome is rebuilt from today's template text; an entry whose template is gone is an error."""
+    """Each entry of a dispatch.json (cell label -> template, params) as (its genome, [its cell]), the
+    cells that move the fewest bytes first. The genome is rebuilt from today's template text; an entry
+    whose template is gone is an error."""
     from evo.cli.errors import UnknownNameError
 
     try:
@@ -211,7 +212,9 @@ def dispatch_plan(op: OpSpec, tdefs: dict[str, TemplateDef], path: Path
         t = tdefs[e["template"]]
         g = Genome.make(op.name, t.name, t.source_hash, e["params"])
         plan.append(([(f"{t.name}:{g.key()[:8]}", t, g)], [by_label[label]]))
-    return plan
+    # smallest cells first: files are written after every entry, so a bench stopped by its time limit
+    # (the gate's float64 reference and a peer's autotune grow with the cell) leaves the most rows
+    return sorted(plan, key=lambda entry: (op.bytes_moved(entry[1][0]), entry[1][0].label()))
 
 
 def cmd_bench(args: Any) -> int:

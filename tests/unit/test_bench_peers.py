@@ -32,6 +32,8 @@ def test_dispatch_plan_rebuilds_every_entry_on_its_own_cell():
         entry = table[cell.label()]
         assert genome.key() == entry["genome_key"] and tdef.name == entry["template"]  # today's text = the run's
         assert label == f"{tdef.name}:{genome.key()[:8]}"
+    sizes = [op.bytes_moved(cells[0]) for _, cells in plan]  # smallest first: a bench cut short keeps the most rows
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
 
 
 @pytest.mark.parametrize("edit, match", [
