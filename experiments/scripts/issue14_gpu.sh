@@ -55,11 +55,15 @@ fi
 smi() { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version --format=csv >> "$out/nvidia_smi.csv"; }
 smi
 log="$out/log.txt"
+# ga SECONDS CONFIG STORE_DIR NAME: a GA run under a time limit, its exports in $out/NAME with its store
+ga() {
+  mkdir -p "$3"
+  timeout "$1" python3 experiments/scripts/ga_h200.py --config "$2" --store "$3/store.duckdb" --out "$out/$4" >> "$log" 2>&1
+  echo "GA $4 ($2) rc=$?" >> "$log"
+  cp "$3/store.duckdb" "$out/$4/store.duckdb" 2>/dev/null
+}
 bwd_ga() {
-  timeout 300 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200.toml \
-    --store /tmp/kf_bwd/store.duckdb --out "$out/bwd" >> "$log" 2>&1
-  echo "bwd GA rc=$?" >> "$log"
-  cp /tmp/kf_bwd/store.duckdb "$out/bwd/store.duckdb" 2>/dev/null
+  ga 300 experiments/rmsnorm_bwd_h200.toml /tmp/kf_bwd bwd
 }
 # RMSNorm's GAs of a chain (bwdall, fwdlong) share one store, so one export packages both runs; it starts
 # as a copy of the committed bf16 backward run's store (its lessons, builds and results: a warm start)
@@ -98,9 +102,7 @@ case "$stage" in
     timeout 120 python3 -m pytest -q -rs tests/gpu/test_op_device_reference.py >> "$log" 2>&1
     echo "device references rc=$?" >> "$log"
     bwd_ga
-    timeout 190 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes.toml \
-      --store /tmp/kf_fwd/store.duckdb --out "$out/fwd" >> "$log" 2>&1
-    echo "fwd GA rc=$?" >> "$log" ;;
+    ga 190 experiments/rmsnorm_h200_regimes.toml /tmp/kf_fwd fwd ;;
   bwdga) bwd_ga ;;
   verify)
     timeout 150 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
@@ -109,19 +111,11 @@ case "$stage" in
     echo "GPU tests rc=$?" >> "$log" ;;
   bwdall)  # warm: a copy of the bf16 run's store (its lessons, builds and results under the same fingerprint)
     rms_store
-    timeout 200 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_bwd_h200_all.toml \
-      --store /tmp/kf_rms/store.duckdb --out "$out/bwd_all" >> "$log" 2>&1
-    echo "bwd GA (all dtypes) rc=$?" >> "$log"
-    cp /tmp/kf_rms/store.duckdb "$out/bwd_all/store.duckdb" 2>/dev/null ;;
+    ga 200 experiments/rmsnorm_bwd_h200_all.toml /tmp/kf_rms bwd_all ;;
   fwd2)
-    timeout 245 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_regimes2.toml \
-      --store /tmp/kf_fwd2/store.duckdb --out "$out/fwd2" >> "$log" 2>&1
-    echo "fwd GA (regimes2) rc=$?" >> "$log"
-    cp /tmp/kf_fwd2/store.duckdb "$out/fwd2/store.duckdb" 2>/dev/null ;;
+    ga 245 experiments/rmsnorm_h200_regimes2.toml /tmp/kf_fwd2 fwd2 ;;
   residual)
-    timeout 500 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_residual_h200.toml \
-      --store /tmp/kf_res/store.duckdb --out "$out/residual" >> "$log" 2>&1
-    echo "residual GA rc=$?" >> "$log" ;;
+    ga 500 experiments/rmsnorm_residual_h200.toml /tmp/kf_res residual ;;
   peers) peers_setup && bwd_peers && fwd_peers ;;
   bwdpeers) peers_setup && bwd_peers ;;
   fwdpeers) peers_setup && fwd_peers ;;
@@ -140,30 +134,21 @@ case "$stage" in
     echo "fwd quack.autotuned rc=$?" >> "$log" ;;
   kda)
     python3 -c "import fla.ops.kda; print('fla import')" >> "$log" 2>&1
-    timeout 150 python3 experiments/scripts/ga_h200.py --config experiments/kda_decode_h200.toml \
-      --store /tmp/kf_kda/store.duckdb --out "$out/kda_decode" >> "$log" 2>&1
-    echo "kda decode GA rc=$?" >> "$log"
-    cp /tmp/kf_kda/store.duckdb "$out/kda_decode/store.duckdb" 2>/dev/null ;;
+    ga 150 experiments/kda_decode_h200.toml /tmp/kf_kda kda_decode ;;
   kdacheck)
     timeout 150 python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k chunk > "$out/kdacheck.log" 2>&1
     echo "kda chunk check rc=$?" >> "$log"
     grep -qE ": OK | passed" "$out/kdacheck.log" || touch /tmp/kf_chunk_broken ;;
   fwdlong)
     rms_store
-    timeout 190 python3 experiments/scripts/ga_h200.py --config experiments/rmsnorm_h200_long.toml \
-      --store /tmp/kf_rms/store.duckdb --out "$out/fwdlong" >> "$log" 2>&1
-    echo "fwd GA (long rows) rc=$?" >> "$log"
-    cp /tmp/kf_rms/store.duckdb "$out/fwdlong/store.duckdb" 2>/dev/null ;;
+    ga 190 experiments/rmsnorm_h200_long.toml /tmp/kf_rms fwdlong ;;
   kdatimes)
     KF_LAUNCH_TIMES_OUT="$out/kda_launch_times.json" timeout 200 python3 -m pytest -q -s -rs tests/gpu/test_kda_launch_times.py \
       > "$out/kdatimes.log" 2>&1
     echo "kda launch times rc=$?" >> "$log" ;;
   kdaprefill)
     if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi
-    timeout 240 python3 experiments/scripts/ga_h200.py --config experiments/kda_prefill_h200.toml \
-      --store /tmp/kf_kdap/store.duckdb --out "$out/kda_prefill" >> "$log" 2>&1
-    echo "kda prefill GA rc=$?" >> "$log"
-    cp /tmp/kf_kdap/store.duckdb "$out/kda_prefill/store.duckdb" 2>/dev/null
+    ga 240 experiments/kda_prefill_h200.toml /tmp/kf_kdap kda_prefill
     table=$(ls -t /tmp/kf_kdap/runs/*/dispatch.json 2>/dev/null | head -1)
     if [ -n "$table" ]; then
       timeout 110 python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda --timeout-s 100 \

@@ -4,7 +4,6 @@ run's pace (evo.loop.search.fit_in_time), so a run no longer overruns its budget
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,9 +13,8 @@ from evo.cli.commands import cmd_run
 from evo.measure.evaluators import ReplayEvaluator
 from evo.loop.search import fit_in_time
 from memory.store import Store
+from tests.unit.test_search_replay import SMALL
 
-ROOT = Path(__file__).resolve().parents[2]
-SWEEP = ROOT / "experiments" / "data" / "rmsnorm_h200_sweep.parquet"
 
 
 @pytest.mark.parametrize("want,left,spent,genomes,expect", [
@@ -31,32 +29,8 @@ def test_fit_in_time(want, left, spent, genomes, expect):
     assert fit_in_time(want, left, spent, genomes) == expect
 
 
-CONFIG = f"""
-[run]
-op = "rmsnorm"
-name = "paced"
-templates = ["warp_row", "cta_row"]
-seed = 3
-runner = "replay"
-replay_data = "{SWEEP}"
-[cells]
-matrix = false
-dtypes = ["bf16"]
-dims = {{ M = [4096], N = [1024, 8192] }}
-[search]
-population = 6
-[lessons]
-warm_start = false
-priors = false
-failure_memory = false
-[budget]
-max_evals = 2000
-generations = 50
-patience = 50
-max_seconds = {{budget}}
-[build]
-workers = 1
-"""
+# the replay tests' small run (two templates, two cells, population 6) with a time budget
+CONFIG = SMALL.replace("{gens}", "50").replace("patience = 50", "patience = 50\nmax_seconds = {budget}")
 
 
 def test_last_generation_fits_the_time_left(tmp_path, monkeypatch):

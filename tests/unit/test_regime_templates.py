@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.build.nvrtc import KernelResources, check_resources, compile_one, prepare
+from evo.build.nvrtc import KernelResources, check_resources
 from evo.core.genome import Genome
 from evo.core.status import Status
 from evo.search.space import repair
@@ -18,6 +18,7 @@ from evo.templates.template import load_templates
 from ops.rmsnorm.spec import SPEC as FWD
 from ops.rmsnorm_bwd.spec import SPEC as BWD
 from ops.spec import Cell
+from tests.unit.template_points import build_point
 
 ROOT = Path(__file__).resolve().parents[2]
 BWD_T = load_templates("rmsnorm_bwd")["cluster_rows"]
@@ -26,9 +27,8 @@ BWD_DISPATCH = json.loads((ROOT / "experiments/results/rmsnorm_bwd_h200/dispatch
 
 
 def _build(op: str, tdef, params: dict, cell: Cell):
-    g = Genome.make(op, tdef.name, tdef.source_hash, params)
-    bi = prepare(tdef, g, "sm_90a", cell.dtypes_dict(), cell.dims_dict())
-    return bi, compile_one(bi)
+    assert tdef.op == op
+    return build_point(tdef, cell, params)
 
 
 def _repaired(tdef, cell: Cell) -> dict | None:

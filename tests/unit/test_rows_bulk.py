@@ -5,15 +5,13 @@ ring's dynamic shared memory (past 48 KB: the worker opts the kernel in, tests/u
 
 from __future__ import annotations
 
-import random
 
 import pytest
 
-from evo.build.nvrtc import compile_one, prepare
-from evo.core.genome import Genome
 from evo.core.status import Status
 from ops.rmsnorm.spec import SPEC
 from ops.spec import Cell
+from tests.unit.template_points import build_point, legal_points
 
 from evo.templates.template import load_templates
 
@@ -23,22 +21,11 @@ CELLS = [c for c in SPEC.matrix() if c.dim("M") == 4096 and c.dim("N") >= 2048]
 
 
 def _legal(cell: Cell, n: int, seed: int, **fixed) -> list[dict]:
-    """Up to n distinct legal points drawn at random from the template's space (with `fixed` values)."""
-    rng = random.Random(seed)
-    out: list[dict] = []
-    for _ in range(3000):
-        p = {k: rng.choice(vals) for k, vals in T.space} | fixed
-        if p not in out and T.is_valid(p, 90, cell.dtypes_dict(), cell.dims_dict()):
-            out.append(p)
-            if len(out) == n:
-                break
-    return out
+    return legal_points(T, cell, n, seed, **fixed)
 
 
 def _build(cell: Cell, params: dict):
-    g = Genome.make("rmsnorm", T.name, T.source_hash, params)
-    bi = prepare(T, g, "sm_90a", cell.dtypes_dict(), cell.dims_dict())
-    return bi, compile_one(bi)
+    return build_point(T, cell, params)
 
 
 def _smem(cell: Cell, p: dict) -> int:

@@ -10,12 +10,12 @@ import random
 
 import pytest
 
-from evo.build.nvrtc import MAX_SMEM_PER_BLOCK, compile_one, prepare
-from evo.core.genome import Genome
+from evo.build.nvrtc import MAX_SMEM_PER_BLOCK
 from evo.core.status import Status
 from evo.templates.template import load_templates
 from ops.rmsnorm_bwd.spec import SPEC as BWD
 from ops.spec import Cell
+from tests.unit.template_points import build_point
 
 T = load_templates("rmsnorm_bwd")["rows_smem"]
 SPACE = dict(T.space)
@@ -39,9 +39,7 @@ def _spread(legal: list[dict], n: int, seed: int) -> list[dict]:
 
 
 def _build(p: dict, cell: Cell):
-    g = Genome.make("rmsnorm_bwd", T.name, T.source_hash, p)
-    bi = prepare(T, g, "sm_90a", cell.dtypes_dict(), cell.dims_dict())
-    return bi, compile_one(bi)
+    return build_point(T, cell, p)
 
 
 @pytest.mark.parametrize("cell", BWD.matrix() + BWD.edge_cells(), ids=lambda c: c.label())
