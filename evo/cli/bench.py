@@ -166,7 +166,8 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
                       "each, CUDA graph of one launch per input set when the cell's bytes take < 5 us at the copy "
                       "ceiling, every named peer timed beside the candidate on the same inputs, interleaved in "
                       "one process, both orders (launch by launch, each timed call, ours too, queued behind a "
-                      f"{HOLD_US:g} us spin kernel so a peer's host-side dispatch is not timed); a peer is timed only if its outputs matched the float64 reference "
+                      f"{HOLD_US:g} us spin kernel so a peer's host-side dispatch is not timed); a peer is timed "
+                      "only if its outputs matched the float64 reference "
                       f"({PEER_TOL_FACTOR:g} x the op's tolerances; else absent, 'wrong: ...'), column peers_checked"}
     prefix.with_suffix(".json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     lines = [f"# Bench: {', '.join(summary)}", "",
