@@ -28,7 +28,7 @@ from ops.kda import SPEC
 from ops.kda.reference import BetaAct, Gate, Variant
 from ops.kda.spec import FILLS, MODEL, PREFILL, cell, gate_cells, is_varlen, variant_of
 from ops.spec import Cell, DType, quantize
-from tests.unit.test_kda_recurrent import KdaFakeDevice, device_fill, passes
+from tests.unit.test_kda_recurrent import KdaFakeDevice, emulation_inputs, passes
 
 BF, FP16, FP32 = DType.BF16, DType.FP16, DType.FP32
 TDEF = load_templates("kda")["chunk"]
@@ -419,18 +419,13 @@ def test_emulated_template_matches_the_float64_reference(c: Cell, fit: dict):
     p = TDEF.default_params() | fit
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
     scal = SPEC.scalar_values(c)
-    for kind in FILLS:
-        for source in ("make_inputs", "gate fill"):
-            if source == "make_inputs":
-                inputs = SPEC.make_inputs(c, kind, np.random.default_rng(1))
-            else:
-                inputs = {n: a for n, a in device_fill(c, kind).items() if n not in ("A_log", "dt_bias", "cu_seqlens")}
-            want = SPEC.reference(inputs, scal)
-            for sign in (1, -1) if p["prep_exp"] == "fast" else (1,):
-                got = emulate(inputs, scal, c, p, sign)
-                for name in want:
-                    ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
-                    assert ok and share < 0.85, (kind, source, name, sign, share)
+    for kind, source, inputs in emulation_inputs(c):
+        want = SPEC.reference(inputs, scal)
+        for sign in (1, -1) if p["prep_exp"] == "fast" else (1,):
+            got = emulate(inputs, scal, c, p, sign)
+            for name in want:
+                ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+                assert ok and share < 0.85, (kind, source, name, sign, share)
 
 
 def test_long_sequence_with_decay_near_one_keeps_its_margin():

@@ -173,6 +173,15 @@ def device_fill(c: Cell, kind: str, seed: int = 3) -> dict[str, np.ndarray]:
     return out
 
 
+def emulation_inputs(c: Cell):
+    """(kind, source, inputs) over every fill kind, from the spec's make_inputs and from the gate's device
+    fill: the inputs an emulated template is checked on (the raw-gate and varlen tensors left out)."""
+    for kind in FILLS:
+        yield kind, "make_inputs", SPEC.make_inputs(c, kind, np.random.default_rng(1))
+        fill = device_fill(c, kind)
+        yield kind, "gate fill", {n: a for n, a in fill.items() if n not in ("A_log", "dt_bias", "cu_seqlens")}
+
+
 STATS_CELL = cell(BF, 4, 64, 4, 128, 128, n=None)
 
 
@@ -316,17 +325,12 @@ EMU_CASES = [
 def test_emulated_template_matches_the_float64_reference(c: Cell, fit: dict):
     p = TDEF.default_params() | fit
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
-    for kind in FILLS:
-        for source in ("make_inputs", "gate fill"):
-            if source == "make_inputs":
-                inputs = SPEC.make_inputs(c, kind, np.random.default_rng(1))
-            else:
-                inputs = {n: a for n, a in device_fill(c, kind).items() if n not in ("A_log", "dt_bias", "cu_seqlens")}
-            scal = SPEC.scalar_values(c)
-            want, got = SPEC.reference(inputs, scal), emulate(inputs, scal, c, p)
-            for name in want:
-                ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
-                assert ok and share < 0.6, (kind, source, name, share)
+    scal = SPEC.scalar_values(c)
+    for kind, source, inputs in emulation_inputs(c):
+        want, got = SPEC.reference(inputs, scal), emulate(inputs, scal, c, p)
+        for name in want:
+            ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+            assert ok and share < 0.6, (kind, source, name, share)
 
 
 def test_emulation_catches_a_wrong_head_mapping():
