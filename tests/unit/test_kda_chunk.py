@@ -28,7 +28,7 @@ from ops.kda import SPEC
 from ops.kda.reference import BetaAct, Gate, Variant
 from ops.kda.spec import FILLS, MODEL, PREFILL, cell, gate_cells, is_varlen, variant_of
 from ops.spec import Cell, DType, quantize
-from tests.unit.test_kda_recurrent import KdaFakeDevice, emulation_inputs, passes
+from tests.unit.test_kda_recurrent import KdaFakeDevice, emulation_inputs, gate_on_fake, passes
 
 BF, FP16, FP32 = DType.BF16, DType.FP16, DType.FP32
 TDEF = load_templates("kda")["chunk"]
@@ -515,13 +515,9 @@ def emulated_kernels(c0: Cell, p: dict, bug: str = "") -> dict:
 def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str):
     """make_job's kda job for the chunk template (two launches, six workspaces, gate cells of T = 1 and 3)
     through the real Gate with the emulated launches: OK, and WRONG_ANSWER with a bug."""
-    from evo.core.status import Status
     from evo.measure.evaluate import make_job
     from evo.measure.evaluators import gate_cells_for
-    from evo.measure.gate import Gate as GateRun
     from evo.measure.jobs import Timing
-    from evo.measure.verify import judge
-    from ops.kda import device as kda_device
 
     c = cell(BF, 2, 70, 2)
     p = TDEF.default_params() | {"chunk": 32}
@@ -534,13 +530,7 @@ def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str):
                    baseline=False, gate_cells=gates, stress_launches=1)
     assert set(job.left_out) == {"A_log", "dt_bias", "cu_seqlens"}
     assert [ln.kernel for ln in job.launches] == ["kda_chunk_prep", "kda_chunk_recur"]
-    dev = KdaFakeDevice(emulated_kernels(c, p, bug))
-    res = GateRun(dev, job, "cand", "ref", kda_device, random.Random(0), (("gpu", "fake"),), dev.ceiling_gbps).run()
-    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
-    if bug:
-        assert out.status is Status.WRONG_ANSWER, out
-    else:
-        assert out.status is Status.OK, (out.status, out.error, res.checks[-2:], res.input_faults)
+    gate_on_fake(KdaFakeDevice(emulated_kernels(c, p, bug)), job, g, c, build, bug)
 
 
 def test_variant_of_prefill_cells_is_fla_default():

@@ -173,6 +173,21 @@ def device_fill(c: Cell, kind: str, seed: int = 3) -> dict[str, np.ndarray]:
     return out
 
 
+def gate_on_fake(dev: "KdaFakeDevice", job, g, c: Cell, build, bug: str | None):
+    """The real gate on the numpy device: WRONG_ANSWER with a planted bug, OK without; the run's result."""
+    from evo.core.status import Status
+    from evo.measure.gate import Gate as GateRun
+    from evo.measure.verify import judge
+
+    res = GateRun(dev, job, "cand", "ref", kda_device, random.Random(0), (("gpu", "fake"),), dev.ceiling_gbps).run()
+    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
+    if bug:
+        assert out.status is Status.WRONG_ANSWER, out
+    else:
+        assert out.status is Status.OK, (out.status, out.error, res.checks[-2:], res.input_faults)
+    return res
+
+
 def emulation_inputs(c: Cell):
     """(kind, source, inputs) over every fill kind, from the spec's make_inputs and from the gate's device
     fill: the inputs an emulated template is checked on (the raw-gate and varlen tensors left out)."""
@@ -414,12 +429,9 @@ def emulated_kernel(c0: Cell, p: dict, bug: str = ""):
 def test_the_gate_runs_kda_jobs_end_to_end_on_the_fake_device(bug: str):
     """make_job's kda job (plan args bound, optional tensors left out, fills with transforms, gate cells)
     through the real Gate, rounds A to C, with the emulated template: OK, and WRONG_ANSWER with a bug."""
-    from evo.core.status import Status
     from evo.measure.evaluate import make_job
     from evo.measure.evaluators import gate_cells_for
-    from evo.measure.gate import Gate as GateRun
     from evo.measure.jobs import Timing
-    from evo.measure.verify import judge
 
     c = cell(BF, 4, 1, 2, 32, 32)
     p = TDEF.default_params() | {"v_tile": 16, "vec": 2, "k_lanes": 4}
@@ -431,11 +443,6 @@ def test_the_gate_runs_kda_jobs_end_to_end_on_the_fake_device(bug: str):
                    baseline=False, gate_cells=gates)
     assert set(job.left_out) == {"A_log", "dt_bias", "cu_seqlens"}
     assert [(a[0], a[1]) for a in job.launches[0].args][-4:] == [("i32", 1), ("i32", 2), ("i32", 2), ("f32", 32 ** -0.5)]
-    dev = KdaFakeDevice({"kda_recurrent": emulated_kernel(c, p, bug)})
-    res = GateRun(dev, job, "cand", "ref", kda_device, random.Random(0), (("gpu", "fake"),), dev.ceiling_gbps).run()
-    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
-    if bug:
-        assert out.status is Status.WRONG_ANSWER, out
-    else:
-        assert out.status is Status.OK, (out.status, out.error, res.checks[-2:], res.input_faults)
+    res = gate_on_fake(KdaFakeDevice({"kda_recurrent": emulated_kernel(c, p, bug)}), job, g, c, build, bug)
+    if not bug:
         assert len(res.times_us) >= 100 and any("perturbed" in w for w, _ in res.checks)
