@@ -115,7 +115,7 @@ case "$stage" in
   fwd2)
     ga 245 experiments/rmsnorm_h200_regimes2.toml /tmp/kf_fwd2 fwd2 ;;
   residual)
-    ga 500 experiments/rmsnorm_residual_h200.toml /tmp/kf_res residual ;;
+    ga 220 experiments/rmsnorm_residual_h200.toml /tmp/kf_res residual ;;
   peers) peers_setup && bwd_peers && fwd_peers ;;
   bwdpeers) peers_setup && bwd_peers ;;
   fwdpeers) peers_setup && fwd_peers ;;
@@ -143,7 +143,7 @@ case "$stage" in
     rms_store
     ga 190 experiments/rmsnorm_h200_long.toml /tmp/kf_rms fwdlong ;;
   kdatimes)
-    KF_LAUNCH_TIMES_OUT="$out/kda_launch_times.json" timeout 200 python3 -m pytest -q -s -rs tests/gpu/test_kda_launch_times.py \
+    KF_LAUNCH_TIMES_OUT="$out/kda_launch_times.json" timeout 120 python3 -m pytest -q -s -rs tests/gpu/test_kda_launch_times.py \
       > "$out/kdatimes.log" 2>&1
     echo "kda launch times rc=$?" >> "$log" ;;
   kdaprefill)
@@ -163,7 +163,7 @@ case "$stage" in
     echo "export $fwd_id $bwd_id rc=$?" >> "$log"
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/kf_pkg_site /tmp/kf_pkg >> "$log" 2>&1
     echo "package pip install rc=$?" >> "$log"
-    (cd /tmp/kf_pkg && PYTHONPATH=/tmp/kf_pkg_site timeout 240 python3 -m pytest -q -rs tests) > "$out/export/tests.log" 2>&1
+    (cd /tmp/kf_pkg && PYTHONPATH=/tmp/kf_pkg_site timeout 150 python3 -m pytest -q -rs tests) > "$out/export/tests.log" 2>&1
     echo "package tests rc=$?" >> "$log"
     cp /tmp/kf_pkg/README.md "$out/export/" 2>/dev/null ;;
   stash) ;;
