@@ -92,6 +92,9 @@ class SearchSection:
     max_template_share: float = 0.6
     # Optional narrowing of template spaces: space.<template>.<param> = [allowed values].
     space: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
+    # Dispatch tables of earlier runs (dispatch.json) whose entries seed a fresh run's first generation
+    # (evo.loop.seed_tables); relative to the config file's folder.
+    seed_tables: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.population < 1:
@@ -286,6 +289,10 @@ def parse_config(text: str, origin: str = "<string>", path: str | Path = "") -> 
     run = kwargs["run"]
     if run.replay_data and where is not None and not Path(run.replay_data).is_absolute():
         kwargs["run"] = dataclasses.replace(run, replay_data=os.path.normpath(where.parent / run.replay_data))
+    search = kwargs.get("search")
+    if search is not None and search.seed_tables and where is not None:
+        kwargs["search"] = dataclasses.replace(search, seed_tables=tuple(
+            t if Path(t).is_absolute() else os.path.normpath(where.parent / t) for t in search.seed_tables))
     return Config(**kwargs, source_text=text, path=str(where) if where else "")
 
 

@@ -16,7 +16,7 @@ class Generation:
 
     number: int
     genomes: tuple[Genome, ...]  # built and measured: the strategy's that passed the screen, then the LLM's
-    origins: Mapping[str, str]  # genome key -> 'init', 'search', 'warm' or 'llm'
+    origins: Mapping[str, str]  # genome key -> 'init', 'search', 'warm', 'table' (a seed table's entry) or 'llm'
     rejected: tuple[Genome, ...]  # refused by failure memory, never built
     outcomes: tuple[Outcome, ...]  # measured or reused (reused_from set), in evaluation order
     rejections: tuple[Outcome, ...]  # the REJECTED outcomes of `rejected`, on every cell where legal

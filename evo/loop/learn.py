@@ -78,6 +78,7 @@ class Learner:
     _seed_lessons: dict[str, str] = field(default_factory=dict)
     _seed_sources: dict[str, tuple[str, dict]] = field(default_factory=dict)  # key -> champion's (dtype, dims)
     _prior_sources: dict = field(default_factory=dict)
+    table_seeds: str = ""  # what the seed tables gave, for the run's log ("" without tables)
 
     @classmethod
     def start(cls, session: Session, fresh: bool) -> "Learner":
@@ -103,8 +104,18 @@ class Learner:
                     if len(me.seeds) >= cap:
                         break
                     me._add_seed(moved, me._seed_lessons[g.key()], me._seed_sources[g.key()])
-            if c.refine:
-                me.targets = _targets(session.cells, me._seed_sources)
+        paths = session.config.search.seed_tables
+        if paths and fresh:
+            from evo.loop.seed_tables import table_seeds
+
+            got = table_seeds(paths, op, session.templates, {x.label(): x for x in session.op.all_cells()})
+            for t in got.seeds:
+                if t.genome.key() not in me._seed_sources:
+                    me.seeds.append(t.genome)
+                    me._seed_sources[t.genome.key()] = t.source
+            me.table_seeds = got.describe(paths)
+        if c.warm_start and fresh and c.refine:
+            me.targets = _targets(session.cells, me._seed_sources)
         if c.priors:
             space: dict = {name: dict(t.space) for name, t in session.templates.items()}
             space[Q.ANY_TEMPLATE] = {"template": sorted(session.templates)}  # the choice of template, too
@@ -116,10 +127,19 @@ class Learner:
         return me
 
     def _add_seed(self, g: Genome, lesson_id: str, source: tuple[str, dict]) -> None:
-        if g.key() not in self._seed_lessons:
+        if g.key() not in self._seed_sources:
             self.seeds.append(g)
             self._seed_lessons[g.key()] = lesson_id
             self._seed_sources[g.key()] = source
+
+    @property
+    def champion_seeds(self) -> int:
+        """Seeds that came from the store's champion lessons (not from seed tables)."""
+        return len(self._seed_lessons)
+
+    def seed_origin(self, key: str) -> str:
+        """How a seed came: 'warm' (a champion lesson of the store) or 'table' (a seed table's entry)."""
+        return "warm" if key in self._seed_lessons else "table"
 
     def seed_uses(self) -> list:
         return L.record_uses(self.session.run_id, L.Use.SEEDED, list(self._seed_lessons.items()))

@@ -269,7 +269,7 @@ class Search:
         screened = self.screen(self.propose(), n)
         genomes = list(screened.keep)
         origins = {g.key(): "init" if n == 0 else "search" for g in genomes}
-        origins.update({g.key(): "warm" for g in self.learner.seeds if g.key() in origins})
+        origins.update({g.key(): self.learner.seed_origin(g.key()) for g in self.learner.seeds if g.key() in origins})
         kids, parents, llm_rows = self.llm_children()
         genomes += [g for g in kids if g.key() not in origins]
         origins.update({g.key(): "llm" for g in kids})
@@ -343,7 +343,10 @@ def _loop(session: Session, evaluator: Evaluator) -> int:
     strategy = make_strategy(session, learner.seeds, learner.priors, learner.targets)
     if learner.seeds:
         session.store.write(learner.seed_uses())
-        session.log(f"warm start: {len(learner.seeds)} seeds from champions in the store")
+        if learner.champion_seeds:
+            session.log(f"warm start: {learner.champion_seeds} seeds from champions in the store")
+    if learner.table_seeds:
+        session.log(learner.table_seeds)
     for t in llm_tdefs:
         strategy.add_template(t)
     llm = None

@@ -1,0 +1,104 @@
+"""Seeds from dispatch tables (`[search] seed_tables`): a committed run's kernels start a fresh run's first
+generation, rebuilt from today's templates; entries outside the run are skipped and counted; a missing or
+malformed table is a ConfigError naming it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evo.cli.main import main
+from evo.core.config import ConfigError, parse_config
+from evo.loop.seed_tables import table_seeds
+from evo.templates.template import load_templates
+from memory.store import Store
+from ops.rmsnorm import SPEC
+from tests.unit.test_search_replay import SMALL
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG = ROOT / "experiments/results/rmsnorm_h200_long/dispatch.json"  # cta_row and cta_row_async entries
+
+
+def _cells():
+    return {c.label(): c for c in SPEC.all_cells()}
+
+
+def test_a_committed_table_seeds_each_distinct_genome_once_with_its_cell():
+    t = load_templates("rmsnorm")
+    table = json.loads(LONG.read_text())["dispatch"]
+    got = table_seeds([str(LONG)], "rmsnorm", {k: t[k] for k in ("cta_row", "cta_row_async")}, _cells())
+    want = {(e["template"], json.dumps(t[e["template"]].default_params() | e["params"], sort_keys=True))
+            for e in table.values()}
+    assert {(s.genome.template, json.dumps(s.genome.params_dict(), sort_keys=True)) for s in got.seeds} == want
+    assert len(got.seeds) == len(want) < len(table)  # a genome serving several cells is seeded once
+    assert not got.skipped
+    for s in got.seeds:  # each seed's source is a cell it served, as (dtype key, dims)
+        served = [label for label, e in table.items() if e["template"] == s.genome.template
+                  and t[s.genome.template].default_params() | e["params"] == s.genome.params_dict()]
+        assert any(_cells()[label].dims_dict() == s.source[1] for label in served)
+
+
+def test_entries_outside_the_run_are_skipped_and_counted(tmp_path):
+    t = load_templates("rmsnorm")
+    narrowed = t["cta_row"].restrict({"threads": (128,)})
+    got = table_seeds([str(LONG)], "rmsnorm", {"cta_row": narrowed}, _cells())
+    table = json.loads(LONG.read_text())["dispatch"]
+    n_async = sum(e["template"] == "cta_row_async" for e in table.values())
+    n_wide = sum(e["template"] == "cta_row" and e["params"]["threads"] != 128 for e in table.values())
+    assert got.skipped.get("of templates not in this run") == n_async > 0
+    assert got.skipped.get("outside this run's space") == n_wide > 0
+    assert all(s.genome.params_dict()["threads"] == 128 for s in got.seeds)
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"dispatch": {"x": {"template": "cta_row", "params": {"threads": 128, "tiles": 3}}}}))
+    got = table_seeds([str(odd)], "rmsnorm", {"cta_row": t["cta_row"]}, _cells())
+    assert not got.seeds and got.skipped == {"with parameters the template no longer has": 1}
+    assert "skipped 1 with parameters the template no longer has" in got.describe([str(odd)])
+
+
+@pytest.mark.parametrize("text, words", [
+    (None, "no such file"), ("{not json", "not JSON"), ('{"runs": {}}', "no 'dispatch' object"),
+    ('{"dispatch": {"c": {"params": {}}}}', "entry 'c' has no template and params"),
+])
+def test_a_bad_table_is_a_config_error_naming_it(tmp_path, text, words):
+    p = tmp_path / "t.json"
+    if text is not None:
+        p.write_text(text)
+    with pytest.raises(ConfigError, match=words) as e:
+        table_seeds([str(p)], "rmsnorm", load_templates("rmsnorm"), _cells())
+    assert str(p) in str(e.value)
+
+
+def test_relative_table_paths_are_taken_from_the_config_folder(tmp_path):
+    text = SMALL.replace("{gens}", "2").replace("[search]\n", '[search]\nseed_tables = ["tables/d.json", "/abs/e.json"]\n')
+    cfg = parse_config(text, path=tmp_path / "exp.toml")
+    assert cfg.search.seed_tables == (str(tmp_path / "tables/d.json"), "/abs/e.json")
+
+
+def test_a_seeded_run_evaluates_the_table_genomes_first(tmp_path):
+    """A replay run (warm start off) with a table of two cta_row points: both are in generation 0, recorded
+    with origin 'table', and the run's log says how many the tables gave."""
+    t = load_templates("rmsnorm")["cta_row"]
+    points = [{"threads": 256, "vec": 8, "min_blocks": 2, "weight_early": False, "load_hint": "cg", "store_hint": "cs"},
+              {"threads": 1024, "vec": 4, "min_blocks": 1, "weight_early": True, "load_hint": "nc", "store_hint": "wb"}]
+    table = {"run_id": "earlier", "dispatch": {
+        "w=bf16,x=bf16 M4096-N1024": {"template": "cta_row", "params": points[0]},
+        "w=bf16,x=bf16 M4096-N8192": {"template": "cta_row", "params": points[1]},
+        "w=bf16,x=bf16 M4096-N2048": {"template": "rows_bulk", "params": {}}}}
+    (tmp_path / "d.json").write_text(json.dumps(table))
+    cfg = tmp_path / "seeded.toml"
+    cfg.write_text(SMALL.replace("{gens}", "2").replace("[search]\n", '[search]\nseed_tables = ["d.json"]\n'))
+    store = tmp_path / "s.duckdb"
+    assert main(["run", str(cfg), "--store", str(store), "--run-id", "seeded"]) == 0
+    from evo.core.genome import Genome
+
+    keys = {Genome.make("rmsnorm", "cta_row", t.source_hash, t.default_params() | p).key() for p in points}
+    with Store.open(store, read_only=True) as s:
+        gen0 = s.sql("SELECT DISTINCT genome_key FROM evaluations WHERE run_id = 'seeded' AND generation = 0")
+        origin = s.sql("SELECT genome_key, origin FROM candidates WHERE run_id = 'seeded' AND origin = 'table'")
+    assert keys <= set(gen0.genome_key)
+    assert set(origin.genome_key) == keys
+    log = (store.parent / "runs" / "seeded" / "log.txt")
+    text = log.read_text() if log.is_file() else ""
+    assert not text or "seed tables: 2 genomes from 1 dispatch table(s); skipped 1 of templates not in this run" in text
