@@ -5,22 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the engine calls this plug-in; the plug-in does not import the engine
+from evo.export.readme import cells_table, install, measured, tests_and_bench
+
+if TYPE_CHECKING:
     from evo.export.runs import RunTable
 
 _KINDS = (("decode", "recurrent", "fused_recurrent_kda"), ("prefill", "chunk", "chunk_kda"))
-
-
-def _us(v: float | None) -> str:
-    return f"{v:.2f}" if v is not None else "-"
-
-
-def _cells(run: RunTable) -> list[str]:
-    lines = ["| cell | kernel | median us | baseline | baseline us | speedup |", "| --- | --- | --- | --- | --- | --- |"]
-    for e in run.entries:
-        lines.append(f"| {e.cell} | `{e.genome.short()}` | {_us(e.median_us)} | {e.baseline or '-'} | "
-                     f"{_us(e.baseline_us)} | {f'{e.speedup:.3f}' if e.speedup else '-'} |")
-    return lines
 
 
 def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str, str]],
@@ -29,8 +19,6 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
     run = runs[0]
     templates = sorted({e.genome.template for e in run.entries})
     served = {kind: sorted(t for t in templates if t.startswith(prefix)) for kind, prefix, _ in _KINDS}
-    p = provenance["ops"][run.op]
-    gm = p["geomean_speedup_vs_baseline"]
     lines = [
         f"# {name}",
         "",
@@ -40,14 +28,7 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
          "dispatch table, the templates they were rendered from (for shapes outside the table), a loader "
          "through cuda-python (cuda.core) and a float32 torch path for what the kernels do not compute."),
         "",
-        "## Install",
-        "",
-        "```bash",
-        "pip install .                 # torch, numpy, jinja2, cuda-core, cuda-bindings, cuda-pathfinder",
-        "pip install '.[nvrtc]'        # plus NVRTC and CUDA headers: off-table K, V, variants and other GPUs",
-        "pip install --no-build-isolation --no-deps .   # offline, with those already installed",
-        "```",
-        "",
+        *install("off-table K, V, variants and other GPUs"),
         "`import` needs neither a GPU nor torch (`explain`, `tables`, `provenance` read the shipped data).",
         "",
         "## Use",
@@ -108,20 +89,12 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
         "",
         "## Cells (as measured by the search)",
         "",
-        *_cells(run),
+        *cells_table(run),
         "",
-        (f"{len(run.entries)} cells, table from {p['table_from']}, measured by {', '.join(p['sources'])} "
-         f"(fingerprint classes {', '.join(p['fingerprint_classes']) or '-'}); geomean speedup over the baseline "
-         f"timed beside each kernel {f'{gm:.3f}' if gm else '-'}. `source = replay` means recorded measurements "
-         "replayed by the search, not a fresh GPU run."),
+        (f"{measured(run, provenance)} `source = replay` means recorded measurements replayed by the search, not "
+         "a fresh GPU run."),
         "",
-        "## Tests and benchmark",
-        "",
-        "```bash",
-        "pytest tests                     # tests/test_gpu.py skips, loudly, without a CUDA GPU",
-        f"python -m {name}.bench --out bench.json   # fla (when installed) vs exported, same process, median",
-        "```",
-        "",
+        *tests_and_bench(name, "fla (when installed)"),
         "The GPU tests compare every searched cell, off-table batches and head dims, every variant through the",
         "torch path, and fla's return convention with a float64 reference within the factory's tolerances.",
         "",

@@ -5,20 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the engine calls this plug-in; the plug-in does not import the engine
+from evo.export.readme import cells_table, install, measured, tests_and_bench
+
+if TYPE_CHECKING:
     from evo.export.runs import RunTable
-
-
-def _us(v: float | None) -> str:
-    return f"{v:.2f}" if v is not None else "-"
-
-
-def _cells(run: RunTable, cell_kernel: dict[str, str]) -> list[str]:
-    lines = ["| cell | kernel | median us | baseline | baseline us | speedup |", "| --- | --- | --- | --- | --- | --- |"]
-    for e in run.entries:
-        lines.append(f"| {e.cell} | `{e.genome.short()}` | {_us(e.median_us)} | {e.baseline or '-'} | "
-                     f"{_us(e.baseline_us)} | {f'{e.speedup:.3f}' if e.speedup else '-'} |")
-    return lines
 
 
 def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str, str]],
@@ -27,7 +17,6 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
     fwd = next((r for r in runs if r.op == "rmsnorm"), None)
     bwd = next((r for r in runs if r.op == "rmsnorm_bwd"), None)
     arch = runs[0].arch
-    prov = provenance["ops"]
     origin = " and ".join(f"run `{r.run['run_id']}` ({'forward' if r is fwd else 'backward'})" for r in (fwd, bwd) if r)
     lines = [
         f"# {name}",
@@ -38,14 +27,7 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
         "templates they were rendered from (for shapes outside the table), a loader through cuda-python",
         "(cuda.core), a `torch.library` custom op with autograd, and a QuACK-compatible API.",
         "",
-        "## Install",
-        "",
-        "```bash",
-        "pip install .                 # torch, numpy, jinja2, cuda-core, cuda-bindings, cuda-pathfinder",
-        "pip install '.[nvrtc]'        # plus NVRTC and CUDA headers: off-table N and other GPUs compile at first use",
-        "pip install --no-build-isolation --no-deps .   # offline, with those already installed",
-        "```",
-        "",
+        *install("off-table N and other GPUs compile at first use"),
         "`import` needs neither a GPU nor torch (`explain`, `tables`, `provenance` read the shipped data); the",
         "torch API imports torch and registers the custom ops on first use.",
         "",
@@ -106,33 +88,21 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
                   "expression), then a column-sum kernel writes dw. The forward kernels do not store rstd, so",
                   "autograd recomputes it from x in float32 torch (one extra read of x). A `dout` of another dtype",
                   "than x takes the torch path.", ""]
-        lines += _cells(bwd, cell_kernel["rmsnorm_bwd"]) + [""]
+        lines += cells_table(bwd) + [""]
     else:
         lines += ["No backward run was exported: the backward (autograd, `rmsnorm_bwd`) is float32 torch",
                   "(`reference.backward_2d`), correct and not searched. rstd is recomputed from x in float32.", ""]
     lines += ["## Forward cells (as measured by the search)", ""]
     if fwd:
-        lines += _cells(fwd, cell_kernel["rmsnorm"]) + [""]
+        lines += cells_table(fwd) + [""]
     else:
         lines += ["No forward run was exported: `rmsnorm` and `rmsnorm_fwd` compute the forward in float32 torch",
                   "(`reference.forward_2d`), correct and not searched; `explain(shape, dtype)` says `torch`.", ""]
     for r in runs:
-        p = prov[r.op]
-        gm = p["geomean_speedup_vs_baseline"]
-        line = (f"`{r.op}`: {len(r.entries)} cells, table from {p['table_from']}, measured by "
-                f"{', '.join(p['sources'])} (fingerprint classes {', '.join(p['fingerprint_classes']) or '-'}); "
-                f"geomean speedup over the baseline timed beside each kernel {f'{gm:.3f}' if gm else '-'}. "
-                "`source = replay` means the times are recorded measurements replayed by the search, not a fresh "
-                "GPU run.")
-        lines += [line, ""]
+        lines += [f"`{r.op}`: {measured(r, provenance)} `source = replay` means the times are recorded measurements "
+                  "replayed by the search, not a fresh GPU run.", ""]
     lines += [
-        "## Tests and benchmark",
-        "",
-        "```bash",
-        "pytest tests                     # tests/test_gpu.py skips, loudly, without a CUDA GPU",
-        f"python -m {name}.bench --out bench.json   # torch eager vs exported, same process, median",
-        "```",
-        "",
+        *tests_and_bench(name, "torch eager"),
         "The GPU tests compare every searched cell, off-table shapes (M = 1, odd M and N, mixed weight dtype,",
         "long rows), every API variant, autograd and torch.compile with a float64 reference; the benchmark",
         "times each cell with CUDA events, the L2 flushed before every launch, both sides interleaved in both",

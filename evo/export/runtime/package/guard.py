@@ -57,6 +57,13 @@ class Guarded:
         with self._lock:
             self.counts[(name, path)] += 1
 
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Calls per name and path in this process ({'rmsnorm': {'table': 3, 'torch': 1}, ...})."""
+        out: dict[str, dict[str, int]] = {}
+        for (name, path), n in sorted(self.counts.items()):
+            out.setdefault(name, {})[path] = n
+        return out
+
     def run_kernel(self, c: Any, name: str, tensors: Mapping[str, Tensor], scalars: Mapping[str, float],
                    check: Callable[[], str]) -> bool:
         """Run the choice's kernel, counted under `name`; False when the caller must take the torch path."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,23 @@ def distinct_genomes(ranked: Iterable[Any]) -> list[Any]:
             seen.add((e.template, e.params))
             out.append(e)
     return out
+
+
+def nearest_first(entries: Iterable[Any], want_dims: Mapping[str, int], want_dt: Mapping[str, str],
+                  differs: Callable[[Any], bool] | None = None) -> list[Any]:
+    """Each genome of `entries` once, at its nearest entry: same dtypes first, then (where a family ranks
+    more) entries for which `differs` is False, then nearest dims, then by cell."""
+    return distinct_genomes(sorted(entries, key=lambda e: (
+        dict(e.dtypes) != want_dt, bool(differs(e)) if differs else False,
+        round(dims_distance(want_dims, dict(e.dims)), 9), e.cell)))
+
+
+def refusal(table: OpTable, nearest: Any, arch: int, want_dims: Mapping[str, int], want_dt: Mapping[str, str],
+            kind: str = "") -> str:
+    """Why no exported template (of `kind`, e.g. "prefill") admits a call: what its nearest genome breaks."""
+    broken = table.templates[nearest.template].violations(dict(nearest.params), arch, want_dt, want_dims)
+    return (f"no exported {kind + ' ' if kind else ''}template admits it (nearest genome, of {nearest.cell}, "
+            f"breaks {', '.join(broken)})")
 
 
 def walk(table: OpTable, genomes: list[Any], arch: int, want_dims: Mapping[str, int], want_dt: Mapping[str, str],

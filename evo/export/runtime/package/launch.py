@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .args import bind_args
-from .choose import Choice
+from .choice import Choice
 from .loader import Modules, check_grid
 from .table import Launch, tables
 

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .choose import Choice
+from .choice import Choice
 from .expr import DATA
 from .table import Launch, OpTable
 

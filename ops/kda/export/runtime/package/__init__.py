@@ -8,19 +8,11 @@ README.md beside this package says which runs, what they measured, and which pat
 
 from __future__ import annotations
 
-from typing import Any
-
 from .choose import ENTRY_POINTS, PATHS, Choice, MissingKernel, explain
+from .lazy import on_first_use
 from .table import provenance, tables
 
 __all__ = ["ENTRY_POINTS", "PATHS", "Choice", "MissingKernel", "chunk_kda", "explain", "fused_recurrent_kda",
            "provenance", "stats", "tables"]
 _TORCH_API = ("fused_recurrent_kda", "chunk_kda", "stats")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _TORCH_API:
-        from . import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = on_first_use(__name__, "api", _TORCH_API)

@@ -39,6 +39,19 @@ def _refuse(entry: str, kwargs: dict[str, Any]) -> None:
                                   "(fla's forward keywords are)")
 
 
+def _call(entry: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Tensor | None,
+          dt_bias: Tensor | None, scale: float | None, initial_state: Tensor | None, output_final_state: bool,
+          cu_seqlens: Tensor | None, lower_bound: float | None, *, use_gate_in_kernel: bool,
+          **flags: bool) -> tuple[Tensor, Tensor | None]:
+    """One call of `entry` with fla's keywords (`flags`: the other variant keywords of variant_dims); A_log,
+    dt_bias and lower_bound count only with the gate computed in the kernel."""
+    variant = variant_dims(use_gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound, **flags)
+    t = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log if use_gate_in_kernel else None,
+         "dt_bias": dt_bias if use_gate_in_kernel else None, "initial_state": initial_state, "cu_seqlens": cu_seqlens}
+    o, final = runtime().call(entry, t, scale, lower_bound if use_gate_in_kernel else None, variant)
+    return o, (final if output_final_state else None)
+
+
 def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Tensor | None = None,
                         dt_bias: Tensor | None = None, scale: float | None = None,
                         initial_state: Tensor | None = None, output_final_state: bool = False,
@@ -53,13 +66,10 @@ def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
     if cu_seqlens is not None and initial_state is not None and initial_state.shape[0] != len(cu_seqlens) - 1:
         raise ValueError(f"The number of initial states is expected to be equal to the number of input sequences, "
                          f"i.e., {len(cu_seqlens) - 1} rather than {initial_state.shape[0]}.")
-    variant = variant_dims(use_gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound,
-                           use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=state_v_first)
-    t = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log if use_gate_in_kernel else None,
-         "dt_bias": dt_bias if use_gate_in_kernel else None, "initial_state": initial_state, "cu_seqlens": cu_seqlens}
-    o, final = runtime().call("fused_recurrent_kda", t, scale, lower_bound if use_gate_in_kernel else None, variant)
-    return o, (final if output_final_state else None)
+    return _call("fused_recurrent_kda", q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
+                 cu_seqlens, lower_bound, use_gate_in_kernel=use_gate_in_kernel,
+                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=state_v_first)
 
 
 def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float | None = None,
@@ -81,18 +91,12 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: f
     if safe_gate and use_gate_in_kernel and lower_bound is None:
         raise ValueError("chunk_kda: safe_gate=True needs lower_bound")
     _refuse("chunk_kda", kwargs)
-    variant = variant_dims(use_gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound,
-                           use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=state_v_first)
-    t = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log if use_gate_in_kernel else None,
-         "dt_bias": dt_bias if use_gate_in_kernel else None, "initial_state": initial_state, "cu_seqlens": cu_seqlens}
-    o, final = runtime().call("chunk_kda", t, scale, lower_bound if use_gate_in_kernel else None, variant)
-    return o, (final if output_final_state else None)
+    return _call("chunk_kda", q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, cu_seqlens,
+                 lower_bound, use_gate_in_kernel=use_gate_in_kernel,
+                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_v_first=state_v_first)
 
 
 def stats() -> dict[str, dict[str, int]]:
     """Calls per entry point and path in this process ({'fused_recurrent_kda': {'table': 3, 'torch': 1}})."""
-    out: dict[str, dict[str, int]] = {}
-    for (entry, path), n in sorted(runtime().counts.items()):
-        out.setdefault(entry, {})[path] = n
-    return out
+    return runtime().stats()

@@ -12,21 +12,18 @@ prefill one against chunk_kda; without fla only the exported kernels are timed.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import api, verify
+from . import api, benchmark, verify
+from .benchmark import geomean
 from .choose import ENTRY_POINTS, kind_of
-from .loader import PACKAGE
-from .table import Entry, provenance, tables
+from .table import Entry, tables
 from .timing import samples_us
 
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -110,33 +107,19 @@ def cell_row(e: Entry, samples: int) -> dict:
             "correct": not problem, "error": problem}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path(f"{PACKAGE}_bench.json"))
-    ap.add_argument("--samples", type=int, default=100, help="timed launches per side and cell (default 100)")
-    ap.add_argument("--quick", action="store_true", help="the first and last cell only")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print(f"{PACKAGE}.bench: no CUDA GPU visible", file=sys.stderr)
-        return 2
+def measure(args: argparse.Namespace) -> benchmark.Measured:
+    """Every searched cell's row (with --quick the first and last) and the geomean speedup over fla."""
     entries = list(tables()["kda"].entries) if "kda" in tables() else []
     if args.quick:
         entries = entries[:1] + entries[-1:] if len(entries) > 1 else entries
     rows = [cell_row(e, args.samples) for e in entries]
-    speedups = [r["speedup_vs_fla"] for r in rows if r["speedup_vs_fla"]]
-    doc = {"package": PACKAGE, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "cuda": torch.version.cuda, "python": platform.python_version(), "fla": _fla_version(),
-           "timer": "CUDA events, 256 MiB L2 flush before each launch, sides interleaved in both orders, median",
-           "runs": {op: d["run"]["run_id"] for op, d in provenance()["ops"].items()},
-           "geomean_speedup_vs_fla": math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None,
-           "cells": rows}
-    args.out.write_text(json.dumps(doc, indent=2))
-    wrong = [r["cell"] for r in rows if not r["correct"]]
-    print(f"{len(rows)} cells; geomean speedup over fla: {doc['geomean_speedup_vs_fla']}; wrote {args.out}")
-    if wrong:
-        print(f"WRONG on {len(wrong)} cells: {', '.join(wrong)}", file=sys.stderr)
-        return 1
-    return 0
+    gm = geomean(r["speedup_vs_fla"] for r in rows if r["speedup_vs_fla"])
+    return rows, {"geomean_speedup_vs_fla": gm}, f"geomean speedup over fla: {gm}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    return benchmark.main(argv, __doc__.split("\n\n")[0], "the first and last cell only", measure,
+                          lambda: {"fla": _fla_version()})
 
 
 def _fla_version() -> str | None:

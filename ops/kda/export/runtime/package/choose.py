@@ -24,17 +24,17 @@ Paths, best first:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from . import expr
-from .ladder import dims_distance, distinct_genomes, walk
+from . import choice, expr
+from .choice import KERNEL_PATHS, device_arch
+from .ladder import nearest_first, refusal, walk
 from .table import OpTable, tables
 
 OP = "kda"
-PATHS = ("table", "table-build", "rerender", "repaired", "torch", "missing")
-KERNEL_PATHS = PATHS[:4]
+PATHS = (*KERNEL_PATHS, "torch", "missing")
 # entry point -> (kind of templates it launches, the template name prefix of that kind)
 ENTRY_POINTS = {"fused_recurrent_kda": ("decode", "recurrent"), "chunk_kda": ("prefill", "chunk")}
 VARIANT_DIMS = ("gate", "beta_act", "qk_l2norm", "v_first")
@@ -46,42 +46,17 @@ class MissingKernel(NotImplementedError):
 
 
 @dataclass(frozen=True)
-class Choice:
+class Choice(choice.Choice):
     """The path one (entry point, cell, arch) takes; `str()` says it in one line."""
 
-    op: str
-    path: str
-    dims: tuple[tuple[str, int], ...]
-    dtypes: tuple[tuple[str, str], ...]
-    arch: int
-    reason: str
     entry: str = "fused_recurrent_kda"
-    template: str = ""  # template id (name-sourcehash) of the kernel, "" for torch
-    params: tuple[tuple[str, Any], ...] = ()
-    consts: tuple[tuple[str, int], ...] = ()  # the dims the kernel is compiled for
-    build: str = ""  # the prebuilt kernel used as it is, if any
-    source_cell: str = ""  # the searched cell whose genome this is
-    notes: tuple[str, ...] = field(default=())
 
-    @property
-    def kernel(self) -> bool:
-        return self.path in KERNEL_PATHS
-
-    @property
-    def checked_by_factory(self) -> bool:
-        """True when the factory's gate ran this very cubin (on this cell, or on its gate cells)."""
-        return self.path in ("table", "table-build")
-
-    def __str__(self) -> str:
+    def head(self) -> str:
         d = dict(self.dims)
         shape = " ".join(f"{k}={d[k]}" for k in ("B", "T", "H", "HV", "K", "V", "N") if k in d)
         var = " ".join(f"{k}={d[k]}" for k in VARIANT_DIMS if d.get(k))
         dts = ",".join(f"{k}={expr.short(v)}" for k, v in self.dtypes if v in expr.DTYPES)
-        what = (f"{self.template}({', '.join(f'{k}={v}' for k, v in self.params)})" if self.kernel
-                else "torch fp32" if self.path == "torch" else "no kernel")
-        extra = "".join(f"; {n}" for n in self.notes)
-        return (f"{self.entry} {dts} {shape}{' ' + var if var else ''} sm_{self.arch}: {self.path}: {what}: "
-                f"{self.reason}{extra}")
+        return f"{self.entry} {dts} {shape}{' ' + var if var else ''}"
 
 
 def variant_dims(*, use_gate_in_kernel: bool = False, lower_bound: float | None = None,
@@ -127,7 +102,7 @@ def templates_of(table: OpTable | None, entry: str) -> list[str]:
 
 def _torch(entry: str, dims: Mapping[str, int], dtypes: Mapping[str, str], arch: int, reason: str,
            path: str = "torch") -> Choice:
-    return Choice(OP, path, tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), arch, reason, entry)
+    return Choice(OP, path, tuple(sorted(dims.items())), tuple(sorted(dtypes.items())), arch, reason, entry=entry)
 
 
 @lru_cache(maxsize=4096)
@@ -147,31 +122,12 @@ def choose(entry: str, dims: tuple[tuple[str, int], ...], dtypes: tuple[tuple[st
     if any(d not in expr.DTYPES for d in want_dt.values()):
         return _torch(entry, want_dims, want_dt, arch, f"dtypes {want_dt} are not all kernel dtypes")
     variant = {d: want_dims.get(d, 0) for d in VARIANT_DIMS}
-    genomes = distinct_genomes(sorted(
-        (e for e in table.entries if e.template in mine),
-        key=lambda e: (dict(e.dtypes) != want_dt, {d: dict(e.dims).get(d, 0) for d in VARIANT_DIMS} != variant,
-                       round(dims_distance(want_dims, dict(e.dims)), 9), e.cell)))
+    genomes = nearest_first((e for e in table.entries if e.template in mine), want_dims, want_dt,
+                            lambda e: {d: dict(e.dims).get(d, 0) for d in VARIANT_DIMS} != variant)
     step = walk(table, genomes, arch, want_dims, want_dt, "call")
     if step is not None:
-        return Choice(OP, step.path, dims, dtypes, arch, step.reason, entry, step.template, step.params, step.consts,
-                      step.build, step.source_cell, step.notes)
-    nearest = genomes[0]
-    broken = table.templates[nearest.template].violations(dict(nearest.params), arch, want_dt, want_dims)
-    return _torch(entry, want_dims, want_dt, arch,
-                  f"no exported {kind} template admits it (nearest genome, of {nearest.cell}, breaks "
-                  f"{', '.join(broken)})")
-
-
-def device_arch() -> int | None:
-    """The arch of the current CUDA device (90 for an H100/H200), or None without torch or a GPU."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
+        return Choice.of_step(OP, step, dims, dtypes, arch, entry=entry)
+    return _torch(entry, want_dims, want_dt, arch, refusal(table, genomes[0], arch, want_dims, want_dt, kind))
 
 
 def explain(q_shape: Sequence[int], v_shape: Sequence[int] | None = None, dtype: Any = "bfloat16", *,
@@ -200,7 +156,7 @@ def explain(q_shape: Sequence[int], v_shape: Sequence[int] | None = None, dtype:
     notes = []
     if state_dtype is not None and expr.dtype_name(state_dtype) != STATE_DTYPE and c.kernel:
         notes.append(f"initial_state {expr.dtype_name(state_dtype)} read as float32 (fla returns an fp32 final state)")
-    return Choice(**{**c.__dict__, "notes": c.notes + tuple(notes)}) if notes else c
+    return c.with_notes(notes)
 
 
 def unsupported(dims: Mapping[str, int]) -> str:

@@ -8,19 +8,11 @@ ops) on first use.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .choose import PATHS, Choice, explain
+from .lazy import on_first_use
 from .table import provenance, tables
 
 __all__ = ["PATHS", "Choice", "RMSNorm", "explain", "provenance", "rmsnorm", "rmsnorm_bwd", "rmsnorm_fwd", "stats",
            "tables"]
 _TORCH_API = ("rmsnorm", "rmsnorm_fwd", "rmsnorm_bwd", "RMSNorm", "stats")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _TORCH_API:
-        from . import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = on_first_use(__name__, "api", _TORCH_API)

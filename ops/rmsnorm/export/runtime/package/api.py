@@ -102,7 +102,4 @@ class RMSNorm(torch.nn.RMSNorm):
 
 def stats() -> dict[str, dict[str, int]]:
     """Calls per op and path in this process ({'rmsnorm': {'table': 3, 'torch': 1}, ...})."""
-    out: dict[str, dict[str, int]] = {}
-    for (op, path), n in sorted(runtime().counts.items()):
-        out.setdefault(op, {})[path] = n
-    return out
+    return runtime().stats()

@@ -11,18 +11,14 @@ backward run was exported): torch's autograd backward of rms_norm against `rmsno
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import platform
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-from . import api, verify
+from . import api, benchmark, verify
+from .benchmark import Measured, geomean
 from .choose import explain
-from .loader import PACKAGE
 from .table import Entry, provenance, tables
 from .timing import samples_us
 
@@ -94,36 +90,18 @@ def _spread(v: list[float]) -> list[float]:
     return [q[0], q[-1]]
 
 
-def _geomean(rows: list[dict], op: str) -> float | None:
-    v = [r["speedup"] for r in rows if r["op"] == op]
-    return math.exp(sum(math.log(s) for s in v) / len(v)) if v else None
+def measure(args: argparse.Namespace) -> Measured:
+    """Both ops' rows, the searched fingerprints and the geomean speedup per op."""
+    rows = bench("rmsnorm", args.samples, args.quick) + bench("rmsnorm_bwd", args.samples, args.quick)
+    prov = provenance()
+    gm = {op: geomean(r["speedup"] for r in rows if r["op"] == op) for op in ("rmsnorm", "rmsnorm_bwd")}
+    fields = {"searched_fingerprints": {op: d["fingerprints"] for op, d in prov["ops"].items()},
+              "geomean_speedup": gm}
+    return rows, fields, f"geomean speedup over torch eager: {gm}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path(f"{PACKAGE}_bench.json"))
-    ap.add_argument("--samples", type=int, default=100, help="timed launches per side and cell (default 100)")
-    ap.add_argument("--quick", action="store_true", help="one cell per dtype")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print(f"{PACKAGE}.bench: no CUDA GPU visible", file=sys.stderr)
-        return 2
-    rows = bench("rmsnorm", args.samples, args.quick) + bench("rmsnorm_bwd", args.samples, args.quick)
-    prov = provenance()
-    doc = {"package": PACKAGE, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "cuda": torch.version.cuda, "python": platform.python_version(),
-           "timer": "CUDA events, 256 MiB L2 flush before each launch, sides interleaved in both orders, median",
-           "runs": {op: d["run"]["run_id"] for op, d in prov["ops"].items()},
-           "searched_fingerprints": {op: d["fingerprints"] for op, d in prov["ops"].items()},
-           "geomean_speedup": {op: _geomean(rows, op) for op in ("rmsnorm", "rmsnorm_bwd")},
-           "cells": rows}
-    args.out.write_text(json.dumps(doc, indent=2))
-    wrong = [r["cell"] for r in rows if not r["correct"]]
-    print(f"{len(rows)} cells; geomean speedup over torch eager: {doc['geomean_speedup']}; wrote {args.out}")
-    if wrong:
-        print(f"WRONG on {len(wrong)} cells: {', '.join(wrong)}", file=sys.stderr)
-        return 1
-    return 0
+    return benchmark.main(argv, __doc__.split("\n\n")[0], "one cell per dtype", measure)
 
 
 if __name__ == "__main__":

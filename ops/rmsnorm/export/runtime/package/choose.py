@@ -18,50 +18,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from . import expr
-from .ladder import dims_distance, distinct_genomes, walk
+from .choice import KERNEL_PATHS, Choice, device_arch
+from .ladder import nearest_first, refusal, walk
 from .table import OpTable, tables
 
-PATHS = ("table", "table-build", "rerender", "repaired", "torch")
-KERNEL_PATHS = PATHS[:-1]
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The path one (op, shape, dtypes, arch) takes; `str()` says it in one line."""
-
-    op: str
-    path: str
-    dims: tuple[tuple[str, int], ...]
-    dtypes: tuple[tuple[str, str], ...]
-    arch: int
-    reason: str
-    template: str = ""  # template id (name-sourcehash) of the kernel, "" for torch
-    params: tuple[tuple[str, Any], ...] = ()
-    consts: tuple[tuple[str, int], ...] = ()  # the dims the kernel is compiled for
-    build: str = ""  # the prebuilt kernel used as it is, if any
-    source_cell: str = ""  # the searched cell whose genome this is
-    notes: tuple[str, ...] = field(default=())
-
-    @property
-    def kernel(self) -> bool:
-        return self.path != "torch"
-
-    @property
-    def checked_by_factory(self) -> bool:
-        """True when the factory's gate ran this very cubin (on this cell, or on M = 1, 37 and, forward, 1059)."""
-        return self.path in ("table", "table-build")
-
-    def __str__(self) -> str:
-        dims = " ".join(f"{k}={v}" for k, v in self.dims)
-        dts = ",".join(f"{k}={expr.short(v)}" for k, v in self.dtypes)
-        what = f"{self.template}({', '.join(f'{k}={v}' for k, v in self.params)})" if self.kernel else "torch fp32"
-        extra = "".join(f"; {n}" for n in self.notes)
-        return f"{self.op} {dts} {dims} sm_{self.arch}: {self.path}: {what}: {self.reason}{extra}"
+PATHS = (*KERNEL_PATHS, "torch")
 
 
 def _torch(op: str, dims: Mapping[str, int], dtypes: Mapping[str, str], arch: int, reason: str) -> Choice:
@@ -77,29 +42,12 @@ def choose(op: str, dims: tuple[tuple[str, int], ...], dtypes: tuple[tuple[str, 
         return _torch(op, want_dims, want_dt, arch, f"no {op} run was exported")
     if any(d not in expr.DTYPES for d in want_dt.values()):
         return _torch(op, want_dims, want_dt, arch, f"dtypes {want_dt} are not all kernel dtypes")
-    genomes = distinct_genomes(sorted(table.entries, key=lambda e: (
-        dict(e.dtypes) != want_dt, round(dims_distance(want_dims, dict(e.dims)), 9), e.cell)))
+    genomes = nearest_first(table.entries, want_dims, want_dt)
     step = walk(table, genomes, arch, want_dims, want_dt, "shape")
     if step is not None:
-        return Choice(op, step.path, dims, dtypes, arch, step.reason, step.template, step.params, step.consts,
-                      step.build, step.source_cell, step.notes)
-    nearest = genomes[0] if genomes else None
-    why = "no entries" if nearest is None else (
-        f"no exported template admits it (nearest genome, of {nearest.cell}, breaks "
-        f"{', '.join(table.templates[nearest.template].violations(dict(nearest.params), arch, want_dt, want_dims))})")
+        return Choice.of_step(op, step, dims, dtypes, arch)
+    why = refusal(table, genomes[0], arch, want_dims, want_dt) if genomes else "no entries"
     return _torch(op, want_dims, want_dt, arch, why)
-
-
-def device_arch() -> int | None:
-    """The arch of the current CUDA device (90 for an H100/H200), or None without torch or a GPU."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
 
 
 def shape_dims(shape: Sequence[int]) -> dict[str, int]:
@@ -134,7 +82,7 @@ def explain(shape: Sequence[int], dtype: Any = "bfloat16", weight_dtype: Any = N
         extra.append("weight=None: a weight of ones (exact)")
     if residual_dtype is not None and expr.dtype_name(residual_dtype) != dt:
         extra.append("residual_out cast by torch")
-    return Choice(**{**c.__dict__, "notes": c.notes + tuple(extra)}) if extra else c
+    return c.with_notes(extra)
 
 
 def unsupported(dtype: str, *, bias: bool, residual: bool, out_dtype: Any) -> str:

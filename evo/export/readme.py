@@ -1,0 +1,60 @@
+"""README sections every op family's package README says alike (a family's `readme` in
+`ops/<op>/export/readme.py` writes the rest): the table of searched cells, the install block, the
+one-line summary of where a run's measurements come from, and the test and benchmark commands."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from evo.export.runs import RunTable
+
+
+def us(v: float | None) -> str:
+    return f"{v:.2f}" if v is not None else "-"
+
+
+def cells_table(run: RunTable) -> list[str]:
+    """The run's searched cells as a Markdown table: kernel, its median, the baseline and the speedup."""
+    lines = ["| cell | kernel | median us | baseline | baseline us | speedup |", "| --- | --- | --- | --- | --- | --- |"]
+    for e in run.entries:
+        lines.append(f"| {e.cell} | `{e.genome.short()}` | {us(e.median_us)} | {e.baseline or '-'} | "
+                     f"{us(e.baseline_us)} | {f'{e.speedup:.3f}' if e.speedup else '-'} |")
+    return lines
+
+
+def install(nvrtc: str) -> list[str]:
+    """## Install, with `nvrtc` saying what the NVRTC extra compiles (e.g. "off-table N and other GPUs ...")."""
+    return [
+        "## Install",
+        "",
+        "```bash",
+        "pip install .                 # torch, numpy, jinja2, cuda-core, cuda-bindings, cuda-pathfinder",
+        f"pip install '.[nvrtc]'        # plus NVRTC and CUDA headers: {nvrtc}",
+        "pip install --no-build-isolation --no-deps .   # offline, with those already installed",
+        "```",
+        "",
+    ]
+
+
+def measured(run: RunTable, provenance: dict[str, Any]) -> str:
+    """One sentence on a run's table: cells, where it comes from, what measured it, the geomean speedup
+    (`provenance`: the export's provenance document)."""
+    p = provenance["ops"][run.op]
+    gm = p["geomean_speedup_vs_baseline"]
+    return (f"{len(run.entries)} cells, table from {p['table_from']}, measured by {', '.join(p['sources'])} "
+            f"(fingerprint classes {', '.join(p['fingerprint_classes']) or '-'}); geomean speedup over the baseline "
+            f"timed beside each kernel {f'{gm:.3f}' if gm else '-'}.")
+
+
+def tests_and_bench(name: str, versus: str) -> list[str]:
+    """## Tests and benchmark: the commands, `versus` naming what the benchmark times the kernels against."""
+    return [
+        "## Tests and benchmark",
+        "",
+        "```bash",
+        "pytest tests                     # tests/test_gpu.py skips, loudly, without a CUDA GPU",
+        f"python -m {name}.bench --out bench.json   # {versus} vs exported, same process, median",
+        "```",
+        "",
+    ]
