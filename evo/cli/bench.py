@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import random
+import time
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,13 +129,15 @@ def bench(
                     rows.append(BenchRow(**where, outcome=None, regs=0))
                     continue
                 g = Genome.make(op.name, tdef.name, tdef.source_hash, params)
+                t0 = time.monotonic()
                 (b,) = builder.build([prepare(tdef, g, arch, cell.dtypes_dict(), cell.dims_dict())])
                 (o,) = evaluator.evaluate([EvalItem(g, tdef, cell, b)])
                 r = BenchRow(**where, outcome=o, regs=b.regs)
                 rows.append(r)
                 print(f"{label:>10} {cell.label():<28} {o.status.value:<12} {o.median_us:9.2f} us "
                       f"{o.baseline or 'baseline'} {o.baseline_us:9.2f} us  x{r.speedup:5.2f}  "
-                      f"best peer {r.best_peer[0] or '-'} x{r.speedup_vs_best_peer:5.2f}  {r.gbps:7.0f} GB/s",
+                      f"best peer {r.best_peer[0] or '-'} x{r.speedup_vs_best_peer:5.2f}  {r.gbps:7.0f} GB/s  "
+                      f"(build, check, peers' first calls and timing: {time.monotonic() - t0:.0f} s)",
                       flush=True)
     return rows
 

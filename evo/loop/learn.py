@@ -108,7 +108,7 @@ class Learner:
         if paths and fresh:
             from evo.loop.seed_tables import table_seeds
 
-            got = table_seeds(paths, op, session.templates, {x.label(): x for x in session.op.all_cells()})
+            got = table_seeds(paths, op, session.templates, {x.label(): x for x in session.cells})
             for t in got.seeds:
                 if t.genome.key() not in me._seed_sources:
                     me.seeds.append(t.genome)

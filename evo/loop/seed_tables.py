@@ -1,10 +1,10 @@
 """Seeds from dispatch tables: a run starts from the kernels an earlier run handed back (`dispatch.json`,
 as `kfactory run` exports it and the results folders keep it), when the store it runs on does not hold
 that run's evidence (a fresh store on a GPU machine, a store that lost a run). `[search] seed_tables`
-names the files; each entry whose template is in this run becomes a first-generation genome, rebuilt
-from today's template text (parameters the template gained since take their defaults). An entry outside
-this run's space (another template, a parameter the template no longer has, a value the run's narrowed
-space leaves out) is skipped and counted, never bent into the space."""
+names the files; per cell of this run, the fastest entry the tables recorded becomes a first-generation
+genome, rebuilt from today's template text (parameters the template gained since take their defaults).
+An entry outside this run (a cell it does not search, another template, a parameter the template no
+longer has, a value the run's narrowed space leaves out) is skipped and counted, never bent into it."""
 
 from __future__ import annotations
 
@@ -24,6 +24,23 @@ from ops.spec import Cell
 class TableSeed:
     genome: Genome
     source: tuple[str, dict]  # (dtype key, dims) of the cell the entry served: where it is predicted fast
+
+
+def _genome(op: str, templates: Mapping[str, TemplateDef], label: str, entry: dict,
+            cells_by_label: Mapping[str, Cell], skip) -> Genome | None:
+    """The entry as a genome of this run, or None (and `skip(reason)`) where it is outside the run."""
+    if label not in cells_by_label:
+        return skip("for cells not in this run")
+    tdef = templates.get(entry["template"])
+    if tdef is None:
+        return skip("of templates not in this run")
+    params = dict(entry["params"])
+    if set(params) - set(tdef.param_names):
+        return skip("with parameters the template no longer has")
+    params = tdef.default_params() | params
+    if any(params[p] not in vals for p, vals in tdef.space):
+        return skip("outside this run's space")
+    return Genome.make(op, tdef.name, tdef.source_hash, params)
 
 
 @dataclass(frozen=True)
@@ -52,36 +69,34 @@ def _read(path: str) -> dict:
 
 def table_seeds(paths: Sequence[str], op: str, templates: Mapping[str, TemplateDef],
                 cells_by_label: Mapping[str, Cell]) -> TableSeeds:
-    """The first-generation genomes of the tables' entries (in table order, then cell order, each genome
-    once), with where each came from. Raises ConfigError naming the file for a missing or malformed table
-    or entry."""
-    seeds: dict[str, TableSeed] = {}
+    """The first-generation genomes of the tables: for each of this run's cells (`cells_by_label`), the
+    usable entry with the lowest recorded median over all the tables (the factory's own timings, each in its
+    run: only a choice of where to start, the run times them again), in cell order, each genome once.
+    Entries of cells not in this run are not used. Raises ConfigError naming the file for a missing or
+    malformed table or entry."""
     skipped: dict[str, int] = {}
 
     def skip(reason: str) -> None:
         skipped[reason] = skipped.get(reason, 0) + 1
+        return None
 
-    for path in paths:
-        for label, entry in sorted(_read(path)["dispatch"].items()):
+    best: dict[str, tuple[float, int, Genome]] = {}
+    for i, path in enumerate(paths):
+        for label, entry in _read(path)["dispatch"].items():
             if not isinstance(entry, dict) or not isinstance(entry.get("params"), dict) \
                     or not isinstance(entry.get("template"), str):
                 raise ConfigError(f"search.seed_tables: {path}: entry {label!r} has no template and params")
-            tdef = templates.get(entry["template"])
-            if tdef is None:
-                skip("of templates not in this run")
+            g = _genome(op, templates, label, entry, cells_by_label, skip)
+            if g is None:
                 continue
-            params = dict(entry["params"])
-            if set(params) - set(tdef.param_names):
-                skip("with parameters the template no longer has")
-                continue
-            params = tdef.default_params() | params
-            if any(params[p] not in vals for p, vals in tdef.space):
-                skip("outside this run's space")
-                continue
-            g = Genome.make(op, tdef.name, tdef.source_hash, params)
-            if g.key() in seeds:
-                continue
-            cell = cells_by_label.get(label)
-            source = (Q.dtype_key(cell.dtypes_dict()), cell.dims_dict()) if cell is not None else ("", {})
-            seeds[g.key()] = TableSeed(g, source)
+            t = entry.get("median_us")
+            rank = (float(t) if isinstance(t, (int, float)) and t > 0 else float("inf"), i)
+            if label not in best or rank < best[label][:2]:
+                best[label] = (*rank, g)
+    seeds: dict[str, TableSeed] = {}
+    for label in sorted(best):
+        g = best[label][2]
+        if g.key() not in seeds:
+            cell = cells_by_label[label]
+            seeds[g.key()] = TableSeed(g, (Q.dtype_key(cell.dtypes_dict()), cell.dims_dict()))
     return TableSeeds(tuple(seeds.values()), skipped)

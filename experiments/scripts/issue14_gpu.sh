@@ -29,16 +29,19 @@
 #   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
 #               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
 #               on the cells matching $FWD_CELLS within $FWD_PEERS_S seconds (280). QuACK autotuned
-#               autotunes each cell on its first call (~20 s a cell): 36 forward cells need ~2 calls
+#               autotunes each cell on its first call (~18 s a forward cell: 21 cells took 370 s; one
+#               backward cell took most of 170 s): 36 forward cells need ~2 calls
+#   respeers OUT  as peers, the residual variant's dispatch (prenorm, residual_out) against torch eager,
+#               torch.compile, QuACK and QuACK autotuned, cells matching $RES_CELLS within $RES_PEERS_S (200)
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdatimes, export or kdaprefill}; out=${2:?output folder}
+stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdatimes, export or kdaprefill}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
 # pip --target skips the CUTLASS DSL's .pth file: put its packages folder on the path by hand
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD
-if [[ " $stages " =~ " "(peers|bwdpeers|fwdpeers|quack)" " ]]; then
+if [[ " $stages " =~ " "(peers|bwdpeers|fwdpeers|respeers|quack)" " ]]; then
   cat /tmp/kfw/cu13.part.* > /tmp/kfw/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
   rm -f /tmp/kfw/cu13.part.*
   extra=(/tmp/kfw/*.whl)
@@ -71,18 +74,29 @@ rms_store() {
   [ -e /tmp/kf_rms/store.duckdb ] && return 0
   mkdir -p /tmp/kf_rms && cp experiments/results/rmsnorm_bwd_h200/store.duckdb /tmp/kf_rms/store.duckdb
 }
-# the peers benches time the dispatch tables of this chain's GAs where /tmp still has them (the forward:
-# fwdlong's table completed by the committed regimes table for the short rows), else the committed ones
+# the peers benches time, per cell, the fastest entry recorded by this chain's GAs (where /tmp still has
+# them) and the committed runs (merge_dispatch.py --fastest; the bench then times it beside the peers)
 peers_setup() {
   export QUACK_COMPILE_WORKERS=14
   python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1 || { tail -3 "$log"; return 1; }
   mkdir -p "$out/tables"
+  local R=experiments/results
   fwd_long=$(ls -t /tmp/kf_rms/runs/rmsnorm-h200-long-*/dispatch.json 2>/dev/null | head -1)
-  python3 experiments/scripts/merge_dispatch.py "$out/tables/fwd_dispatch.json" ${fwd_long:+"$fwd_long"} \
-    experiments/results/rmsnorm_h200_regimes/dispatch.json >> "$log" 2>&1
+  python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/fwd_dispatch.json" ${fwd_long:+"$fwd_long"} \
+    $R/rmsnorm_h200_long2/dispatch.json $R/rmsnorm_h200_long/dispatch.json $R/rmsnorm_h200_regimes/dispatch.json >> "$log" 2>&1
   bwd=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)
-  cp "${bwd:-experiments/results/rmsnorm_bwd_h200/dispatch.json}" "$out/tables/bwd_dispatch.json"
-  echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed}" >> "$log"
+  python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/bwd_dispatch.json" ${bwd:+"$bwd"} \
+    $R/rmsnorm_bwd_h200_all3/dispatch.json $R/rmsnorm_bwd_h200_all2/dispatch.json $R/rmsnorm_bwd_h200/dispatch.json >> "$log" 2>&1
+  res=$(ls -t /tmp/kf_res/runs/*/dispatch.json 2>/dev/null | head -1)
+  python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/res_dispatch.json" ${res:+"$res"} \
+    $R/rmsnorm_residual_h200/dispatch.json >> "$log" 2>&1
+  echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed}, residual ${res:-committed} (fastest per cell)" >> "$log"
+}
+res_peers() {
+  timeout "${RES_PEERS_S:-200}" python3 -m evo.cli.main bench --op rmsnorm --dispatch "$out/tables/res_dispatch.json" \
+    ${RES_CELLS:+--cells "$RES_CELLS"} --peer torch.rms_norm --peer torch.compile --peer quack --peer quack.autotuned \
+    --timeout-s 150 --out "$out/tables/res_peers" >> "$log" 2>&1
+  echo "residual peers rc=$?" >> "$log"
 }
 bwd_peers() {
   timeout "${BWD_PEERS_S:-150}" python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$out/tables/bwd_dispatch.json" \
@@ -118,6 +132,7 @@ case "$stage" in
     ga 220 experiments/rmsnorm_residual_h200.toml /tmp/kf_res residual ;;
   peers) peers_setup && bwd_peers && fwd_peers ;;
   bwdpeers) peers_setup && bwd_peers ;;
+  respeers) peers_setup && res_peers ;;
   fwdpeers) peers_setup && fwd_peers ;;
   quack)
     export QUACK_COMPILE_WORKERS=14

@@ -31,6 +31,23 @@ def test_first_table_wins_and_later_tables_fill(tmp_path):
     assert {k: v["template"] for k, v in m["dispatch"].items()} == {"c1": "a", "c2": "a", "c3": "b"}
 
 
+def test_fastest_takes_the_lowest_recorded_median_per_cell(tmp_path):
+    a = {"run_id": "new", "dispatch": {"c1": _entry("a", 1.0), "c2": _entry("a", 2.0), "c4": _entry("a", 4.0)}}
+    b = {"run_id": "old", "dispatch": {"c2": _entry("b", 0.5), "c3": _entry("b", 3.0), "c4": _entry("b", 4.0)}}
+    c = {"run_id": "untimed", "dispatch": {"c1": {"template": "c", "params": {}}, "c5": {"template": "c", "params": {}}}}
+    paths = []
+    for name, doc in (("a", a), ("b", b), ("c", c)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+        paths.append(str(tmp_path / f"{name}.json"))
+    out = tmp_path / "m.json"
+    assert merge_dispatch.main(["--fastest", str(out), *paths]) == 0
+    m = json.loads(out.read_text())
+    # c2: the older table's faster entry; c4: a tie keeps the first table's; c5: an untimed entry fills
+    assert {k: v["template"] for k, v in m["dispatch"].items()} == {"c1": "a", "c2": "b", "c3": "b", "c4": "a",
+                                                                    "c5": "c"}
+    assert merge_dispatch.merge([a, b])["dispatch"]["c2"]["template"] == "a"  # without it, the first table wins
+
+
 def test_a_file_without_dispatch_is_an_error():
     with pytest.raises(ValueError, match="table 1 has no 'dispatch'"):
         merge_dispatch.merge([{"dispatch": {}}, {"cells": []}])

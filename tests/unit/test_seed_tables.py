@@ -1,6 +1,6 @@
-"""Seeds from dispatch tables (`[search] seed_tables`): a committed run's kernels start a fresh run's first
-generation, rebuilt from today's templates; entries outside the run are skipped and counted; a missing or
-malformed table is a ConfigError naming it."""
+"""Seeds from dispatch tables (`[search] seed_tables`): per cell of the run, the fastest recorded entry of
+the tables starts a fresh run's first generation, rebuilt from today's templates; entries outside the run
+are skipped and counted; a missing or malformed table is a ConfigError naming it."""
 
 from __future__ import annotations
 
@@ -51,10 +51,41 @@ def test_entries_outside_the_run_are_skipped_and_counted(tmp_path):
     assert got.skipped.get("outside this run's space") == n_wide > 0
     assert all(s.genome.params_dict()["threads"] == 128 for s in got.seeds)
     odd = tmp_path / "odd.json"
-    odd.write_text(json.dumps({"dispatch": {"x": {"template": "cta_row", "params": {"threads": 128, "tiles": 3}}}}))
+    label = next(iter(table))
+    odd.write_text(json.dumps({"dispatch": {label: {"template": "cta_row", "params": {"threads": 128, "tiles": 3}},
+                                            "w=bf16,x=bf16 M3-N5": {"template": "cta_row", "params": {}}}}))
     got = table_seeds([str(odd)], "rmsnorm", {"cta_row": t["cta_row"]}, _cells())
-    assert not got.seeds and got.skipped == {"with parameters the template no longer has": 1}
-    assert "skipped 1 with parameters the template no longer has" in got.describe([str(odd)])
+    assert not got.seeds
+    assert got.skipped == {"with parameters the template no longer has": 1, "for cells not in this run": 1}
+    assert "skipped 1 for cells not in this run, 1 with parameters the template no longer has" in \
+        got.describe([str(odd)])
+
+
+def test_per_cell_the_fastest_usable_entry_of_all_tables_wins(tmp_path):
+    """Two tables on two cells: the faster entry per cell wins whichever table holds it, an entry of a
+    template not in the run never wins (the next fastest does), an entry without a time ranks last, and
+    cells not in the run give nothing."""
+    t = load_templates("rmsnorm")
+    run = {k: t[k] for k in ("cta_row", "warp_row")}
+    a, b = "w=bf16,x=bf16 M4096-N1024", "w=bf16,x=bf16 M4096-N8192"
+    cells = {k: _cells()[k] for k in (a, b)}
+    p = [{"threads": n, "vec": 4} for n in (128, 256, 512, 1024)]
+    one = {"dispatch": {a: {"template": "cta_row", "params": p[0], "median_us": 9.0},
+                        b: {"template": "cta_row", "params": p[1], "median_us": 50.0},
+                        "w=fp32,x=fp32 M4096-N1024": {"template": "cta_row", "params": p[3], "median_us": 1.0}}}
+    two = {"dispatch": {a: {"template": "rows_bulk", "params": {}, "median_us": 1.0},
+                        b: {"template": "cta_row", "params": p[2], "median_us": 40.0}}}
+    three = {"dispatch": {a: {"template": "cta_row", "params": p[3]}}}
+    paths = []
+    for name, doc in (("one", one), ("two", two), ("three", three)):
+        (tmp_path / name).write_text(json.dumps(doc))
+        paths.append(str(tmp_path / name))
+    got = table_seeds(paths, "rmsnorm", run, cells)
+    threads = {s.source[1]["N"]: s.genome.params_dict()["threads"] for s in got.seeds}
+    assert threads == {1024: 128, 8192: 512}
+    assert got.skipped == {"for cells not in this run": 1, "of templates not in this run": 1}
+    assert all(s.genome.params_dict() == t["cta_row"].default_params() | {"threads": s.genome.params_dict()["threads"],
+                                                                          "vec": 4} for s in got.seeds)
 
 
 @pytest.mark.parametrize("text, words", [
@@ -76,7 +107,7 @@ def test_relative_table_paths_are_taken_from_the_config_folder(tmp_path):
     assert cfg.search.seed_tables == (str(tmp_path / "tables/d.json"), "/abs/e.json")
 
 
-def test_a_seeded_run_evaluates_the_table_genomes_first(tmp_path):
+def test_a_seeded_run_evaluates_the_table_genomes_first(tmp_path, capsys):
     """A replay run (warm start off) with a table of two cta_row points: both are in generation 0, recorded
     with origin 'table', and the run's log says how many the tables gave."""
     t = load_templates("rmsnorm")["cta_row"]
@@ -85,7 +116,7 @@ def test_a_seeded_run_evaluates_the_table_genomes_first(tmp_path):
     table = {"run_id": "earlier", "dispatch": {
         "w=bf16,x=bf16 M4096-N1024": {"template": "cta_row", "params": points[0]},
         "w=bf16,x=bf16 M4096-N8192": {"template": "cta_row", "params": points[1]},
-        "w=bf16,x=bf16 M4096-N2048": {"template": "rows_bulk", "params": {}}}}
+        "w=bf16,x=bf16 M4096-N2048": {"template": "cta_row", "params": {}}}}
     (tmp_path / "d.json").write_text(json.dumps(table))
     cfg = tmp_path / "seeded.toml"
     cfg.write_text(SMALL.replace("{gens}", "2").replace("[search]\n", '[search]\nseed_tables = ["d.json"]\n'))
@@ -99,6 +130,5 @@ def test_a_seeded_run_evaluates_the_table_genomes_first(tmp_path):
         origin = s.sql("SELECT genome_key, origin FROM candidates WHERE run_id = 'seeded' AND origin = 'table'")
     assert keys <= set(gen0.genome_key)
     assert set(origin.genome_key) == keys
-    log = (store.parent / "runs" / "seeded" / "log.txt")
-    text = log.read_text() if log.is_file() else ""
-    assert not text or "seed tables: 2 genomes from 1 dispatch table(s); skipped 1 of templates not in this run" in text
+    assert "seed tables: 2 genomes from 1 dispatch table(s); skipped 1 for cells not in this run" in \
+        capsys.readouterr().out
