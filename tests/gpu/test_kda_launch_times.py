@@ -11,7 +11,8 @@ after WARMUP. recur alone re-reads the workspace the checked prep left (it never
 
 Run: KF_LAUNCH_TIMES_OUT=kda_launch_times.json pytest -s tests/gpu/test_kda_launch_times.py
 Prints one line per cell and point; with KF_LAUNCH_TIMES_OUT set, every row so far is (re)written there as
-JSON after each test.
+JSON after each test ({"fingerprint": ..., "rows": [...]}; the first committed file, kda_prefill_h200_2/, is
+the bare list of rows: its fingerprint is that folder's summary.json, the same machine and lease).
 """
 
 from __future__ import annotations
@@ -142,18 +143,24 @@ def describe(row: dict[str, Any]) -> str:
             f"(prep {prep['median_us'] / row['sum_us'] if row['sum_us'] > 0 else math.nan:.0%} of the sum)")
 
 
+FINGERPRINT: dict[str, str] = {}
+
+
 def write_rows() -> None:
+    """The rows so far, under the worker's fingerprint (GPU, clocks, driver, CUDA, NVRTC, library versions)."""
     path = os.environ.get("KF_LAUNCH_TIMES_OUT")
     if path:
         with open(path, "w") as f:
-            json.dump(ROWS, f, indent=1)
+            json.dump({"fingerprint": FINGERPRINT, "rows": ROWS}, f, indent=1)
 
 
 @pytest.fixture(scope="module")
 def worker():
     from evo.measure.worker import Worker
 
-    return Worker()
+    w = Worker()
+    FINGERPRINT.update(dict(w.fingerprint))
+    return w
 
 
 _BUILDS: dict[tuple, Any] = {}
