@@ -136,7 +136,8 @@ PREFILL = [c for c in SPEC.matrix() if c.dim("T") > 1 and not is_varlen(c)]
 # the first run's best (chunk 32, 4 warps, 128 prep threads), then the data-movement options on and off
 CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 {"chunk": 32, "warps": 4, "prep_threads": 128, "stage_in": True, "u_prefetch": True, "prep_exp": "fast"},
-                {"chunk": 64, "warps": 2, "stage_in": True}]
+                {"chunk": 64, "warps": 2, "stage_in": True},
+                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "folded"}]
 
 
 @pytest.mark.gpu

@@ -122,7 +122,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 
 # ---- the options: stage_in and prep_exp (launch 1), u_prefetch (launch 2) -----------------------------
 
-OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf"}  # each option's off value: the code before it
+OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row"}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -157,7 +157,7 @@ def test_options_off_render_the_code_from_before_the_options():
         h.update(source(TDEF, c, dict(zip(OLD_SPACE, vals)) | OPTIONS).encode())
     assert h.hexdigest() == OLD_RENDERS
     legal = all_legal(c)
-    assert len(legal) == 408  # experiments/kda_prefill_h200.toml
+    assert len(legal) == 612  # experiments/kda_prefill_h200.toml
     assert len([p for p in legal if all(p[k] == off for k, off in OPTIONS.items())]) == 54
 
 
@@ -173,9 +173,10 @@ def test_option_points_compile_without_spills():
     """Every legal point with an option on builds for sm_90a without spills: a point is its two kernels,
     each rendered from its own params (prep_key, recur_key), so points covering every prep kernel with
     stage_in or the fast exp and every recurrence with u_prefetch build every such point's code (30 builds,
-    2 at a time: the 6 prep kernels at chunk 64 share no point with a u_prefetch recurrence)."""
+    2 at a time: the 6 prep kernels at chunk 64 share no point with a u_prefetch recurrence). prep_diag = folded:
+    test_folded_diag_points_compile_without_spills."""
     c = PREFILL_CELLS[2]
-    legal = [p for p in all_legal(c) if any(p[k] != off for k, off in OPTIONS.items())]
+    legal = [p for p in all_legal(c) if any(p[k] != off for k, off in OPTIONS.items()) and p["prep_diag"] == "warp_row"]
     for p in legal:
         g = Genome.make("kda", "chunk", TDEF.source_hash, p)
         src = prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()).source
@@ -198,6 +199,146 @@ def test_option_points_compile_without_spills():
         for kernel, res in r.resources:
             assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_bytes == 0, (p, kernel, res)
             assert res.smem_bytes == 0, (p, kernel, res)  # all of it dynamic: the plan's smem is the whole
+
+
+# ---- prep_diag = folded: the diagonal blocks with rows r and 15 - r on one lane group ------------------
+
+def folded_kernels(c: Cell) -> list[dict]:
+    """One legal point per distinct folded prep kernel: (chunk, prep_threads, prep_exp), stage_in on."""
+    legal = [p for p in all_legal(c) if p["prep_diag"] == "folded"]
+    assert legal and all(p["stage_in"] for p in legal)
+    out: dict[tuple, dict] = {}
+    for p in legal:
+        out.setdefault(prep_key(p) + (p["prep_diag"],), p)
+    return list(out.values())
+
+
+def test_folded_diag_is_legal_exactly_with_stage_in():
+    """folded reads q and k from the staged tiles: refused without stage_in, legal with it at every chunk and
+    prep_threads (1, 2 or 4 warps a diagonal block at K = 128); it doubles the stage_in half of the space."""
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c)
+    off = [p for p in legal if p["prep_diag"] == "warp_row"]
+    on = [p for p in legal if p["prep_diag"] == "folded"]
+    assert len(off) == 408 and len(on) == 204
+    assert sorted(map(str, on)) == sorted(str(p | {"prep_diag": "folded"}) for p in off if p["stage_in"])
+    p = TDEF.default_params() | {"prep_diag": "folded"}
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["folded_diag_reads_staged_tiles"]
+    assert TDEF.violations(p | {"stage_in": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == []
+
+
+def folded_geometry(src: str) -> dict[str, str]:
+    """The folded diagonal's index expressions, read from the rendered CUDA (mirrored by folded_diag)."""
+    want = {"LPR": r"constexpr int LPR = ([^;]+);", "blk0": r"const int blk0 = ([^;]+);",
+            "rp": r"const int rp = ([^;]+);", "s": r"const int s = ([^;]+);", "i": r"const int i = blk0 \+ ([^;]+);",
+            "j": r"const int j = blk0 \+ ([^;]+);", "c": r"const int c = (4 \* \(s \+ LPR \* n\));"}
+    out = {}
+    for k, rx in want.items():
+        m = re.search(rx, src.split("kda_chunk_recur(", 1)[0])
+        assert m, k
+        out[k] = m.group(1)
+    return out
+
+
+def folded_diag(k: np.ndarray, q: np.ndarray, G: np.ndarray, C: int, PT: int) -> tuple[np.ndarray, np.ndarray]:
+    """The folded kernel's A_kk (j < i) and A_qk (j <= i) on the diagonal blocks of one chunk, its lanes, slots,
+    channel pieces and fp32 summation order (each lane's pieces in turn, then the butterfly over its group)."""
+    NW, NB, K = PT // 32, C // 16, k.shape[1]
+    WPB = NW // NB
+    LPR = 4 * WPB
+    NP = K // 4 // LPR
+    akk = np.full((C, C), np.nan, f32)
+    aqk = np.full((C, C), np.nan, f32)
+    seen = np.zeros((C, C, K), int)
+    for warp in range(NW):
+        lane = np.arange(32)
+        blk0 = 16 * (warp % NB)
+        rp = (warp // NB) * (8 // WPB) + lane // LPR
+        s = lane % LPR
+        for m in range(17):
+            i = blk0 + np.where(m <= rp, rp, 15 - rp)
+            j = blk0 + np.where(m <= rp, m, m - rp - 1)
+            skk = np.zeros(32, f32)
+            sqk = np.zeros(32, f32)
+            for n in range(NP):
+                for e in range(4):
+                    ch = 4 * (s + LPR * n) + e
+                    np.add.at(seen, (i, j, ch), 1)
+                    d = (k[j, ch] * np.exp(G[i, ch] - G[j, ch])).astype(f32)
+                    skk = (skk + k[i, ch] * d).astype(f32)  # fmaf: the product exact, one rounding
+                    sqk = (sqk + q[i, ch] * d).astype(f32)
+            o = LPR // 2
+            while o:
+                skk = (skk + skk[lane ^ o]).astype(f32)
+                sqk = (sqk + sqk[lane ^ o]).astype(f32)
+                o //= 2
+            for ln in np.flatnonzero(s == 0):
+                if j[ln] < i[ln]:
+                    akk[i[ln], j[ln]] = skk[ln]
+                aqk[i[ln], j[ln]] = sqk[ln]
+    blocks = np.kron(np.eye(NB, dtype=int), np.ones((16, 16), int))
+    want = (np.tril(np.ones((C, C), int)) * blocks)[:, :, None] * np.ones(K, int)
+    assert (seen == want).all()  # every channel of every diagonal-block pair j <= i once, nothing else
+    return akk, aqk
+
+
+@pytest.mark.parametrize("C, PT", [(32, 128), (32, 256), (64, 128), (64, 256)])
+def test_folded_diag_covers_every_pair_and_channel_once(C: int, PT: int):
+    """The rendered index math (read back from the CUDA) is folded_diag's: each pair j <= i of a diagonal block
+    gets each of the K channels once, and the fp32 sums match the float64 dot products as closely as the
+    warp-per-row order's (the same terms, another summation order: rounding only)."""
+    src = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | {"chunk": C, "prep_threads": PT, "stage_in": True,
+                                                                     "prep_diag": "folded"})
+    geo = folded_geometry(src)
+    assert geo == {"LPR": "4 * WPB", "blk0": "16 * (warp % NB)", "rp": "(warp / NB) * (8 / WPB) + lane / LPR",
+                   "s": "lane % LPR", "i": "(m <= rp ? rp : 15 - rp)", "j": "(m <= rp ? m : m - rp - 1)",
+                   "c": "4 * (s + LPR * n)"}
+    rng = np.random.default_rng(C + PT)
+    K = 128
+    k, q = (bf(rng.standard_normal((C, K))) for _ in range(2))
+    G = np.cumsum(-rng.uniform(0, 0.5, (C, K)), axis=0, dtype=f32)
+    akk, aqk = folded_diag(k, q, G, C, PT)
+    k64, q64, G64 = (x.astype(np.float64) for x in (k, q, G))
+    for b in range(C // 16):
+        for i in range(16 * b, 16 * b + 16):
+            for j in range(16 * b, i + 1):
+                terms = k64[j] * np.exp(G64[i] - G64[j])
+                scale = np.abs(k64[i] * terms).sum() + np.abs(q64[i] * terms).sum()
+                if j < i:
+                    assert abs(akk[i, j] - (k64[i] * terms).sum()) <= 1e-5 * scale
+                assert abs(aqk[i, j] - (q64[i] * terms).sum()) <= 1e-5 * scale
+    assert np.isnan(akk[np.triu_indices(C)]).all()  # the diagonal and above: not written to A_kk
+
+
+def test_folded_diag_points_compile_without_spills():
+    """Every folded prep kernel (chunk x prep_threads x prep_exp, 8 builds, 2 at a time) builds for sm_90a
+    without spills or static smem, its registers within what keeps the warp_row kernel's occupancy."""
+    c = PREFILL_CELLS[2]
+    points = folded_kernels(c)
+    assert len(points) == 8
+    for p in points:
+        src = source(TDEF, c, p)
+        prep = src.split("kda_chunk_recur(", 1)[0]
+        assert "Diagonal 16x16 blocks, exact, folded" in prep and "warp_sum(skk)" not in prep
+    results = [compile_point(c, points[0])]  # the first alone: cuda.core's lazy import is not thread-safe
+    with ThreadPoolExecutor(2) as pool:
+        results += pool.map(lambda p: compile_point(c, p), points[1:])
+    for p, r in zip(points, results):
+        assert r.status.ok, (p, r.error)
+        for kernel, res in r.resources:
+            assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_bytes == 0, (p, kernel, res)
+            assert res.smem_bytes == 0, (p, kernel, res)
+        regs = dict(r.resources)["kda_chunk_prep"].regs
+        assert prep_ctas_per_sm(p, regs) == {(32, 128): 5, (32, 256): 3, (64, 128): 2, (64, 256): 2}[
+            (p["chunk"], p["prep_threads"])], (p, regs)  # the warp_row kernels' (93, 80, 96, 98 registers)
+
+
+def prep_ctas_per_sm(p: dict, regs: int) -> int:
+    """Resident prep CTAs an SM of the H200 holds: 64 K registers (a warp's allocated 8 at a time per thread),
+    228 KB of shared memory less 1 KB a CTA, 2048 threads."""
+    by_regs = 65536 // (-(-regs // 8) * 8 * p["prep_threads"])
+    by_smem = 233472 // (prep_smem(p, 128, 128) + 1024)
+    return min(by_regs, by_smem, 2048 // p["prep_threads"])
 
 
 def test_u_prefetch_at_chunk_64_spills_as_its_constraint_says():
