@@ -25,6 +25,8 @@
 #               rows in kda_launch_times.json
 #   kdaprefill OUT  KDA: the chunked prefill GA (kda_prefill_h200.toml), then its dispatch timed against
 #               fla's chunk_kda in one process (kfactory bench --dispatch)
+#   profile OUT Nsight Compute (ncu --clock-control none) over experiments/profile_h200.toml's targets, each
+#               launched as the gate would: profile/NAME.csv, summary.md (experiments/scripts/profile_launches.py)
 #   fwdlong OUT the forward GA on the N >= 4096 cells with cta_row and cta_row_async (rmsnorm_h200_long.toml)
 #   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
 #               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
@@ -35,7 +37,7 @@
 #               torch.compile, QuACK and QuACK autotuned, cells matching $RES_CELLS within $RES_PEERS_S (200)
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdatimes, export or kdaprefill}; out=${2:?output folder}
+stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdatimes, export, profile or kdaprefill}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
@@ -181,6 +183,10 @@ case "$stage" in
     (cd /tmp/kf_pkg && PYTHONPATH=/tmp/kf_pkg_site timeout 150 python3 -m pytest -q -rs tests) > "$out/export/tests.log" 2>&1
     echo "package tests rc=$?" >> "$log"
     cp /tmp/kf_pkg/README.md "$out/export/" 2>/dev/null ;;
+  profile)  # Nsight Compute over experiments/profile_h200.toml's kernels (launched as the gate would)
+    timeout 420 python3 experiments/scripts/profile_launches.py targets experiments/profile_h200.toml "$out/profile" \
+      >> "$log" 2>&1
+    echo "profile rc=$?" >> "$log" ;;
   stash) ;;
   *) echo "unknown stage $stage" >> "$log" ;;
 esac

@@ -1,9 +1,9 @@
 """On a GPU: the KDA chunk template's two launches (kda_chunk_prep, kda_chunk_recur) timed one by one, and
 together, on every prefill cell at a few points of its space, to tell which launch dominates.
 
-Everything but the timing loop is the gate's own code: `make_job` resolves the plan (TemplateDef.plan through
-bind_cell: grids, blocks, smem, workspaces, bound args), the gate's Geometry/InputSet allocate the buffers,
-`Gate._fill` fills the inputs with the op's FILLS ("normal" kind, device fills, never zeros), `Gate._bind`
+The plan and the timing loop are evo/measure/launches.py; everything but the loop is the gate's own code:
+`make_job` resolves the plan (TemplateDef.plan through bind_cell: grids, blocks, smem, workspaces, bound
+args), the gate's Geometry/InputSet allocate the buffers, `Gate._fill` fills the inputs with the op's FILLS ("normal" kind, device fills, never zeros), `Gate._bind`
 binds each launch's args, and the first launch pair (and the outputs after timing) is checked against the
 float64 device reference. Each launch is then timed alone with CUDA events (Worker.time: L2 flushed and the
 stream held busy before every sample, so the host's launch work falls outside the events), median of REPS
@@ -20,10 +20,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 from typing import Any
 
-import numpy as np
 import pytest
 
 from ops.kda import SPEC
@@ -46,86 +44,22 @@ def point_id(p: dict) -> str:
     return "-".join(f"{k}{v}" for k, v in p.items()) or "default"
 
 
-class _NoBuild:
-    """A stand-in for a BuildResult where only the plan is wanted (make_job reads only `.cubin`)."""
-
-    cubin = b""
-
-
 def plan_job(c, params: dict, build: Any = None):
-    """(genome, EvalJob) of the chunk template at `params` (over its defaults) on cell c, as the gate gets
-    it from make_job: the launches resolved, the workspaces declared, the args bound. No gate cells, no
-    timing (this file times by itself); `build` only supplies the cubin."""
-    from evo.core.genome import Genome
-    from evo.measure.evaluate import make_job
-    from evo.templates.template import load_templates
+    """(genome, EvalJob) of the chunk template at `params` on cell c (evo.measure.launches.plan_job)."""
+    from evo.measure.launches import plan_job as plan
 
-    tdef = load_templates("kda")[TEMPLATE]
-    g = Genome.make("kda", TEMPLATE, tdef.source_hash, tdef.default_params() | params)
-    bad = tdef.violations(g.params_dict(), ARCH, c.dtypes_dict(), c.dims_dict())
-    assert not bad, (c.label(), params, bad)
-    job = make_job(SPEC, tdef, g, build or _NoBuild(), c, ARCH, seed=17, timing=None, baseline=False,
-                   stress_launches=1)
-    return g, job
+    try:
+        return plan(SPEC, TEMPLATE, c, params, ARCH, build)
+    except ValueError as e:
+        raise AssertionError(str(e)) from None
 
 
 def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps: int = REPS, warmup: int = WARMUP,
                   kind: str = "normal", seed: int = 0) -> dict[str, Any]:
-    """Each launch of the job's plan timed alone, then all together, on one input set of the gate's own
-    making (filled with the op's `kind` fills): the medians and spreads in us, and each launch's geometry.
-    Checks the outputs against the reference before timing and after it (a workspace the timing loop
-    left stale, or a launch that is wrong alone, fails); raises AssertionError with the gate's checks."""
-    from evo.measure.gate import HOLD_US, Failed, Gate, Geometry
+    """Each launch timed alone, then all together (evo.measure.launches.time_launches)."""
+    from evo.measure.launches import time_launches as timed
 
-    gate = Gate(dev, job, obj, ref_obj, ref_mod, random.Random(seed))
-    geo = Geometry("", dict(job.dims), job.buffers, job.launches, dict(job.scalars))
-    try:
-        s = gate._new_set(geo)
-        gate._fill(geo, s, kind)
-        try:
-            gate._launch_and_check(geo, s, f"kind {kind} before timing")
-        except Failed:
-            raise AssertionError(f"wrong before timing: {gate.faults} {gate.checks[-2:]}") from None
-        bufs = {**s.ins, **s.outs, **s.ws}
-        bound = [(lj, gate._bind(lj.args, bufs)) for lj in geo.launches]
-
-        def one(lj: Any, args: tuple):
-            return lambda i: dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
-
-        singles = [one(lj, args) for lj, args in bound]
-
-        def together(i: int) -> None:
-            for f in singles:
-                f(i)
-
-        def prep(i: int) -> None:  # cold L2; the stream busy while the host launches what is timed
-            dev.reset_l2()
-            dev.hold(HOLD_US)
-
-        fns = [*singles, together]
-        preps = [prep] * len(fns)
-        dev.time(fns, preps, warmup, 1, lambda i: None)
-        samples = dev.time(fns, preps, reps, 1, lambda i: None)
-        dev.sync("launch timing")
-        try:
-            gate._check(geo, [(s, "after timing")])
-            gate._integrity(geo, [s], "after timing")
-        except Failed:
-            raise AssertionError(f"wrong after timing: {gate.faults} {gate.checks[-2:]}") from None
-    finally:
-        gate.close()
-
-    def stats(xs: list[float]) -> dict[str, float]:
-        p10, p50, p90 = (float(v) for v in np.percentile(xs, [10, 50, 90]))
-        return {"median_us": p50, "p10_us": p10, "p90_us": p90, "min_us": float(min(xs))}
-
-    launches = [{"kernel": lj.kernel, "grid": list(lj.grid), "block": list(lj.block), "smem": lj.smem,
-                 "ctas": lj.grid[0] * lj.grid[1] * lj.grid[2], **stats(xs)}
-                for (lj, _), xs in zip(bound, samples)]
-    tog = stats(samples[-1])
-    return {"launches": launches, "together": tog, "sum_us": sum(ln["median_us"] for ln in launches),
-            "total_us": tog["median_us"], "reps": reps, "kind": kind,
-            "workspace_bytes": sum(b.numel for b in geo.ws)}
+    return timed(dev, obj, ref_obj, ref_mod, job, reps, warmup, kind, seed)
 
 
 def check_row(row: dict[str, Any]) -> None:

@@ -1,0 +1,131 @@
+"""A template's launches one by one, outside the search: the plan the gate would run (make_job: grids,
+blocks, smem, workspaces, bound args) on one input set of the gate's own making, each launch timed alone
+and all together, or simply run for a profiler. Everything but the loop is the gate's code (Geometry,
+InputSet, the op's fills, never zeros), and the outputs are checked against the float64 device reference
+before and after, so a launch that is wrong alone, or a workspace the loop left stale, fails loudly.
+
+Used by tests/gpu/test_kda_launch_times.py (which KDA launch dominates) and
+experiments/scripts/profile_launches.py (Nsight Compute over the same launches)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+import numpy as np
+
+from evo.core.genome import Genome
+from ops.spec import Cell, OpSpec
+
+class _NoBuild:
+    """A stand-in for a BuildResult where only the plan is wanted (make_job reads only `.cubin`)."""
+
+    cubin = b""
+
+
+def plan_job(op: OpSpec, template: str, c: Cell, params: dict, arch: int, build: Any = None,
+             seed: int = 17) -> tuple[Genome, Any]:
+    """(genome, EvalJob) of `template` at `params` (over its defaults) on cell c, as the gate gets it from
+    make_job: the launches resolved, the workspaces declared, the args bound; no gate cells, no timing.
+    `build` only supplies the cubin. Raises ValueError naming the violated constraints of an illegal point."""
+    from evo.measure.evaluate import make_job
+    from evo.templates.template import load_templates
+
+    tdef = load_templates(op.name)[template]
+    g = Genome.make(op.name, template, tdef.source_hash, tdef.default_params() | params)
+    bad = tdef.violations(g.params_dict(), arch, c.dtypes_dict(), c.dims_dict())
+    if bad:
+        raise ValueError(f"{op.name}/{template} at {params} on {c.label()}: {bad}")
+    job = make_job(op, tdef, g, build or _NoBuild(), c, arch, seed=seed, timing=None, baseline=False,
+                   stress_launches=1)
+    return g, job
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    p10, p50, p90 = (float(v) for v in np.percentile(xs, [10, 50, 90]))
+    return {"median_us": p50, "p10_us": p10, "p90_us": p90, "min_us": float(min(xs))}
+
+
+def _with_set(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, kind: str, seed: int,
+              body: Callable[[Any, list], Any]) -> Any:
+    """body(geometry, [(launch, bound args)]) on one checked input set; the outputs checked again after."""
+    from evo.measure.gate import Failed, Gate, Geometry
+
+    gate = Gate(dev, job, obj, ref_obj, ref_mod, random.Random(seed))
+    geo = Geometry("", dict(job.dims), job.buffers, job.launches, dict(job.scalars))
+    try:
+        s = gate._new_set(geo)
+        gate._fill(geo, s, kind)
+        try:
+            gate._launch_and_check(geo, s, f"kind {kind} before timing")
+        except Failed:
+            raise AssertionError(f"wrong before timing: {gate.faults} {gate.checks[-2:]}") from None
+        bufs = {**s.ins, **s.outs, **s.ws}
+        out = body(geo, [(lj, gate._bind(lj.args, bufs)) for lj in geo.launches])
+        dev.sync("launches")
+        try:
+            gate._check(geo, [(s, "after timing")])
+            gate._integrity(geo, [s], "after timing")
+        except Failed:
+            raise AssertionError(f"wrong after timing: {gate.faults} {gate.checks[-2:]}") from None
+        return out
+    finally:
+        gate.close()
+
+
+def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps: int, warmup: int,
+                  kind: str = "normal", seed: int = 0) -> dict[str, Any]:
+    """Each launch of the job's plan timed alone, then all together (L2 flushed and the stream held busy
+    before every sample, so the host's launch work falls outside the events): the medians and spreads in
+    us, and each launch's geometry. Raises AssertionError with the gate's checks when the outputs are wrong
+    before or after timing."""
+    from evo.measure.gate import HOLD_US
+
+    def body(geo: Any, bound: list) -> list:
+        def one(lj: Any, args: tuple):
+            return lambda i: dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
+
+        singles = [one(lj, args) for lj, args in bound]
+
+        def together(i: int) -> None:
+            for f in singles:
+                f(i)
+
+        def prep(i: int) -> None:  # cold L2; the stream busy while the host launches what is timed
+            dev.reset_l2()
+            dev.hold(HOLD_US)
+
+        fns = [*singles, together]
+        preps = [prep] * len(fns)
+        dev.time(fns, preps, warmup, 1, lambda i: None)
+        return bound, dev.time(fns, preps, reps, 1, lambda i: None)
+
+    bound, samples = _with_set(dev, obj, ref_obj, ref_mod, job, kind, seed, body)
+    launches = [{"kernel": lj.kernel, "grid": list(lj.grid), "block": list(lj.block), "smem": lj.smem,
+                 "ctas": lj.grid[0] * lj.grid[1] * lj.grid[2], **_stats(xs)}
+                for (lj, _), xs in zip(bound, samples)]
+    tog = _stats(samples[-1])
+    return {"launches": launches, "together": tog, "sum_us": sum(ln["median_us"] for ln in launches),
+            "total_us": tog["median_us"], "reps": reps, "kind": kind,
+            "workspace_bytes": sum(b.numel for b in job_workspaces(job))}
+
+
+def run_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, times: int, kind: str = "normal",
+                 seed: int = 0) -> list[dict[str, Any]]:
+    """The job's launches `times` times in order on one checked input set, L2 flushed before each round,
+    nothing timed (for a profiler that replays each kernel itself); the launches' geometry."""
+    def body(geo: Any, bound: list) -> list:
+        for _ in range(times):
+            dev.reset_l2()
+            for lj, args in bound:
+                dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
+        return bound
+
+    bound = _with_set(dev, obj, ref_obj, ref_mod, job, kind, seed, body)
+    return [{"kernel": lj.kernel, "grid": list(lj.grid), "block": list(lj.block), "smem": lj.smem} for lj, _ in bound]
+
+
+def job_workspaces(job: Any) -> list:
+    from evo.measure.gate import Geometry
+
+    return list(Geometry("", dict(job.dims), job.buffers, job.launches, dict(job.scalars)).ws)

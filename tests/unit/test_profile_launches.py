@@ -1,0 +1,107 @@
+"""experiments/scripts/profile_launches.py on the CPU: the committed targets resolve to legal plans that
+NVRTC builds at sm_90a, the ncu command line profiles exactly one round of the plan's kernels after the
+checked one with the clocks left alone, ncu's CSV is read into per-kernel metrics and stall reasons, and
+a machine without ncu gets a logged failure per target, not a crash."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments" / "scripts"))
+
+import profile_launches as P  # noqa: E402
+
+TARGETS = ROOT / "experiments" / "profile_h200.toml"
+
+
+def test_committed_targets_plan_and_build():
+    ts = P.load_targets(TARGETS)
+    assert {t.op for t in ts} == {"kda", "rmsnorm", "rmsnorm_bwd"}
+    for t in ts:
+        _, job, c = P.plan(t)
+        assert c.label() == t.cell and job.launches
+        b = P.build(t)
+        assert b.status.ok and {k for k, _ in b.resources} == {lj.kernel for lj in job.launches}
+        assert all(r.spill_stores == 0 for _, r in b.resources), t.name
+
+
+def test_a_dispatch_target_takes_the_entry_of_its_cell():
+    t = next(t for t in P.load_targets(TARGETS) if t.name == "rmsnorm_bwd_bf16_M32768N4096")
+    entry = json.loads((ROOT / "experiments/results/rmsnorm_bwd_h200_all3/dispatch.json").read_text())["dispatch"][t.cell]
+    assert (t.template, t.params) == (entry["template"], entry["params"])
+
+
+@pytest.mark.parametrize("body, words", [
+    ('[[target]]\nname = "a"\nop = "rmsnorm"\ntemplate = "cta_row"\n', "needs a string 'cell'"),
+    ('[[target]]\nname = "a"\nop = "rmsnorm"\ntemplate = "cta_row"\ncell = "w=bf16,x=bf16 M3-N5"\n', "is not one of"),
+    ('[[target]]\nname = "a"\nop = "rmsnorm"\ncell = "w=bf16,x=bf16 M4096-N1024"\n', "needs template"),
+    ('[[target]]\nname = "a"\nop = "rmsnorm"\ncell = "w=bf16,x=bf16 M4096-N1024"\ndispatch = "d.json"\n', "has no entry"),
+    ('[[target]]\nname = "a"\nop = "rmsnorm"\ntemplate = "cta_row"\nparams = { threads = 128 }\n'
+     'cell = "w=bf16,x=bf16 M4096-N1024"\n' * 2,
+     "target names repeat"),
+    ("", "no \\[\\[target\\]\\]"),
+    ('[[target]]\nname = "a"\nop = "rmsnorm"\ntemplate = "cta_row"\ncell = "w=bf16,x=bf16 M4096-N1024"\n', "no_idle_warps"),
+])
+def test_bad_targets_are_refused_by_name(tmp_path, body, words):
+    (tmp_path / "d.json").write_text(json.dumps({"dispatch": {}}))
+    p = tmp_path / "t.toml"
+    p.write_text(body)
+    with pytest.raises(ValueError, match=words):
+        P.load_targets(p)
+
+
+def test_ncu_command_profiles_one_round_after_the_checked_one():
+    t = next(t for t in P.load_targets(TARGETS) if t.op == "kda")
+    cmd = P.ncu_command(t, ["kda_chunk_prep", "kda_chunk_recur"], times=2)
+    assert cmd[0] == "ncu" and cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:^(kda_chunk_prep|kda_chunk_recur)"
+    assert cmd[cmd.index("--launch-skip") + 1] == cmd[cmd.index("--launch-count") + 1] == "2"
+    assert "--metrics" in cmd and "--metrics" not in P.ncu_command(t, ["k"], 2, stalls=False)
+    tail = cmd[cmd.index("run"):]
+    assert json.loads(tail[tail.index("--params") + 1]) == t.params and tail[tail.index("--cell") + 1] == t.cell
+
+
+NCU_CSV = '''==PROF== Connected to process 1 (python3)
+==PROF== Profiling "kda_chunk_prep" - 0: 0%....50%....100% - 38 passes
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","GPU Speed Of Light Throughput","Duration","us","774.40"
+"0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","GPU Speed Of Light Throughput","DRAM Throughput","%","21.5"
+"0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Compute Workload Analysis","Issue Slots Busy","%","81.2"
+"0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Launch Statistics","Registers Per Thread","register/thread","80"
+"0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","","1.5"
+"0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","","0.25"
+"0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio","","2.75"
+"1","1","python3","h","kda_chunk_recur","1","7","(64, 1, 1)","(2, 32, 1)","0","9.0","GPU Speed Of Light Throughput","Duration","ms","1,066.20"
+==PROF== Disconnected from process 1
+'''
+
+
+def test_ncu_csv_is_read_per_kernel_with_stalls_largest_first(tmp_path):
+    ks = P.parse_ncu_csv(NCU_CSV)
+    assert [k["kernel"] for k in ks] == ["kda_chunk_prep", "kda_chunk_recur"]
+    prep, recur = ks
+    assert prep["metrics"]["duration"] == {"value": 774.4, "unit": "us"}
+    assert prep["metrics"]["issue_busy_pct"]["value"] == 81.2 and prep["metrics"]["registers"]["value"] == 80
+    assert list(prep["stalls"]) == ["math_pipe_throttle", "barrier", "long_scoreboard"]
+    assert recur["metrics"]["duration"] == {"value": 1066.2, "unit": "ms"} and recur["grid"] == "(2, 32, 1)"
+    (tmp_path / "kda.csv").write_text(NCU_CSV)
+    summary = P.summarize(tmp_path)
+    assert summary["kda"] == ks
+    md = (tmp_path / "summary.md").read_text()
+    assert "| kda | kda_chunk_prep | 774 us | 21.5 % |" in md and "math_pipe_throttle 2.75" in md
+
+
+def test_without_ncu_each_target_logs_its_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ncu on it
+    p = tmp_path / "t.toml"
+    p.write_text('[[target]]\nname = "fwd"\nop = "rmsnorm"\ntemplate = "cta_row"\nparams = { threads = 128 }\n'
+                 'cell = "w=bf16,x=bf16 M4096-N1024"\n')
+    assert P.profile_targets(p, tmp_path / "out") == 0
+    log = (tmp_path / "out" / "fwd.log").read_text()
+    assert log.count("rc=-1") == 2 and "ncu" in log  # with the stall metrics, then without
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == {}
