@@ -105,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
                                    "torch custom op with autograd, a QuACK-compatible API, tests, a benchmark), "
                                    "with provenance.")
     p.add_argument("runs", nargs="+", metavar="RUN",
-                   help="run ids: at most one forward and one backward run of one op family (e.g. rmsnorm, rmsnorm_bwd)")
+                   help="run ids of one op family: the forward runs (several where the plug-in merges them: RMSNorm's plain and variant runs, no cell shared) and at most one backward run (e.g. rmsnorm, rmsnorm_bwd)")
     p.add_argument("--out", type=Path, required=True, help="output folder (new or empty)")
     p.add_argument("--name", default=None, help="package name (default: the op family's exporter's, e.g. kf_rmsnorm)")
     p.add_argument("--nvrtc", type=Path, action="append", default=[], metavar="DIR",

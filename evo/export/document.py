@@ -46,7 +46,9 @@ def _entry_doc(e: Entry, kid: str) -> dict[str, Any]:
 
 
 def op_document(run: RunTable, kernels: Sequence[Kernel], cell_kernel: dict[str, str]) -> dict[str, Any]:
-    """One op's part of dispatch.json: tensors, scalars, templates, builds, entries."""
+    """One op's part of dispatch.json: its run(s), tensors, scalars, the dims a cell may lack with their
+    defaults (a variant's switches: a template specializing on one is rendered with it), templates,
+    builds, entries."""
     spec = get_op(run.op)
     templates = {template_id(k.template): template_doc(run.op, k.template) for k in kernels}
     builds = {}
@@ -59,8 +61,8 @@ def op_document(run: RunTable, kernels: Sequence[Kernel], cell_kernel: dict[str,
     tensors = [{"name": t.name, "dims": list(t.dims), "dtype": t.dtype if isinstance(t.dtype, str) else t.dtype.value,
                 "role": t.role.value} for t in spec.tensors]
     scalars = [{"name": s.name, "type": "f32" if s.kind is float else "i32"} for s in spec.scalars]
-    return {"run_id": run.run["run_id"], "arch": run.arch, "tensors": tensors, "scalars": scalars,
-            "templates": templates, "builds": builds,
+    return {"run_id": run.run["run_id"], "run_ids": list(run.run_ids), "arch": run.arch, "tensors": tensors,
+            "scalars": scalars, "dim_defaults": dict(spec.dim_defaults), "templates": templates, "builds": builds,
             "entries": [_entry_doc(e, cell_kernel[e.cell]) for e in run.entries]}
 
 
@@ -108,6 +110,9 @@ def provenance_document(name: str, runs: Sequence[RunTable], kernels: dict[str, 
                         for k in kernels[run.op]},
             "results_file": f"data/results/{run.op}_evaluations.csv",
         }
+        if run.parts:  # several runs merged into the op's table: each with its cells
+            ops[run.op]["runs"] = [{"run": p.run, "table_from": p.table_from, "cells": [e.cell for e in p.entries]}
+                                   for p in run.parts]
     return {"format": FORMAT, "package": name, "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "factory": {"git_commit": _git_commit(), "nvrtc": compiler,
                         "versions": {d: _version(d) for d in _VERSIONED}},

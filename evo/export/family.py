@@ -9,6 +9,9 @@ A plug-in module declares:
                           generic ones in evo/export/runtime/package/) and tests/ (cpu_tests.py and
                           gpu_tests.py, written to the package as tests/test_cpu.py and test_gpu.py)
     def readme(name, runs, cell_kernel, provenance) -> str    the package's README.md
+and may declare:
+    MERGE: tuple[str, ...]  ops of which several runs may be exported at once, their tables merged into
+                          one (no cell in two of them: e.g. a plain run and a run of the op's variants)
 
 Discovery: the exporter of op X is the plug-in of an op folder whose OPS lists X; `ops/X/export/` is
 tried first, then the other op folders that have one, so a backward op is served by its forward's
@@ -41,6 +44,7 @@ class Family:
     description: str
     runtime: Path
     readme: Callable[[str, Sequence[Any], dict[str, dict[str, str]], dict[str, Any]], str]
+    merge: tuple[str, ...] = ()  # ops whose runs may be merged into one table (MERGE)
 
     def __post_init__(self) -> None:
         roles = get_args(Role)
@@ -57,7 +61,7 @@ def _family(mod: ModuleType) -> Family:
     if missing:
         raise ExportError(f"{mod.__name__} declares no {', '.join(missing)}")
     return Family(mod.__name__, tuple(dict(mod.OPS).items()), mod.NAME, mod.DESCRIPTION, Path(mod.RUNTIME),
-                  mod.readme)
+                  mod.readme, tuple(getattr(mod, "MERGE", ())))
 
 
 def _plugins(first: str) -> list[str]:

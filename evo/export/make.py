@@ -16,7 +16,7 @@ from evo.export.document import dispatch_document, op_document, provenance_docum
 from evo.export.errors import ExportError
 from evo.export.family import Family, family_of
 from evo.export.kernels import build_kernels
-from evo.export.runs import RunTable, read_run
+from evo.export.runs import RunTable, merge_runs, read_run
 from evo.export.write import write_package
 from memory.store import Store
 
@@ -44,13 +44,22 @@ def check_name(name: str) -> None:
 
 
 def check_runs(runs: Sequence[RunTable]) -> Family:
-    """The family that exports these runs; ExportError for an op without one, or two runs of one op."""
+    """The family that exports these runs; ExportError for an op without one, or two runs of one op that
+    the family does not merge (its MERGE)."""
     ops = [r.op for r in runs]
     family = family_of(ops)
     for op in dict.fromkeys(ops):
-        if ops.count(op) > 1:
+        if ops.count(op) > 1 and op not in family.merge:
             raise ExportError(f"{ops.count(op)} runs of op {op} given; export one per op")
     return family
+
+
+def per_op(runs: Sequence[RunTable]) -> list[RunTable]:
+    """One table per op, in the order the ops first come: the runs of one op merged (evo.export.runs.merge_runs)."""
+    by_op: dict[str, list[RunTable]] = {}
+    for r in runs:
+        by_op.setdefault(r.op, []).append(r)
+    return [merge_runs(rs) for rs in by_op.values()]
 
 
 def nvrtc_folders(folders: Sequence[Path]) -> dict[str, str]:
@@ -79,6 +88,7 @@ def export(store_path: Path, run_ids: Sequence[str], out: Path, name: str | None
     with Store.open(store_path, read_only=True) as store:
         runs = [read_run(store, r) for r in dict.fromkeys(run_ids)]
         family = check_runs(runs)
+        runs = per_op(runs)
         if name is None:
             name = family.name
             check_name(name)
@@ -98,4 +108,4 @@ def export(store_path: Path, run_ids: Sequence[str], out: Path, name: str | None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Exported(out, name, tuple((r.op, r.run["run_id"], len(r.entries), len(kernels[r.op])) for r in runs))
+    return Exported(out, name, tuple((r.op, "+".join(r.run_ids), len(r.entries), len(kernels[r.op])) for r in runs))

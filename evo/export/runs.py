@@ -70,6 +70,12 @@ class RunTable:
     sources: dict[str, tuple[str, str]]  # source hash -> (text, origin)
     evaluations: pd.DataFrame  # every evaluation the run recorded (the raw results)
     table_from: str  # "dispatch.json" or "store"
+    parts: tuple[RunTable, ...] = ()  # the runs merged into this table (merge_runs), none for one run
+
+    @property
+    def run_ids(self) -> tuple[str, ...]:
+        """The id of the run, or of each run merged into this table."""
+        return tuple(p.run["run_id"] for p in self.parts) if self.parts else (self.run["run_id"],)
 
 
 def _num(v: Any) -> float | None:
@@ -159,3 +165,31 @@ def read_run(store: Store, run_id: str) -> RunTable:
                       "WHERE e.run_id = ? ORDER BY e.cell, e.generation, e.eval_id", [run_id])
     return RunTable(run, run["op"], run["arch"], tuple(entries), sources, evals,
                     "dispatch.json" if path else "store")
+
+
+def merge_runs(runs: list[RunTable]) -> RunTable:
+    """Several finished runs of one op as one table (e.g. the plain op's run and a run of its variants):
+    their entries together, their templates and evaluations; `run` is the first's row, `parts` all of
+    them. ExportError when they disagree on the arch or a cell is in two of them (which table to ship)."""
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0]
+    ids = ", ".join(r.run["run_id"] for r in runs)
+    archs = sorted({r.arch for r in runs})
+    if len(archs) > 1:
+        raise ExportError(f"{len(runs)} runs of op {first.op} ({ids}) were built for different archs "
+                          f"({', '.join(archs)}); export runs of one arch")
+    owner: dict[str, str] = {}
+    for r in runs:
+        for e in r.entries:
+            if e.cell in owner:
+                raise ExportError(f"{len(runs)} runs of op {first.op} given ({ids}), and cell {e.cell!r} is in the "
+                                  f"tables of both {owner[e.cell]} and {r.run['run_id']}; export one per op, or runs "
+                                  "with no cell in common")
+            owner[e.cell] = r.run["run_id"]
+    entries = tuple(sorted((e for r in runs for e in r.entries), key=lambda e: e.cell))
+    sources = {h: v for r in runs for h, v in r.sources.items()}
+    evaluations = pd.concat([r.evaluations for r in runs], ignore_index=True)
+    froms = list(dict.fromkeys(r.table_from for r in runs))
+    return RunTable(first.run, first.op, first.arch, entries, sources, evaluations,
+                    froms[0] if len(froms) == 1 else " and ".join(froms), tuple(runs))

@@ -121,7 +121,7 @@ def write_package(out: Path, name: str, version: str, family: Family, runs: Sequ
         run.evaluations.to_csv(data / "results" / f"{run.op}_evaluations.csv", index=False)
     _json(data / "dispatch.json", dispatch)
     _json(data / "provenance.json", provenance)
-    description = family.description.format(runs=", ".join(r.run["run_id"] for r in runs))
+    description = family.description.format(runs=", ".join(i for r in runs for i in r.run_ids))
     (out / "pyproject.toml").write_text(PYPROJECT.format(dist=name.replace("_", "-"), name=name, version=version,
                                                          description=json.dumps(description)))
     (out / "README.md").write_text(readme)

@@ -16,7 +16,7 @@
 #               against every peer in one process (kfactory bench --dispatch)
 #   kda OUT     KDA: the decode GA (kda_decode_h200.toml) with fla's fused_recurrent_kda beside it
 #               (fla-core from experiments/fla_wheels.txt in .whl/)
-#   export OUT  the chain's bwdall and fwdlong runs (one store) as one package (kfactory export), installed
+#   export OUT  the chain's fwdlong, residual (when run) and bwdall runs (one store) as one package (kfactory export), installed
 #               with pip into a folder of its own, its tests run on this GPU (export/tests.log)
 #   kdacheck OUT  KDA: the chunk template at three points through the real gate on every prefill cell,
 #               timed beside fla's chunk_kda (tests/gpu/test_kda_device.py -k chunk); when none passes,
@@ -89,7 +89,7 @@ peers_setup() {
   bwd=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)
   python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/bwd_dispatch.json" ${bwd:+"$bwd"} \
     $R/rmsnorm_bwd_h200_all3/dispatch.json $R/rmsnorm_bwd_h200_all2/dispatch.json $R/rmsnorm_bwd_h200/dispatch.json >> "$log" 2>&1
-  res=$(ls -t /tmp/kf_res/runs/*/dispatch.json 2>/dev/null | head -1)
+  res=$(ls -t /tmp/kf_rms/runs/rmsnorm-residual-h200-*/dispatch.json 2>/dev/null | head -1)
   python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/res_dispatch.json" ${res:+"$res"} \
     $R/rmsnorm_residual_h200/dispatch.json >> "$log" 2>&1
   echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed}, residual ${res:-committed} (fastest per cell)" >> "$log"
@@ -130,8 +130,9 @@ case "$stage" in
     ga 200 experiments/rmsnorm_bwd_h200_all.toml /tmp/kf_rms bwd_all ;;
   fwd2)
     ga 245 experiments/rmsnorm_h200_regimes2.toml /tmp/kf_fwd2 fwd2 ;;
-  residual)
-    ga 220 experiments/rmsnorm_residual_h200.toml /tmp/kf_res residual ;;
+  residual)  # in the chain's shared store, so that export packages the variant run beside the plain one
+    rms_store
+    ga 220 experiments/rmsnorm_residual_h200.toml /tmp/kf_rms residual ;;
   peers) peers_setup && bwd_peers && fwd_peers ;;
   bwdpeers) peers_setup && bwd_peers ;;
   respeers) peers_setup && res_peers ;;
@@ -175,9 +176,11 @@ case "$stage" in
   export)  # the chain's forward and backward runs as one package, installed with pip, its own tests on this GPU
     fwd_id=$(basename "$(dirname "$(ls -t /tmp/kf_rms/runs/rmsnorm-h200-long-*/dispatch.json 2>/dev/null | head -1)")")
     bwd_id=$(basename "$(dirname "$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)")")
+    res_id=$(ls -t /tmp/kf_rms/runs/rmsnorm-residual-h200-*/dispatch.json 2>/dev/null | head -1)
+    res_id=${res_id:+$(basename "$(dirname "$res_id")")}
     rm -rf /tmp/kf_pkg /tmp/kf_pkg_site && mkdir -p "$out/export"
-    python3 -m evo.cli.main export $fwd_id $bwd_id --store /tmp/kf_rms/store.duckdb --out /tmp/kf_pkg >> "$log" 2>&1
-    echo "export $fwd_id $bwd_id rc=$?" >> "$log"
+    python3 -m evo.cli.main export $fwd_id $res_id $bwd_id --store /tmp/kf_rms/store.duckdb --out /tmp/kf_pkg >> "$log" 2>&1
+    echo "export $fwd_id $res_id $bwd_id rc=$?" >> "$log"
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/kf_pkg_site /tmp/kf_pkg >> "$log" 2>&1
     echo "package pip install rc=$?" >> "$log"
     (cd /tmp/kf_pkg && PYTHONPATH=/tmp/kf_pkg_site timeout 150 python3 -m pytest -q -rs tests) > "$out/export/tests.log" 2>&1

@@ -17,7 +17,10 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
     fwd = next((r for r in runs if r.op == "rmsnorm"), None)
     bwd = next((r for r in runs if r.op == "rmsnorm_bwd"), None)
     arch = runs[0].arch
-    origin = " and ".join(f"run `{r.run['run_id']}` ({'forward' if r is fwd else 'backward'})" for r in (fwd, bwd) if r)
+    origin = " and ".join(
+        f"{'runs' if len(r.run_ids) > 1 else 'run'} {' and '.join(f'`{i}`' for i in r.run_ids)} "
+        f"({'forward' if r is fwd else 'backward'})" for r in (fwd, bwd) if r)
+    variant_cells = [e for e in fwd.entries if _is_variant(e)] if fwd else []
     lines = [
         f"# {name}",
         "",
@@ -64,9 +67,10 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
         f"  `~/.cache/{name}` (`{name.upper()}_CACHE_DIR`).",
         "- `repaired`: no searched genome is legal for the shape as it is; the nearest one with the fewest",
         "  parameters changed so that its template's constraints hold, rendered and compiled as above.",
-        "- `torch`: float32 torch operations, correct but not searched: bias, a residual add, an `out_dtype`",
-        "  other than x's, CPU tensors, a shape no exported template admits, or a kernel that failed to compile",
-        "  or check. `weight=None` runs the kernels with a weight of ones (exact).",
+        "- `torch`: float32 torch operations, correct but not searched: a variant (residual add, bias,",
+        "  store_rstd) the export has no cell of, or of another residual dtype; an `out_dtype` other than x's,",
+        "  CPU tensors, a shape no exported template admits, or a kernel that failed to compile or check.",
+        "  `weight=None` runs the kernels with a weight of ones (exact).",
         "",
         f"A `rerender`ed or `repaired` kernel (and any kernel compiled for a GPU other than `{arch}`) was never",
         "run by the factory's gate: its first call is checked against a float64 reference on that call's data (first,",
@@ -92,6 +96,24 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
     else:
         lines += ["No backward run was exported: the backward (autograd, `rmsnorm_bwd`) is float32 torch",
                   "(`reference.backward_2d`), correct and not searched. rstd is recomputed from x in float32.", ""]
+    lines += ["## Variants", ""]
+    if variant_cells:
+        kinds = sorted({_describe(e) for e in variant_cells})
+        lines += ["A call is keyed as the factory keys a cell: its dtypes (x, w, and the residual's for a residual add)",
+                  "and dims (M, N, and bias = 1, store_rstd = 1 when on). This export has cells of the variants",
+                  f"{', '.join(kinds)} ({', '.join(sorted({e.genome.template for e in variant_cells}))}): such a call",
+                  "(`rmsnorm(x, w, bias, residual, prenorm=True)`, `rmsnorm_fwd(..., store_rstd=True)`) takes those",
+                  "cells' kernels in one pass (h = x + residual, residual_out = h in the residual's dtype, y = h * rstd",
+                  "* w (+ bias), rstd stored), on the same paths as the plain op (`table`, `table-build`, `rerender`,",
+                  "`repaired`, each rendered with the variant's switches compiled in); a variant or residual dtype no",
+                  "cell has takes `torch` and `explain(..., residual=True | dtype, bias=True, store_rstd=True)` says",
+                  "why. The backward of such a call is `rmsnorm_bwd` on h (rstd recomputed from h), dresidual = dx =",
+                  "dh + dresidual_out, db = the column sum of dout. store_rstd alone without a store_rstd cell keeps",
+                  "the plain kernel, rstd computed by torch.", ""]
+    else:
+        lines += ["No variant cell was exported: a residual add or a bias takes `torch`; store_rstd keeps the plain",
+                  "kernel, rstd computed by torch. A run of the variants (cta_row_fused over the op's `residual`",
+                  "and `bias_rstd` matrices) exported beside the forward run serves them.", ""]
     lines += ["## Forward cells (as measured by the search)", ""]
     if fwd:
         lines += cells_table(fwd) + [""]
@@ -99,7 +121,7 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
         lines += ["No forward run was exported: `rmsnorm` and `rmsnorm_fwd` compute the forward in float32 torch",
                   "(`reference.forward_2d`), correct and not searched; `explain(shape, dtype)` says `torch`.", ""]
     for r in runs:
-        lines += [f"`{r.op}`: {measured(r, provenance)} `source = replay` means the times are recorded measurements "
+        lines += [f"`{r.op}`{f' (runs {chr(44).join(r.run_ids)})' if len(r.run_ids) > 1 else ''}: {measured(r, provenance)} `source = replay` means the times are recorded measurements "
                   "replayed by the search, not a fresh GPU run.", ""]
     lines += [
         *tests_and_bench(name, "torch eager"),
@@ -117,10 +139,22 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
         "",
         "## Not covered",
         "",
-        "- Variants the searched kernels do not compute run in float32 torch (see above), not fused.",
+        "- Variants no exported cell has run in float32 torch (see above), not fused.",
         "- Thread-block clusters are compiled into the kernels (`__cluster_dims__`), so they launch as ordinary",
         "  kernels; the loader refuses a launch whose grid is not a multiple of the cluster (`loader.check_grid`).",
         "- The prebuilt cubins load only on the exact arch they were built for; other GPUs compile at first use.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _is_variant(e: Any) -> bool:
+    return "residual" in e.dtypes or "out" in e.dtypes or bool(e.dims.get("bias")) or bool(e.dims.get("store_rstd"))
+
+
+def _describe(e: Any) -> str:
+    """'residual bf16 + bias + store_rstd', as the package's choose.describe says a variant."""
+    parts = [f"residual {e.dtypes['residual']}"] if "residual" in e.dtypes else []
+    parts += [f"out {e.dtypes['out']}"] if "out" in e.dtypes else []
+    parts += [d for d in ("bias", "store_rstd") if e.dims.get(d)]
+    return " + ".join(parts)

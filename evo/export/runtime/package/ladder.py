@@ -97,8 +97,8 @@ def walk(table: OpTable, genomes: list[Any], arch: int, want_dims: Mapping[str, 
     same_arch = arch == table.arch_number
     notes = () if same_arch else (f"the prebuilt cubins are {table.arch}, this GPU is sm_{arch}: compiled for it",)
 
-    def consts(t: Any) -> tuple[tuple[str, int], ...]:
-        return tuple(sorted((d, want_dims[d]) for d in t.specialize))
+    def consts(t: Any) -> tuple[tuple[str, int], ...]:  # a dim the call lacks at the op's default
+        return t.consts(want_dims)
 
     for e in genomes if same_arch else ():  # a prebuilt cubin first (measured, gate-checked, no NVRTC)
         t = table.templates[e.template]

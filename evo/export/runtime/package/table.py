@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +47,16 @@ class Template:
     constraints: tuple[tuple[str, str], ...]
     launches: tuple[LaunchDecl, ...]
     workspaces: tuple[tuple[str, str], ...]
+    dim_defaults: tuple[tuple[str, int], ...] = ()  # the op's dims a call may lack (a variant's switch off)
+
+    def dims(self, dims: Mapping[str, int]) -> dict[str, int]:
+        """A call's dims with the op's defaults for those it lacks (bias and store_rstd: 0, say)."""
+        return {**dict(self.dim_defaults), **dims} if self.dim_defaults else dict(dims)
+
+    def consts(self, dims: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+        """The dims this template compiles in, for a call (a dim it lacks at the op's default)."""
+        full = self.dims(dims)
+        return tuple(sorted((d, int(full[d])) for d in self.specialize))
 
     def text(self) -> str:
         return (DATA / self.file).read_text()
@@ -57,13 +68,13 @@ class Template:
         bad = [f"{k}={params.get(k)!r} not in its space" for k in space if params.get(k) not in space[k]]
         if bad:
             return bad
-        ctx = expr.context(params, arch, dtypes, dims)
+        ctx = expr.context(params, arch, dtypes, self.dims(dims))
         return [name for name, text in self.constraints if not expr.evaluate(text, ctx)]
 
     def plan(self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, str],
              dims: Mapping[str, int]) -> tuple[tuple[Launch, ...], dict[str, int]]:
         """The launches and the workspace sizes (bytes) for one shape."""
-        ctx = expr.context(params, arch, dtypes, dims)
+        ctx = expr.context(params, arch, dtypes, self.dims(dims))
 
         def dim3(texts: tuple[str, ...]) -> tuple[int, int, int]:
             v = [int(expr.evaluate(t, ctx)) for t in texts] + [1, 1]
@@ -130,6 +141,8 @@ class OpTable:
     templates: Mapping[str, Template]
     builds: Mapping[str, Build]
     entries: tuple[Entry, ...]
+    dim_defaults: Mapping[str, int] = dataclasses.field(default_factory=dict)  # dims a cell may lack
+    run_ids: tuple[str, ...] = ()  # every run of the table (several when runs were merged)
 
     @property
     def arch_number(self) -> int:
@@ -148,15 +161,16 @@ def _items(d: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(d.items()))
 
 
-def _template(tid: str, t: Mapping[str, Any]) -> Template:
+def _template(tid: str, t: Mapping[str, Any], defaults: Mapping[str, int]) -> Template:
     launches = tuple(LaunchDecl(d["kernel"], tuple(d["grid"]), tuple(d["block"]), d["smem"], tuple(d["args"]))
                      for d in t["launches"])
     return Template(tid, t["name"], t["file"], tuple(t["specialize"]),
                     tuple((k, tuple(v)) for k, v in t["space"].items()), tuple(t["constraints"].items()),
-                    launches, tuple(t["workspaces"].items()))
+                    launches, tuple(t["workspaces"].items()), _items(defaults))
 
 
 def _op_table(op: str, d: Mapping[str, Any]) -> OpTable:
+    defaults = {k: int(v) for k, v in d.get("dim_defaults", {}).items()}
     builds = {bid: Build(bid, b["template"], _items(b["params"]), _items(b["dtypes"]), _items(b["consts"]), b["cu"],
                          b["cubin"]) for bid, b in d["builds"].items()}
     entries = tuple(Entry(e["cell"], _items(e["dtypes"]), _items(e["dims"]), e["build"], e["template"],
@@ -165,7 +179,8 @@ def _op_table(op: str, d: Mapping[str, Any]) -> OpTable:
     return OpTable(op, d["run_id"], d["arch"], tuple(Tensor(t["name"], tuple(t["dims"]), t["dtype"], t["role"])
                                                    for t in d["tensors"]),
                    tuple((s["name"], s["type"]) for s in d["scalars"]),
-                   {tid: _template(tid, t) for tid, t in d["templates"].items()}, builds, entries)
+                   {tid: _template(tid, t, defaults) for tid, t in d["templates"].items()}, builds, entries,
+                   defaults, tuple(d.get("run_ids", [d["run_id"]])))
 
 
 @lru_cache(maxsize=1)

@@ -1,8 +1,12 @@
 """The QuACK-compatible API: rmsnorm (autograd), rmsnorm_fwd, rmsnorm_bwd, and an RMSNorm module.
 
-The searched kernels compute y = x * rstd * w in x's dtype. Everything else (bias, residual add,
-another out_dtype, CPU tensors) is computed by the torch fallback (`reference.rmsnorm_fwd`, float32),
-which `explain(...)` names; weight=None uses a weight of ones (exact).
+The searched kernels compute y = x * rstd * w in x's dtype, and, where the export holds cells of the
+variant (a run of cta_row_fused, say), QuACK's variants in one pass: a residual add (prenorm: h = x +
+residual, residual_out = h in the residual's dtype, y = rmsnorm(h)), a bias, a stored rstd. A call of a
+variant the export has no cell of (or of another residual dtype), another out_dtype or a CPU tensor is
+computed by the torch fallback (`reference.rmsnorm_fwd`, float32), which `explain(...)` names;
+weight=None uses a weight of ones (exact). The backward of a variant call is the plain backward
+(`rmsnorm_bwd`, on h) with dresidual = dh + dresidual_out and db = the column sum of dout.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import torch
 from torch import Tensor
 
 from . import reference
-from .choose import unsupported
-from .expr import DTYPES, dtype_name
+from .choose import forward_choice
+from .expr import DTYPES, dtype_name, short
+from .guard import tensor_arch
 from .ops import NAMESPACE
 from .run import runtime
 
 _OPS = getattr(torch.ops, NAMESPACE)
+PLAIN, VARIANT, TORCH = "plain", "variant", "torch"
 
 
 @lru_cache(maxsize=64)
@@ -26,26 +32,65 @@ def _ones(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     return torch.ones(n, dtype=dtype, device=device)
 
 
-def _kernel_reason(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor | None,
-                   out_dtype: torch.dtype | None) -> str:
-    """'' when the custom op (searched kernels, or its own torch path per shape) computes this call."""
-    if str(x.dtype).removeprefix("torch.") not in DTYPES:
-        return f"dtype {x.dtype}"
-    if weight is not None and (str(weight.dtype).removeprefix("torch.") not in DTYPES
-                               or weight.shape != (x.shape[-1],) or weight.device != x.device):
-        return "weight is not a (N,) tensor of a kernel dtype on x's device"
-    return unsupported(dtype_name(x.dtype), bias=bias is not None, residual=residual is not None,
-                       out_dtype=out_dtype)
+def _name(t: Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _route(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor | None,
+           out_dtype: torch.dtype | None, store_rstd: bool = False) -> tuple[str, str]:
+    """(PLAIN, '') when the plain custom op computes the call (searched kernels, or its own torch path per
+    shape), (VARIANT, '') when a variant kernel does (the variant custom op), else (TORCH, why)."""
+    if _name(x) not in DTYPES:
+        return TORCH, f"dtype {x.dtype}"
+    if weight is not None and (_name(weight) not in DTYPES or weight.shape != (x.shape[-1],)
+                               or weight.device != x.device):
+        return TORCH, "weight is not a (N,) tensor of a kernel dtype on x's device"
+    dt = dtype_name(x.dtype)
+    if out_dtype is not None and dtype_name(out_dtype) != dt:
+        return TORCH, f"out_dtype {dtype_name(out_dtype)}: the searched kernels write the input's dtype ({dt})"
+    if bias is None and residual is None and not store_rstd:
+        return PLAIN, ""
+    wdt = _name(weight) if weight is not None else dt
+    if bias is not None and (_name(bias) != wdt or bias.shape != (x.shape[-1],) or bias.device != x.device):
+        return TORCH, f"bias is not a (N,) tensor in the weight's dtype ({short(wdt)}) on x's device"
+    if residual is not None and (_name(residual) not in DTYPES or residual.shape != x.shape
+                                 or residual.device != x.device):
+        return TORCH, "residual is not a tensor of x's shape, of a kernel dtype, on x's device"
+    if not x.is_cuda:
+        return (PLAIN, "") if bias is None and residual is None else (TORCH, "a CPU tensor")
+    c = forward_choice(x.shape, dt, wdt, tensor_arch(x.device), residual=_name(residual) if residual is not None
+                       else "", bias=bias is not None, store_rstd=store_rstd)
+    if not c.kernel:  # store_rstd alone: the plain custom op, rstd by torch, as the plain op always did
+        return (PLAIN, "") if bias is None and residual is None else (TORCH, c.reason)
+    return (VARIANT, "") if dict(c.dims).keys() - {"M", "N"} or len(c.dtypes) > 2 else (PLAIN, "")
+
+
+def _variant(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor | None, eps: float,
+             store_rstd: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(out, residual_out, rstd) by the variant custom op (autograd through it); residual_out is x
+    without a residual."""
+    n = x.shape[-1]
+    w = weight if weight is not None else _ones(n, x.dtype, x.device)
+    out, res_out, r = _OPS.rmsnorm_fwd_variant(x.reshape(-1, n), w, None if residual is None else
+                                               residual.reshape(-1, n), bias, float(eps), bool(store_rstd))
+    return out.reshape(x.shape), (res_out.reshape(x.shape) if residual is not None else x), \
+        (r if store_rstd else None)
 
 
 def rmsnorm_fwd(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, residual: Tensor | None = None,
                 out_dtype: torch.dtype | None = None, residual_dtype: torch.dtype | None = None, eps: float = 1e-6,
                 store_rstd: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """(out, residual_out, rstd) for a (M, N) x, as QuACK's rmsnorm_fwd: residual_out is x (+ residual),
-    rstd (M,) float32 when store_rstd (computed by torch: the searched kernels do not store it)."""
-    if _kernel_reason(x, weight, bias, residual, out_dtype):
+    rstd (M,) float32 when store_rstd (by the variant kernel where the export has one, else by torch)."""
+    route, _ = _route(x, weight, bias, residual, out_dtype, store_rstd)
+    if route == TORCH:
         runtime().count("rmsnorm", "torch")
         return reference.rmsnorm_fwd(x, weight, bias, residual, out_dtype, residual_dtype, eps, store_rstd)
+    if route == VARIANT:
+        out, residual_out, r = _variant(x, weight, bias, residual, eps, store_rstd)
+        if residual is None and residual_dtype is not None and residual_dtype != x.dtype:
+            residual_out = x.to(residual_dtype)
+        return out, residual_out, r
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     w = weight if weight is not None else _ones(n, x.dtype, x.device)
@@ -76,10 +121,14 @@ def rmsnorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
             out_dtype: torch.dtype | None = None, residual_dtype: torch.dtype | None = None, eps: float = 1e-6,
             prenorm: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """RMSNorm over the last dim with autograd; with prenorm, (out, residual_out) as QuACK's rmsnorm."""
-    if _kernel_reason(x, weight, bias, residual, out_dtype):
+    route, _ = _route(x, weight, bias, residual, out_dtype)
+    if route == TORCH:
         runtime().count("rmsnorm", "torch")
         out, residual_out, _ = reference.rmsnorm_fwd(x, weight, bias, residual, out_dtype, residual_dtype, eps,
                                                      False)
+        return (out, residual_out) if prenorm else out
+    if route == VARIANT:
+        out, residual_out, _ = _variant(x, weight, bias, residual, eps, False)
         return (out, residual_out) if prenorm else out
     n = x.shape[-1]
     w = weight if weight is not None else _ones(n, x.dtype, x.device)

@@ -43,6 +43,38 @@ def _forward_cell(e: Entry, samples: int, eps: float) -> dict:
     return _row("rmsnorm", e.cell, dt, m, n, t_torch, t_ours, nbytes, e.median_us, problem)
 
 
+def _variant_cell(e: Entry, samples: int, eps: float) -> dict:
+    """A variant cell (residual, bias, store_rstd): the package's one call against torch eager's ops."""
+    dt, dims = dict(e.dtypes), dict(e.dims)
+    m, n = dims["M"], dims["N"]
+    x, w = _inputs(dt["x"], dt["w"], m, n)
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    res = torch.randn(m, n, device="cuda", generator=g).to(_TORCH[dt["residual"]]) if "residual" in dt else None
+    b = torch.randn(n, device="cuda", generator=g).to(w.dtype) if dims.get("bias") else None
+    store = bool(dims.get("store_rstd"))
+    out, res_out, r = api.rmsnorm_fwd(x, w, b, res, eps=eps, store_rstd=store)
+    problem = verify.check_variant(x, w, res, b, eps, out, res_out if res is not None else None, r)
+
+    def eager():
+        h = x.float() + res.float() if res is not None else x.float()
+        y = torch.nn.functional.rms_norm(h, (n,), w.float(), eps)
+        y = (y + b.float() if b is not None else y).to(x.dtype)
+        return y, (h.to(res.dtype) if res is not None else x), (torch.rsqrt(h.square().mean(-1) + eps) if store else None)
+
+    t_torch, t_ours = samples_us([eager, lambda: api.rmsnorm_fwd(x, w, b, res, eps=eps, store_rstd=store)], samples)
+    nbytes = 2 * m * n * x.element_size() + n * w.element_size()
+    nbytes += 2 * m * n * res.element_size() if res is not None else 0
+    nbytes += n * w.element_size() if b is not None else 0
+    nbytes += 4 * m if store else 0
+    return _row("rmsnorm", e.cell, dt, m, n, t_torch, t_ours, nbytes, e.median_us, problem,
+                explain((m, n), dt["x"], dt["w"], residual=dt.get("residual", False), bias=b is not None,
+                        store_rstd=store).path)
+
+
+def _is_variant(e: Entry) -> bool:
+    return len(e.dtypes) > 2 or bool(dict(e.dims).keys() - {"M", "N"})
+
+
 def _backward_cell(e: Entry, samples: int, eps: float) -> dict:
     dt, dims = dict(e.dtypes), dict(e.dims)
     m, n = dims["M"], dims["N"]
@@ -63,22 +95,23 @@ def bench(op: str, samples: int, quick: bool, eps: float = 1e-6) -> list[dict]:
     """One row per searched cell of `op` (with --quick, the first cell of each dtype)."""
     if op not in tables():
         return []
-    cell = _forward_cell if op == "rmsnorm" else _backward_cell
     rows, seen = [], set()
     for e in tables()[op].entries:
-        if quick and e.dtypes in seen:
+        key = (e.dtypes, tuple(k for k in dict(e.dims) if k not in ("M", "N")))
+        if quick and key in seen:
             continue
-        seen.add(e.dtypes)
+        seen.add(key)
+        cell = _backward_cell if op == "rmsnorm_bwd" else _variant_cell if _is_variant(e) else _forward_cell
         rows.append(cell(e, samples, eps))
         torch.cuda.empty_cache()
     return rows
 
 
 def _row(op: str, cell: str, dt: dict, m: int, n: int, t_torch: list[float], t_ours: list[float], nbytes: int,
-         searched_us: float, problem: str) -> dict:
+         searched_us: float, problem: str, path: str = "") -> dict:
     a, b = statistics.median(t_torch), statistics.median(t_ours)
     return {"op": op, "cell": cell, "dtypes": dt, "M": m, "N": n,
-            "path": explain((m, n), dt["x"], dt["w"], op=op).path,
+            "path": path or explain((m, n), dt["x"], dt["w"], op=op).path,
             "torch_us": a, "exported_us": b, "speedup": a / b, "torch_gbps": nbytes / a / 1e3,
             "exported_gbps": nbytes / b / 1e3, "searched_median_us": searched_us, "samples": len(t_ours),
             "torch_p10_p90_us": _spread(t_torch), "exported_p10_p90_us": _spread(t_ours),

@@ -1,9 +1,15 @@
-"""The torch.library custom ops, <package>::rmsnorm_fwd and <package>::rmsnorm_bwd, with autograd.
+"""The torch.library custom ops, <package>::rmsnorm_fwd, <package>::rmsnorm_fwd_variant and
+<package>::rmsnorm_bwd, with autograd.
 
 rmsnorm_fwd(x (M, N), weight (N,), eps) -> y; its backward recomputes rstd from x in float32 torch
 (the searched forward kernels do not store it) and calls rmsnorm_bwd, which runs the exported backward
-kernels when a backward run was exported, else float32 torch. Fake (meta) implementations let
-torch.compile trace through both.
+kernels when a backward run was exported, else float32 torch.
+rmsnorm_fwd_variant(x, weight, residual?, bias?, eps, store_rstd) -> (y, residual_out, rstd): the
+variant kernels (h = x + residual, residual_out = h in the residual's dtype, y = rmsnorm(h) (+ bias),
+rstd stored); residual_out and rstd are empty (0,) tensors for a call without them. Its backward is
+rmsnorm_bwd on h (residual_out; x without a residual) with rstd recomputed from h, then dresidual =
+dx = dh + dresidual_out, db = the column sum of dy. Fake (meta) implementations let torch.compile trace
+through all three.
 """
 
 import torch
@@ -50,3 +56,46 @@ def _backward(ctx, dy: Tensor):
 
 
 rmsnorm_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::rmsnorm_fwd_variant", mutates_args=(),
+                         schema="(Tensor x, Tensor weight, Tensor? residual, Tensor? bias, float eps, bool store_rstd)"
+                                " -> (Tensor, Tensor, Tensor)")
+def rmsnorm_fwd_variant(x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None, eps: float,
+                        store_rstd: bool) -> tuple[Tensor, Tensor, Tensor]:
+    y, res_out, r = runtime().forward_variant(x, weight, residual, bias, eps, store_rstd)
+    return (y, res_out if res_out is not None else x.new_empty((0,)),
+            r if r is not None else x.new_empty((0,), dtype=torch.float32))
+
+
+@rmsnorm_fwd_variant.register_fake
+def _variant_fake(x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None, eps: float,
+                  store_rstd: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return (torch.empty_like(x), torch.empty_like(residual) if residual is not None else x.new_empty((0,)),
+            x.new_empty((x.shape[0] if store_rstd else 0,), dtype=torch.float32))
+
+
+def _variant_setup(ctx, inputs, output) -> None:
+    x, weight, residual, bias, eps, _ = inputs
+    ctx.save_for_backward(output[1] if residual is not None else x, weight)
+    ctx.eps = eps
+    ctx.x_dtype = x.dtype
+    ctx.residual_dtype = residual.dtype if residual is not None else None
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+
+
+def _variant_backward(ctx, dy: Tensor, dres_out: Tensor, _drstd: Tensor):
+    h, weight = ctx.saved_tensors
+    dh, dw = rmsnorm_bwd(h, weight, dy.contiguous(), reference.rstd(h, ctx.eps))
+    dx = dres = None
+    if ctx.residual_dtype is not None:
+        total = dh.float() + dres_out.float() if dres_out is not None and dres_out.numel() else dh.float()
+        dx = total.to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+        dres = total.to(ctx.residual_dtype) if ctx.needs_input_grad[2] else None
+    elif ctx.needs_input_grad[0]:
+        dx = dh
+    db = dy.float().sum(dim=0).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[3] else None
+    return dx, (dw if ctx.needs_input_grad[1] else None), dres, db, None, None
+
+
+rmsnorm_fwd_variant.register_autograd(_variant_backward, setup_context=_variant_setup)

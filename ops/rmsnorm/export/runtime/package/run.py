@@ -15,10 +15,9 @@ import torch
 from torch import Tensor
 
 from . import reference, verify
-from .choose import Choice, choose
+from .choose import Choice, choose, variant_call
 from .expr import dtype_name
 from .guard import Guarded, aligned, tensor_arch
-
 
 
 class Runtime(Guarded):
@@ -36,6 +35,19 @@ class Runtime(Guarded):
         if not x.is_cuda:
             return Choice(op, "torch", dims, dtypes, 0, "a CPU tensor")
         return choose(op, dims, dtypes, tensor_arch(x.device))
+
+    def variant_choice(self, x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None,
+                       store_rstd: bool) -> Choice:
+        """The forward's path for a (M, N) call with these variants (the cell the factory keys it by)."""
+        try:
+            dt, wdt = dtype_name(x.dtype), dtype_name(weight.dtype)
+            rdt = dtype_name(residual.dtype) if residual is not None else ""
+        except ValueError as e:
+            return Choice("rmsnorm", "torch", tuple(sorted(dict(M=x.shape[0], N=x.shape[1]).items())), (), 0, str(e))
+        dims, dtypes = variant_call(x.shape, dt, wdt, residual=rdt, bias=bias is not None, store_rstd=store_rstd)
+        if not x.is_cuda:
+            return Choice("rmsnorm", "torch", dims, dtypes, 0, "a CPU tensor")
+        return choose("rmsnorm", dims, dtypes, tensor_arch(x.device))
 
     def _count(self, c: Choice, path: str) -> None:
         self.count(c.op, path)
@@ -59,6 +71,32 @@ class Runtime(Guarded):
         else:
             self._count(c, "torch")
         return reference.forward_2d(x, weight, eps)
+
+    def forward_variant(self, x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None, eps: float,
+                        store_rstd: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(y, residual_out, rstd) of a (M, N) call with a residual (h = x + residual, residual_out = h in
+        the residual's dtype), a bias (N,) in the weight's dtype and/or rstd (M,) float32 stored: the
+        variant kernel, bound as the factory's gate binds it (the template's "name?" args: the tensors
+        of the call's variant, null pointers for the others), else float32 torch."""
+        m, n = x.shape
+        c = self.variant_choice(x, weight, residual, bias, store_rstd) if m and n else None
+        if c is not None and c.kernel:
+            x, weight = aligned(x), aligned(weight)
+            residual = aligned(residual) if residual is not None else None
+            bias = aligned(bias) if bias is not None else None
+            y = torch.empty_like(x)
+            res_out = torch.empty_like(residual) if residual is not None else None
+            r = torch.empty(m, dtype=torch.float32, device=x.device) if store_rstd else None
+            tensors = {"x": x, "w": weight, "y": y}
+            tensors.update({k: v for k, v in (("residual", residual), ("residual_out", res_out), ("bias", bias),
+                                              ("rstd", r)) if v is not None})
+            if self.launch(c, tensors, {"eps": eps},
+                           lambda: verify.check_variant(x, weight, residual, bias, eps, y, res_out, r)):
+                return y, res_out, r
+        elif c is not None:
+            self._count(c, "torch")
+        y, res_out, r = reference.rmsnorm_fwd(x, weight, bias, residual, None, None, eps, store_rstd)
+        return y, (res_out if residual is not None else None), (r.float() if store_rstd else None)
 
     def backward(self, x: Tensor, weight: Tensor, dout: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
         """dx (M, N) in x's dtype and dw (N,) in the weight's dtype, from the rstd the forward used."""

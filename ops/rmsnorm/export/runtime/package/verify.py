@@ -55,3 +55,29 @@ def check_backward(x: Tensor, weight: Tensor, dout: Tensor, r: Tensor, dx: Tenso
         sl = slice(start, start + _CHUNK)
         dw_ref += (dout[sl].double() * x[sl].double() * r[sl].double().unsqueeze(-1)).sum(dim=0)
     return compare("dw", dw, dw_ref, weight.dtype, atol_scale=math.sqrt(x.shape[0]))
+
+
+# rstd is fp32 math: the factory's rstd tolerance (ops/rmsnorm/spec.py RSTD_TOLERANCE)
+_RSTD = (1e-6, 1e-5)
+
+
+def check_variant(x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None, eps: float, y: Tensor,
+                  residual_out: Tensor | None, rstd: Tensor | None) -> str:
+    """A variant kernel's y, residual_out (h = x + residual in the residual's dtype) and rstd on the call's
+    data, the same rows, against float64."""
+    idx = rows(x.shape[0]).to(x.device)
+    h = x.index_select(0, idx).double()
+    if residual is not None:
+        h = h + residual.index_select(0, idx).double()
+    r = torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + eps)
+    ref = h * r * weight.double() + (bias.double() if bias is not None else 0)
+    problem = compare("y", y.index_select(0, idx), ref, x.dtype)
+    if not problem and residual_out is not None:
+        problem = compare("residual_out", residual_out.index_select(0, idx), h, residual.dtype)
+    if not problem and rstd is not None:
+        got, want = rstd.index_select(0, idx).double(), r.squeeze(-1)
+        err = (got - want).abs()
+        bad = int((~(err <= _RSTD[0] + _RSTD[1] * want.abs())).sum())
+        if bad:
+            problem = f"rstd: {bad} of {got.numel()} checked rows off the float64 reference"
+    return problem

@@ -1,6 +1,7 @@
 """The package on any machine (no GPU, no torch needed): its data is whole and consistent, its renderer
 gives back the shipped sources, and explain() names a path for table and off-table shapes of every op
-exported (a forward run, a backward run, or both)."""
+exported (a forward run, a backward run, or both), and of every variant the forward's cells have
+(residual, bias, store_rstd), with their kernels' args bound as the factory's gate binds them."""
 
 from __future__ import annotations
 
@@ -10,14 +11,24 @@ import re
 
 import kf_pkg as kf
 import pytest
-from kf_pkg.choose import choose
-from kf_pkg.expr import DATA
+from kf_pkg.args import bind_args
+from kf_pkg.choose import PLAIN, choose, describe, variant_key
+from kf_pkg.expr import DATA, short
 from kf_pkg.loader import PlanError, check_grid, cluster_dims, source_for
 
 TABLES = kf.tables()
 OPS = sorted(TABLES)
 BUILDS = [(op, b) for op, t in TABLES.items() for b in t.builds.values()]
 ENTRIES = [(op, e) for op, t in TABLES.items() for e in t.entries]
+
+
+def _variant(e) -> tuple:
+    return variant_key(dict(e.dtypes), dict(e.dims))
+
+
+PLAIN_ENTRIES = {op: [e for e in t.entries if _variant(e) == PLAIN] for op, t in TABLES.items()}
+VARIANTS = [e for e in TABLES["rmsnorm"].entries if _variant(e) != PLAIN] if "rmsnorm" in TABLES else []
+VARIANT_TENSORS = ("residual", "residual_out", "bias", "rstd")
 # off-table shapes per op: M = 1, odd M and N, 3-d input, long rows, an N no cell has
 OFF_TABLE = {"rmsnorm": [(1, 1000), (37, 4100), (3, 33), (7, 5, 3072), (2, 262144)],
              "rmsnorm_bwd": [(1, 4096), (37, 1000), (3, 33), (7, 5, 12288), (3, 262144), (1059, 65536)]}
@@ -59,7 +70,7 @@ def test_every_searched_cell_takes_its_table_kernel(op, entry):
     launches, workspaces = t.plan(dict(c.params), c.arch, dict(c.dtypes), dict(c.dims))
     assert launches and all(ln.grid[0] >= 1 and 32 <= ln.block[0] * ln.block[1] <= 1024 for ln in launches)
     names = {x.name for x in TABLES[op].tensors} | dict(entry.dims).keys() | dict(TABLES[op].scalars).keys()
-    assert all(a.partition(":")[0] in names | workspaces.keys() for ln in launches for a in ln.args)
+    assert all(a.partition(":")[0].removesuffix("?") in names | workspaces.keys() for ln in launches for a in ln.args)
     assert workspaces.keys() == dict(t.workspaces).keys() and all(b > 0 for b in workspaces.values())
     source = source_for(TABLES[op], c)
     assert all(re.search(rf"__global__[^;{{]*\b{ln.kernel}\s*\(", source) for ln in launches)
@@ -107,14 +118,84 @@ def test_off_table_shapes_get_a_named_path_and_launchable_plans(op):
 def test_variants_the_kernels_do_not_compute_say_torch():
     arch = _arch()
     op = OPS[0]
-    e = TABLES[op].entries[0]
+    e = (PLAIN_ENTRIES[op] or TABLES[op].entries)[0]
     shape, dt = _shape(e), dict(e.dtypes)["x"]
-    assert kf.explain(shape, dt, dict(e.dtypes)["w"], op=op, arch=arch).path == "table"
-    for kw, word in [({"bias": True}, "bias"), ({"residual": True}, "residual"),
-                     ({"out_dtype": "float32" if dt != "float32" else "bfloat16"}, "out_dtype")]:
+    assert kf.explain(shape, dt, dict(e.dtypes)["w"], op=op, arch=arch).path in ("table", "table-build")
+    have = {_variant(v)[1:] + (bool(_variant(v)[0]),) for v in TABLES[op].entries} if op == "rmsnorm" else set()
+    for kw, word, key in [({"bias": True}, "bias", ("", 1, 0, False)), ({"residual": True}, "residual", ("", 0, 0, True)),
+                          ({"out_dtype": "float32" if dt != "float32" else "bfloat16"}, "out_dtype", None)]:
         c = kf.explain(shape, dt, op=op, arch=arch, **kw)
-        assert c.path == "torch" and word in c.reason, str(c)
+        if key in have:  # the export has cells of this variant: their kernels serve it
+            assert c.path != "torch" or word not in c.reason, str(c)
+        else:
+            assert c.path == "torch" and word in c.reason, str(c)
     assert "ones" in str(kf.explain(shape, dt, dict(e.dtypes)["w"], op=op, arch=arch, weight=False))
+
+
+@pytest.mark.parametrize("entry", VARIANTS, ids=[e.cell for e in VARIANTS])
+def test_variant_cells_take_their_kernel_with_args_bound_as_the_gate_binds_them(entry):
+    """Every variant cell (residual, bias, store_rstd) takes its table kernel; the launch binds the variant's
+    tensors at the template's "name?" args and null pointers at the others, in the plan's order."""
+    arch = _arch()
+    table = TABLES["rmsnorm"]
+    residual, _, bias, store_rstd = _variant(entry)
+    dt, dims = dict(entry.dtypes), dict(entry.dims)
+    c = kf.explain((dims["M"], dims["N"]), dt["x"], dt["w"], arch=arch, residual=residual or False, bias=bool(bias),
+                   store_rstd=bool(store_rstd))
+    assert (c.path, c.build, c.source_cell) == ("table", entry.build, entry.cell), str(c)
+    assert dict(c.consts) == {d: dims.get(d, table.dim_defaults.get(d)) for d in table.templates[c.template].specialize}
+    launches, _ = table.templates[c.template].plan(dict(c.params), arch, dict(c.dtypes), dict(c.dims))
+    used = {"residual": bool(residual), "residual_out": bool(residual), "bias": bool(bias), "rstd": bool(store_rstd)}
+    ptrs = {n: 0x1000 * (i + 1) for i, n in enumerate(("x", "w", "y", *VARIANT_TENSORS)) if used.get(n, True)}
+    for ln in launches:
+        args = bind_args(ln.args, ptrs, dict(c.dims), {"eps": 1e-6}, dict(table.scalars), c.template)
+        assert len(args) == len(ln.args)
+        for a, v in zip(ln.args, args):
+            name = a.partition(":")[0].removesuffix("?")
+            if name in ptrs:
+                assert int(v) == ptrs[name], f"{a}: {v}"
+            elif name in VARIANT_TENSORS:  # not this variant's: a null pointer, never touched
+                assert a.partition(":")[0].endswith("?") and int(v) == 0, f"{a}: {v}"
+    for tname in VARIANT_TENSORS:  # the kernel reads and writes the variant's tensors, and only those
+        named = [a for ln in launches for a in ln.args if a.partition(":")[0].removesuffix("?") == tname]
+        assert bool(named) or not used[tname], f"{c.template} binds no {tname}"
+
+
+def test_variant_calls_off_the_table_and_the_ones_no_cell_serves():
+    if not VARIANTS:
+        pytest.skip("no variant cell exported")
+    arch = _arch()
+    e = VARIANTS[0]
+    residual, _, bias, store_rstd = _variant(e)
+    dt, n = dict(e.dtypes), dict(e.dims)["N"]
+    kw = {"residual": residual or False, "bias": bool(bias), "store_rstd": bool(store_rstd)}
+    other_m = kf.explain((37, n), dt["x"], dt["w"], arch=arch, **kw)
+    assert (other_m.path, other_m.build) == ("table-build", e.build), str(other_m)
+    searched_n = {dict(v.dims)["N"] for v in VARIANTS if _variant(v) == _variant(e)}
+    new_n = next(k for k in (2048, 3072, 6144, 12288) if k not in searched_n)
+    off = kf.explain((5, new_n), dt["x"], dt["w"], arch=arch, **kw)
+    assert off.path in ("rerender", "repaired") and dict(off.consts)["N"] == new_n and not off.build, str(off)
+    assert "residual=" in off.head() if residual else "residual=" not in off.head()
+    odd = kf.explain((3, 1000), dt["x"], dt["w"], arch=arch, **kw)
+    assert odd.path in ("rerender", "repaired", "torch") and odd.reason, str(odd)
+    if odd.kernel:
+        t = TABLES["rmsnorm"].templates[odd.template]
+        assert not t.violations(dict(odd.params), arch, dict(odd.dtypes), dict(odd.dims)), str(odd)
+        assert "__global__" in source_for(TABLES["rmsnorm"], odd)
+    c = kf.explain((37, n), dt["x"], dt["w"], arch=arch, out_dtype="float32" if dt["x"] != "float32" else "bfloat16",
+                   **kw)
+    assert c.path == "torch" and "out_dtype" in c.reason, str(c)
+    if residual:  # a residual dtype no cell of the variant has
+        searched = {(dict(v.dtypes)["x"], dict(v.dtypes).get("residual")) for v in VARIANTS}
+        other = next(d for d in ("float16", "bfloat16", "float32") if (dt["x"], d) not in searched)
+        c = kf.explain((37, n), dt["x"], dt["w"], arch=arch, **{**kw, "residual": other})
+        assert c.path == "torch" and f"residual {short(other)}" in c.reason, str(c)
+    have = {_variant(v) for v in TABLES["rmsnorm"].entries}
+    missing = next(k for k in [(r, "", b, s) for r in ("", dt["x"]) for b in (0, 1) for s in (0, 1)]
+                   if k not in have and k != PLAIN and k[1:] != ("", 0, 1))  # store_rstd alone keeps the plain kernel
+    c = kf.explain((37, n), dt["x"], dt["w"], arch=arch, residual=missing[0] or False, bias=bool(missing[2]),
+                   store_rstd=bool(missing[3]))
+    assert c.path == "torch" and f"{describe(missing)}: no exported cell has this variant" in c.reason, str(c)
 
 
 @pytest.mark.skipif("rmsnorm_bwd" not in TABLES, reason="no backward run exported")
@@ -141,7 +222,7 @@ def test_backward_explain_on_and_off_the_table():
 
 @pytest.mark.parametrize("op", OPS)
 def test_another_arch_compiles_instead_of_loading_the_prebuilt_cubin(op):
-    e = TABLES[op].entries[0]
+    e = (PLAIN_ENTRIES[op] or TABLES[op].entries)[0]
     c = choose(op, e.dims, e.dtypes, 100)
     assert c.path in ("rerender", "repaired", "torch") and not c.build, str(c)
 
@@ -183,13 +264,14 @@ def test_an_unchecked_kernel_is_checked_on_first_use_and_dropped_when_wrong(kern
     from kf_pkg import reference, run
     from kf_pkg.loader import CompileError
 
-    e = TABLES[op].entries[0]
+    e = (PLAIN_ENTRIES[op] or TABLES[op].entries)[0]
     n = dict(e.dims)["N"]
     x = torch.randn(9, n).to(getattr(torch, dict(e.dtypes)["x"]))
     w = (1 + 0.1 * torch.randn(n)).to(getattr(torch, dict(e.dtypes)["w"]))
     dout = torch.randn_like(x)
     r = reference.rstd(x, 1e-6)
-    c = kf.Choice(op, "rerender", (("M", 9), ("N", n)), e.dtypes, 90, "test", e.template, e.params)
+    dts = tuple((k, v) for k, v in e.dtypes if k in ("x", "w"))
+    c = kf.Choice(op, "rerender", (("M", 9), ("N", n)), dts, 90, "test", e.template, e.params)
     calls = []
 
     def fake_launch(choice, tensors, scalars):  # stands in for the GPU: writes the outputs as a kernel would
@@ -228,4 +310,82 @@ def test_provenance_names_the_runs():
     assert set(p["ops"]) == set(OPS)
     for op, t in TABLES.items():
         assert p["ops"][op]["run"]["run_id"] == t.run_id
+        runs = p["ops"][op].get("runs", [p["ops"][op]])  # several runs merged into one table: each named
+        assert tuple(r["run"]["run_id"] for r in runs) == t.run_ids
         assert all(k["cubin_from"] in ("store", "compiled") for k in p["ops"][op]["kernels"].values())
+
+
+def test_variant_custom_op_schema_and_autograd_on_cpu_match_float64():
+    """The variant custom op (CPU tensors take its torch path) and its backward (rmsnorm_bwd on h,
+    dresidual = dh + dresidual_out, db = column sum of dy) against float64 autograd."""
+    torch = pytest.importorskip("torch")
+    import kf_pkg.ops  # noqa: F401  (registers the ops)
+
+    ns = getattr(torch.ops, kf.__name__)
+    g = torch.Generator().manual_seed(3)
+    x, res = torch.randn(6, 64, generator=g), torch.randn(6, 64, generator=g)
+    w, b = 1 + 0.1 * torch.randn(64, generator=g), torch.randn(64, generator=g)
+    for args in [(x, w, res, None, 1e-6, False), (x, w, None, b, 1e-6, True), (x, w, res, b, 1e-6, True)]:
+        result = torch.library.opcheck(ns.rmsnorm_fwd_variant.default, args)
+        assert all(v == "SUCCESS" for v in result.values()), result
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, res, b)]
+    out, res_out, r = ns.rmsnorm_fwd_variant(leaves[0], leaves[1], leaves[2], leaves[3], 1e-6, True)
+    dy, dro = torch.randn(6, 64, generator=g), torch.randn(6, 64, generator=g)
+    torch.autograd.backward([out, res_out], [dy, dro])
+    ref = [t.double().requires_grad_(True) for t in (x, w, res, b)]
+    h = ref[0] + ref[2]
+    r64 = torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-6)
+    y = h * r64 * ref[1] + ref[3]
+    torch.autograd.backward([y, h], [dy.double(), dro.double()])
+    assert torch.allclose(out.double(), y, atol=1e-5) and torch.allclose(res_out.double(), h, atol=1e-6)
+    assert torch.allclose(r.double(), r64.squeeze(-1), atol=1e-6)
+    for got, want in zip(leaves, ref):
+        assert torch.allclose(got.grad.double(), want.grad, atol=1e-4), (got.grad - want.grad).abs().max()
+
+
+@pytest.mark.parametrize("kernel", ["right", "wrong"])
+def test_an_unchecked_variant_kernel_is_checked_on_first_use_and_dropped_when_wrong(kernel):
+    torch = pytest.importorskip("torch")
+    if not VARIANTS:
+        pytest.skip("no variant cell exported")
+    from kf_pkg import reference, run
+
+    e = VARIANTS[0]
+    residual, _, bias, store_rstd = _variant(e)
+    dt, n = dict(e.dtypes), dict(e.dims)["N"]
+    x = torch.randn(9, n).to(getattr(torch, dt["x"]))
+    w = (1 + 0.1 * torch.randn(n)).to(getattr(torch, dt["w"]))
+    res = torch.randn(9, n).to(getattr(torch, residual)) if residual else None
+    b = torch.randn(n).to(w.dtype) if bias else None
+    dims = tuple(sorted({**dict(e.dims), "M": 9}.items()))
+    c = kf.Choice("rmsnorm", "rerender", dims, e.dtypes, 90, "test", e.template, e.params)
+    calls = []
+
+    def fake_launch(choice, tensors, scalars):  # stands in for the GPU: writes the outputs as the kernel would
+        calls.append(sorted(tensors))
+        y, ro, r = reference.rmsnorm_fwd(tensors["x"], tensors["w"], tensors.get("bias"), tensors.get("residual"),
+                                         None, None, scalars["eps"], True)
+        tensors["y"].copy_(y + (0 if kernel == "right" else 1))
+        if "residual_out" in tensors:
+            tensors["residual_out"].copy_(ro)
+        if "rstd" in tensors:
+            tensors["rstd"].copy_(r)
+
+    rt = run.Runtime()
+    rt.variant_choice = lambda *a: c
+    rt.launcher.run = fake_launch
+    want = reference.rmsnorm_fwd(x, w, b, res, None, None, 1e-6, bool(store_rstd))
+    expected = {"x", "w", "y"} | ({"residual", "residual_out"} if residual else set()) | ({"bias"} if bias else set()) \
+        | ({"rstd"} if store_rstd else set())
+    if kernel == "right":
+        got = rt.forward_variant(x, w, res, b, 1e-6, bool(store_rstd))
+        assert torch.equal(got[0], want[0]) and calls == [sorted(expected)]
+        assert rt.counts[("rmsnorm", "rerender")] == 1
+    else:
+        with pytest.warns(RuntimeWarning, match="takes the torch fp32 path"):
+            got = rt.forward_variant(x, w, res, b, 1e-6, bool(store_rstd))
+        assert torch.equal(got[0], want[0]) and len(calls) == 1
+        rt.forward_variant(x, w, res, b, 1e-6, bool(store_rstd))
+        assert rt.counts[("rmsnorm", "torch")] == 2 and len(calls) == 1  # not launched again
+    if residual:
+        assert torch.equal(got[1], want[1])

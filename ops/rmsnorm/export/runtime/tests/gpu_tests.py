@@ -1,6 +1,7 @@
-"""The package on a CUDA GPU: every searched cell (forward and backward), off-table shapes, every API
-variant and autograd through forward and backward against a float64 torch reference; each call takes
-the path explain() names. Skipped, loudly, without a CUDA GPU."""
+"""The package on a CUDA GPU: every searched cell (forward and backward, the forward's variant cells:
+residual, bias, store_rstd), off-table shapes, every API variant and autograd through forward and
+backward (a residual call's too) against a float64 torch reference; each call takes the path explain()
+names. Skipped, loudly, without a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -19,7 +20,22 @@ TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.b
 TOL = {torch.float32: (1e-5, 1e-5, 1e-5), torch.float16: (2e-3, 2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1.6e-2, 8e-3)}
 EPS = 1e-6
 TABLES = kf.tables()
-FWD = [(dict(e.dtypes), dict(e.dims)) for e in TABLES["rmsnorm"].entries] if "rmsnorm" in TABLES else []
+_VARIANT_DIMS = ("bias", "store_rstd")
+
+
+def _is_variant(e) -> bool:
+    return "residual" in dict(e.dtypes) or "out" in dict(e.dtypes) or any(d in dict(e.dims) for d in _VARIANT_DIMS)
+
+
+FWD = [(dict(e.dtypes), dict(e.dims)) for e in TABLES["rmsnorm"].entries
+       if not _is_variant(e)] if "rmsnorm" in TABLES else []
+VARIANT_CELLS = [(dict(e.dtypes), dict(e.dims)) for e in TABLES["rmsnorm"].entries
+                 if _is_variant(e) and "out" not in dict(e.dtypes)] if "rmsnorm" in TABLES else []
+# (x dtype, residual dtype, shape) of prenorm calls: the residual cells' dtypes (where the export has them)
+# at table-build M, an off-table N, an odd N, a 3-d input; each call takes the path explain() names
+RESIDUAL_CALLS = [("bfloat16", "bfloat16", (64, 4096)), ("bfloat16", "bfloat16", (37, 1000)),
+                  ("float16", "float16", (129, 1024)), ("bfloat16", "float32", (19, 4096)),
+                  ("bfloat16", "bfloat16", (2, 3, 2048)), ("float16", "float16", (77, 12288))]
 BWD = [(dict(e.dtypes), dict(e.dims)) for e in TABLES["rmsnorm_bwd"].entries] if "rmsnorm_bwd" in TABLES else []
 OFF_TABLE = [  # (x dtype, w dtype, shape): tails, M = 1, odd N, mixed weight dtype, long rows, 3-d input
     ("bfloat16", "bfloat16", (1, 1024)), ("bfloat16", "bfloat16", (37, 1000)), ("float16", "float16", (5, 4100)),
@@ -42,7 +58,8 @@ AUTOGRAD = [  # (x dtype, shape): table builds of the backward where one was exp
 
 
 def _label(dt: dict, dims: dict) -> str:
-    return f"x={dt['x']},w={dt['w']}-" + "-".join(f"{k}{v}" for k, v in sorted(dims.items()))
+    res = f"residual={dt['residual']}," if "residual" in dt else ""
+    return f"{res}x={dt['x']},w={dt['w']}-" + "-".join(f"{k}{v}" for k, v in sorted(dims.items()))
 
 
 def inputs(xdt: str, wdt: str, shape: tuple, seed: int = 0):
@@ -218,3 +235,85 @@ def test_module_matches_torch_rmsnorm():
         m.weight.copy_(1 + 0.1 * torch.randn(2048, device="cuda"))
     x, _ = inputs("bfloat16", "bfloat16", (4, 9, 2048), seed=6)
     assert_close(m(x), ref_fwd(x, m.weight)[0], x.dtype)
+
+
+@pytest.mark.parametrize("dt,dims", VARIANT_CELLS, ids=[_label(*c) for c in VARIANT_CELLS])
+def test_searched_variant_cells_forward(dt, dims):
+    """Each variant cell (residual, bias, store_rstd) by its table kernel: out, residual_out and rstd."""
+    m, n = dims["M"], dims["N"]
+    x, w = inputs(dt["x"], dt["w"], (m, n), seed=11)
+    g = torch.Generator(device="cuda").manual_seed(12)
+    res = torch.randn((m, n), device="cuda", generator=g).to(TORCH[dt["residual"]]) if "residual" in dt else None
+    b = (0.5 * torch.randn(n, device="cuda", generator=g)).to(w.dtype) if dims.get("bias") else None
+    store = bool(dims.get("store_rstd"))
+    c = kf.explain(x.shape, x.dtype, w.dtype, residual=dt.get("residual", False), bias=b is not None, store_rstd=store)
+    assert c.path == "table", str(c)
+    before = dict(kf.stats().get("rmsnorm", {}))
+    out, res_out, r = kf.rmsnorm_fwd(x, w, b, res, eps=EPS, store_rstd=store)
+    assert _took("rmsnorm", before) == ["table"]
+    y, h = ref_fwd(x, w, b, res)
+    assert out.dtype == x.dtype
+    assert_close(out, y, x.dtype)
+    if res is not None:
+        assert res_out.dtype == res.dtype
+        assert_close(res_out, h, res.dtype)
+    else:
+        assert res_out is x
+    if store:
+        assert r.dtype == torch.float32 and r.shape == (m,)
+        assert_close(r, torch.rsqrt(h.square().mean(-1) + EPS), torch.float32)
+
+
+@pytest.mark.parametrize("xdt,rdt,shape", RESIDUAL_CALLS,
+                         ids=[f"{a}-{b}-{'x'.join(map(str, s))}" for a, b, s in RESIDUAL_CALLS])
+def test_residual_call_and_its_gradients_match_float64(xdt, rdt, shape):
+    """A prenorm call (h = x + residual, residual_out = h, out = rmsnorm(h)): out and residual_out, and the
+    gradients of x, weight and residual (dresidual = dx = dh + dresidual_out) against float64 autograd;
+    forward and backward take the paths explain() names."""
+    x, w = inputs(xdt, xdt, shape, seed=13)
+    g = torch.Generator(device="cuda").manual_seed(14)
+    res = torch.randn(shape, device="cuda", generator=g).to(TORCH[rdt])
+    leaves = [t.requires_grad_(True) for t in (x, w, res)]
+    fwd = kf.explain(shape, xdt, residual=rdt)
+    bwd = kf.explain(shape, rdt, xdt, op="rmsnorm_bwd", dout_dtype=xdt)  # the backward runs on h (residual's dtype)
+    before = {op: dict(kf.stats().get(op, {})) for op in ("rmsnorm", "rmsnorm_bwd")}
+    out, res_out = kf.rmsnorm(x, w, residual=res, eps=EPS, prenorm=True)
+    assert _took("rmsnorm", before["rmsnorm"]) == [fwd.path], str(fwd)
+    assert out.dtype == x.dtype and res_out.dtype == res.dtype
+    dy, dro = torch.randn_like(out), torch.randn_like(res_out)
+    torch.autograd.backward([out, res_out], [dy, dro])
+    if fwd.kernel:  # the variant custom op's backward: rmsnorm_bwd on h
+        assert _took("rmsnorm_bwd", before["rmsnorm_bwd"]) == [bwd.path], str(bwd)
+    ref = [t.detach().double().requires_grad_(True) for t in leaves]
+    y, h = ref_fwd(ref[0], ref[1], residual=ref[2])
+    assert_close(out, y.detach(), x.dtype)
+    assert_close(res_out, h.detach(), res.dtype)
+    torch.autograd.backward([y, h], [dy.double(), dro.double()])
+    rows = math.prod(shape[:-1])
+    assert_close(x.grad, ref[0].grad, x.dtype, atol_scale=2.0)
+    assert_close(res.grad, ref[2].grad, x.dtype, atol_scale=2.0)  # dh + dresidual_out, from x's dtype's dy
+    assert_close(w.grad, ref[1].grad, w.dtype, atol_scale=math.sqrt(rows))
+
+
+def test_variant_calls_no_kernel_serves_take_torch_and_are_right():
+    """A residual dtype no variant cell has, another out_dtype, and a bias of another dtype than the weight."""
+    x, w = inputs("bfloat16", "bfloat16", (33, 1024), seed=15)
+    res = torch.randn(33, 1024, device="cuda").to(torch.float16)
+    c = kf.explain(x.shape, x.dtype, residual=res.dtype)
+    before = dict(kf.stats().get("rmsnorm", {}))
+    out, res_out = kf.rmsnorm(x, w, residual=res, eps=EPS, prenorm=True)
+    assert _took("rmsnorm", before) == [c.path], str(c)
+    y, h = ref_fwd(x, w, residual=res)
+    assert_close(out, y, x.dtype)
+    assert_close(res_out, h, res.dtype)
+    r16 = res.to(torch.bfloat16)
+    c = kf.explain(x.shape, x.dtype, residual=True, out_dtype=torch.float32)
+    assert c.path == "torch" and "out_dtype" in c.reason
+    out, res_out, _ = kf.rmsnorm_fwd(x, w, None, r16, out_dtype=torch.float32, eps=EPS)
+    assert out.dtype == torch.float32
+    assert_close(out, ref_fwd(x, w, residual=r16)[0], torch.bfloat16)
+    b32 = torch.randn(1024, device="cuda")  # bias in fp32, weight bf16: the kernels read it in w's dtype
+    before = dict(kf.stats().get("rmsnorm", {}))
+    out = kf.rmsnorm(x, w, b32, eps=EPS)
+    assert _took("rmsnorm", before) == ["torch"]
+    assert_close(out, ref_fwd(x, w, b32)[0], x.dtype)
