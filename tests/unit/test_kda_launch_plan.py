@@ -157,3 +157,35 @@ def test_check_row_refuses_bad_rows(row, why):
 def test_check_row_accepts_a_good_row():
     check_row({"launches": [{"kernel": "kda_chunk_prep", "median_us": 300.0},
                             {"kernel": "kda_chunk_recur", "median_us": 1800.0}], "sum_us": 2100.0, "total_us": 2000.0})
+
+
+def test_run_launches_runs_rounds_after_the_checked_one_and_checks_after():
+    """What profile_launches.py runs under ncu: the checked pair, then `times` rounds of the plan's launches
+    (L2 flushed before each, nothing timed), the outputs checked again after; a launch that is right only
+    on its first call fails."""
+    from evo.measure.launches import run_launches
+    from tests.unit.test_kda_chunk import emulated_kernels
+    from tests.unit.test_kda_recurrent import KdaFakeDevice
+
+    c = cell(DType.BF16, 2, 70, 2)
+    g, job = plan_job(c, {"chunk": 32, "warps": 1})
+    dev = KdaFakeDevice(emulated_kernels(c, g.params_dict()))
+    geo = run_launches(dev, "cand", "ref", kda_device, job, times=3)
+    assert [x["kernel"] for x in geo] == list(KERNELS) and [tuple(x["grid"]) for x in geo] == [lj.grid for lj in job.launches]
+    assert dev.launches == 2 + 3 * 2 and dev.resets == 3 and not dev.holds
+
+    kernels = emulated_kernels(c, g.params_dict())
+    emulated_recur = kernels["kda_chunk_recur"]
+
+    calls = []
+
+    def recur(d, args):
+        emulated_recur(d, args)
+        calls.append(1)
+        if len(calls) > 1:
+            d.view(args[8][1], "float32", 16)[:] = np.float32(1e3)  # final_state wrong after the first call
+
+    kernels["kda_chunk_recur"] = recur
+    with pytest.raises(AssertionError, match="after timing"):
+        run_launches(KdaFakeDevice(kernels), "cand", "ref", kda_device, job, times=2)
+    assert len(calls) == 3
