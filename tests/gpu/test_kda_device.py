@@ -137,7 +137,8 @@ PREFILL = [c for c in SPEC.matrix() if c.dim("T") > 1 and not is_varlen(c)]
 CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 {"chunk": 32, "warps": 4, "prep_threads": 128, "stage_in": True, "u_prefetch": True, "prep_exp": "fast"},
                 {"chunk": 64, "warps": 2, "stage_in": True},
-                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "folded"}]
+                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "folded"},
+                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"}]
 
 
 @pytest.mark.gpu

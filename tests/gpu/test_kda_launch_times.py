@@ -32,7 +32,8 @@ KERNELS = ("kda_chunk_prep", "kda_chunk_recur")
 POINTS = [{}, {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128}, {"chunk": 32, "warps": 1},
           {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128, "stage_in": True, "u_prefetch": True},
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True},
-          {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "folded"}]
+          {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "folded"},
+          {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"}]
 ARCH = 90
 REPS = 50
 WARMUP = 5

@@ -157,7 +157,7 @@ def test_options_off_render_the_code_from_before_the_options():
         h.update(source(TDEF, c, dict(zip(OLD_SPACE, vals)) | OPTIONS).encode())
     assert h.hexdigest() == OLD_RENDERS
     legal = all_legal(c)
-    assert len(legal) == 612  # experiments/kda_prefill_h200.toml
+    assert len(legal) == 816  # experiments/kda_prefill_h200.toml
     assert len([p for p in legal if all(p[k] == off for k, off in OPTIONS.items())]) == 54
 
 
@@ -339,6 +339,277 @@ def prep_ctas_per_sm(p: dict, regs: int) -> int:
     by_regs = 65536 // (-(-regs // 8) * 8 * p["prep_threads"])
     by_smem = 233472 // (prep_smem(p, 128, 128) + 1024)
     return min(by_regs, by_smem, 2048 // p["prep_threads"])
+
+
+# ---- prep_diag = split: the diagonal blocks with the decay factored at midpoints ---------------------
+
+def split_kernels(c: Cell) -> list[dict]:
+    """One legal point per distinct split prep kernel: (chunk, prep_threads, prep_exp), stage_in on."""
+    legal = [p for p in all_legal(c) if p["prep_diag"] == "split"]
+    assert legal and all(p["stage_in"] for p in legal)
+    out: dict[tuple, dict] = {}
+    for p in legal:
+        out.setdefault(prep_key(p) + (p["prep_diag"],), p)
+    return list(out.values())
+
+
+def test_split_diag_is_legal_exactly_with_stage_in():
+    """split reads q and k from the staged tiles: refused without stage_in, legal with it at every chunk and
+    prep_threads (2, 4 or 8 tasks a warp at K = 128); 204 more points, the space 408 + 204 + 204 = 816."""
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c)
+    off = [p for p in legal if p["prep_diag"] == "warp_row"]
+    on = [p for p in legal if p["prep_diag"] == "split"]
+    assert len(legal) == 816 and len(off) == 408 and len(on) == 204
+    assert sorted(map(str, on)) == sorted(str(p | {"prep_diag": "split"}) for p in off if p["stage_in"])
+    p = TDEF.default_params() | {"prep_diag": "split"}
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["split_diag_reads_staged_tiles"]
+    assert TDEF.violations(p | {"stage_in": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == []
+    # the task split's constraint: K / 2 a multiple of the lanes a task (16 at chunk 32, 256 threads)
+    bad = c.dims_dict() | {"K": 96}
+    assert "split_diag_tasks_per_warp" in TDEF.violations(p | {"stage_in": True, "chunk": 32}, ARCH, c.dtypes_dict(), bad)
+    assert "split_diag_tasks_per_warp" not in TDEF.violations(p | {"stage_in": True, "chunk": 64}, ARCH, c.dtypes_dict(), bad)
+
+
+# The split diagonal's index math and summation order, as rendered (checked line by line against the CUDA,
+# mirrored by split_diag below).
+SPLIT_LINES = [
+    "constexpr int TPW = 8 * NB / NW;", "constexpr int L = 32 / TPW;", "constexpr int NV = 32 / L;",
+    "constexpr int NP = K / 2 / L;", "const bool tri = warp >= 3 * NW / 4;",
+    "const int task = (tri ? warp - 3 * NW / 4 : warp) * TPW + lane / L;", "const int s = lane % L;",
+    "const int fu = task % 6, fb = 16 * (task / 6);",
+    "const int r0 = fb + (fu < 4 ? 8 + 4 * (fu / 2) : 8 * (fu - 4) + 4);",
+    "const int j0 = fb + (fu < 4 ? 4 * (fu % 2) : 8 * (fu - 4));",
+    "const int mid = fb + (fu < 4 ? 8 : 8 * (fu - 4) + 4);", "const int t0 = 16 * (task / 2) + 8 * (task % 2);",
+    "const int c = 2 * (s + L * n);",
+    "kc[jj][e] = lo_hi(kj, e) * EXP(g_e(gm, e) - g_e(gj, e));",
+    "const float f = EXP(g_e(gi, e) - g_e(gm, e));", "const float kt = lo_hi(ki, e) * f, qt = lo_hi(qi, e) * f;",
+    "acc[4 * r + jj] = fmaf(kt, kc[jj][e], acc[4 * r + jj]);",
+    "acc[16 + 4 * r + jj] = fmaf(qt, kc[jj][e], acc[16 + 4 * r + jj]);",
+    "for (int jj = 0; jj < r; ++jj) {",
+    "const float d = lo_hi(kw[jj], e) * EXP(g_e(g[r], e) - g_e(g[jj], e));",
+    "acc[6 * x + r * (r - 1) / 2 + jj] = fmaf(ki, d, acc[6 * x + r * (r - 1) / 2 + jj]);",
+    "acc[12 + 10 * x + r * (r + 1) / 2 + jj] = fmaf(qi, d, acc[12 + 10 * x + r * (r + 1) / 2 + jj]);",
+    "acc[12 + 10 * x + r * (r + 1) / 2 + r] = fmaf(qi, ki, acc[12 + 10 * x + r * (r + 1) / 2 + r]);",
+    "for (int st = 1; st < L; st *= 2) {", "const int o = L / 2 / st, h = 16 / st;", "const bool up = s & o;",
+    "const float send = up ? acc[v] : acc[v + h];",
+    "acc[v] = (up ? acc[v + h] : acc[v]) + __shfl_xor_sync(0xffffffffu, send, o);",
+    "const int idx = NV * s + v;", "kk = idx < 16;", "i = r0 + (idx % 16) / 4;", "j = j0 + idx % 4;",
+    "kk = idx < 12;", "const int x = kk ? idx / 6 : (idx - 12) / 10, p = kk ? idx % 6 : (idx - 12) % 10;",
+    "const int r = kk ? 1 + (p >= 1) + (p >= 3) : (p >= 1) + (p >= 3) + (p >= 6);",
+    "i = t0 + 4 * x + r;", "j = t0 + 4 * x + p - (kk ? r * (r - 1) / 2 : r * (r + 1) / 2);",
+    "if (kk) A_AT(i, j) = acc[v];", "else ws_aqk[(cidx * C + i) * C + j] = __float2bfloat16_rn(scale * acc[v]);",
+]
+
+
+def split_section(src: str) -> str:
+    prep = src.split("kda_chunk_recur(", 1)[0]
+    a = prep.index("Diagonal 16x16 blocks, exact fp32, the decay factored")
+    return prep[a:prep.index("Off-diagonal blocks by tf32 mma", a)]
+
+
+def fma32(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """fmaf: the fp32 product exact in float64, one rounding of the sum."""
+    return (a.astype(np.float64) * b.astype(np.float64) + acc.astype(np.float64)).astype(f32)
+
+
+def split_diag(k: np.ndarray, q: np.ndarray, G: np.ndarray, C: int, PT: int, ex=np.exp):
+    """The split kernel's A_kk (j < i) and A_qk (j <= i, unscaled) on the diagonal blocks of one chunk: its warps,
+    lane groups, tasks, 2-channel pieces, fp32 operations in its order (each lane's channels in turn, then
+    the reduce-scatter over the group) and its output decode (SPLIT_LINES). Returns akk, aqk, the number of
+    times each (i, j, channel) entered an A_qk sum, and the exponentials a block and channel took."""
+    NW, NB, K = PT // 32, C // 16, k.shape[1]
+    TPW = 8 * NB // NW
+    L = 32 // TPW
+    NV = 32 // L
+    NP = K // 2 // L
+    akk = np.full((C, C), np.nan, f32)
+    aqk = np.full((C, C), np.nan, f32)
+    seen = np.zeros((C, C, K), int)  # entries of A_qk's sums
+    seen_kk = np.zeros((C, C, K), int)  # entries of A_kk's sums
+    writes = np.zeros((2, C, C), int)
+    nexp = 0
+    lane = np.arange(32)
+    e32 = lambda x: ex(np.asarray(x, f32)).astype(f32)  # noqa: E731 (fp32 argument, fp32 result)
+    for warp in range(NW):
+        tri = warp >= 3 * NW // 4
+        task = ((warp - 3 * NW // 4) if tri else warp) * TPW + lane // L
+        s = lane % L
+        fu, fb = task % 6, 16 * (task // 6)
+        r0 = fb + np.where(fu < 4, 8 + 4 * (fu // 2), 8 * (fu - 4) + 4)
+        j0 = fb + np.where(fu < 4, 4 * (fu % 2), 8 * (fu - 4))
+        mid = fb + np.where(fu < 4, 8, 8 * (fu - 4) + 4)
+        t0 = 16 * (task // 2) + 8 * (task % 2)
+        acc = np.zeros((32, 32), f32)  # [lane][sum]
+        if not tri:
+            assert (j0 + 3 <= mid).all() and (mid <= r0).all()  # j <= m <= i for every pair of the tile
+        for n in range(NP):
+            c = 2 * (s + L * n)
+            for e in range(2):
+                ch = c + e
+                if not tri:
+                    gm = G[mid, ch]
+                    kc = [(k[j0 + jj, ch] * e32(gm - G[j0 + jj, ch])).astype(f32) for jj in range(4)]
+                    nexp += 4 * 32
+                    for r in range(4):
+                        f = e32(G[r0 + r, ch] - gm)
+                        nexp += 32
+                        kt, qt = (k[r0 + r, ch] * f).astype(f32), (q[r0 + r, ch] * f).astype(f32)
+                        for jj in range(4):
+                            acc[lane, 4 * r + jj] = fma32(kt, kc[jj], acc[lane, 4 * r + jj])
+                            acc[lane, 16 + 4 * r + jj] = fma32(qt, kc[jj], acc[lane, 16 + 4 * r + jj])
+                            np.add.at(seen, (r0 + r, j0 + jj, ch), 1)
+                            np.add.at(seen_kk, (r0 + r, j0 + jj, ch), 1)
+                else:
+                    for x in range(2):
+                        a = t0 + 4 * x
+                        for r in range(4):
+                            ki, qi = k[a + r, ch], q[a + r, ch]
+                            for jj in range(r):
+                                d = (k[a + jj, ch] * e32(G[a + r, ch] - G[a + jj, ch])).astype(f32)
+                                nexp += 32
+                                u, w = 6 * x + r * (r - 1) // 2 + jj, 12 + 10 * x + r * (r + 1) // 2 + jj
+                                acc[lane, u] = fma32(ki, d, acc[lane, u])
+                                acc[lane, w] = fma32(qi, d, acc[lane, w])
+                                np.add.at(seen, (a + r, a + jj, ch), 1)
+                                np.add.at(seen_kk, (a + r, a + jj, ch), 1)
+                            w = 12 + 10 * x + r * (r + 1) // 2 + r
+                            acc[lane, w] = fma32(qi, ki, acc[lane, w])
+                            np.add.at(seen, (a + r, a + r, ch), 1)
+        st = 1
+        while st < L:  # reduce-scatter
+            o, h = L // 2 // st, 16 // st
+            up = (s & o) != 0
+            for v in range(h):
+                send = np.where(up, acc[:, v], acc[:, v + h])
+                acc[:, v] = (np.where(up, acc[:, v + h], acc[:, v]) + send[lane ^ o]).astype(f32)
+            st *= 2
+        for v in range(NV):
+            idx = NV * s + v
+            if not tri:
+                kk = idx < 16
+                i = r0 + (idx % 16) // 4
+                j = j0 + idx % 4
+            else:
+                kk = idx < 12
+                x = np.where(kk, idx // 6, (idx - 12) // 10)
+                p = np.where(kk, idx % 6, (idx - 12) % 10)
+                r = np.where(kk, 1 + (p >= 1) + (p >= 3), (p >= 1).astype(int) + (p >= 3) + (p >= 6))
+                i = t0 + 4 * x + r
+                j = t0 + 4 * x + p - np.where(kk, r * (r - 1) // 2, r * (r + 1) // 2)
+            for ln in range(32):
+                (akk if kk[ln] else aqk)[i[ln], j[ln]] = acc[ln, v]
+                writes[int(not kk[ln]), i[ln], j[ln]] += 1
+    blocks = np.kron(np.eye(NB, dtype=int), np.ones((16, 16), int))
+    lower = np.tril(np.ones((C, C), int)) * blocks
+    strict = np.tril(np.ones((C, C), int), -1) * blocks
+    assert (seen == lower[:, :, None]).all() and (seen_kk == strict[:, :, None]).all()  # each channel once
+    assert (writes[0] == strict).all() and (writes[1] == lower).all()  # each sum written once, by one lane
+    return akk, aqk, nexp // (NB * K)
+
+
+def warp_row_diag(k: np.ndarray, q: np.ndarray, G: np.ndarray, C: int, ex=np.exp):
+    """The warp_row kernel's diagonal blocks in fp32: d = k_j exp(G_i - G_j) per channel, fmaf into a lane's 4
+    channels, then the warp's butterfly (lane 0's sum)."""
+    akk = np.full((C, C), np.nan, f32)
+    aqk = np.full((C, C), np.nan, f32)
+    for i in range(C):
+        for j in range(i & ~15, i + 1):
+            d = (k[j] * ex((G[i] - G[j]).astype(f32)).astype(f32)).astype(f32).reshape(32, 4)
+            skk, sqk = np.zeros(32, f32), np.zeros(32, f32)
+            for e in range(4):
+                skk = fma32(k[i].reshape(32, 4)[:, e], d[:, e], skk)
+                sqk = fma32(q[i].reshape(32, 4)[:, e], d[:, e], sqk)
+            o = 16
+            while o:
+                skk, sqk = (skk + skk[np.arange(32) ^ o]).astype(f32), (sqk + sqk[np.arange(32) ^ o]).astype(f32)
+                o //= 2
+            if j < i:
+                akk[i, j] = skk[0]
+            aqk[i, j] = sqk[0]
+    return akk, aqk
+
+
+U32 = 2.0**-24  # fp32's unit roundoff
+
+
+def gate_kinds(rng: np.random.Generator, C: int, K: int) -> dict[str, np.ndarray]:
+    """Per-token log decays: mild, as low as -20, near 0, exactly 0, and channels mixing -20 and ~0."""
+    mix = np.where(rng.random((C, K)) < 0.5, -rng.uniform(10, 20, (C, K)), -rng.uniform(0, 1e-6, (C, K)))
+    return {"mild": -rng.uniform(0, 0.5, (C, K)), "down_to_-20": -rng.uniform(0, 20, (C, K)),
+            "all_-20": np.full((C, K), -20.0), "near_0": -rng.uniform(0, 1e-6, (C, K)), "zero": np.zeros((C, K)),
+            "mixed": mix}
+
+
+@pytest.mark.parametrize("C, PT", [(32, 128), (32, 256), (64, 128), (64, 256)])
+def test_split_diag_is_the_exact_diagonal_to_fp32_rounding(C: int, PT: int):
+    """The rendered index math is split_diag's (SPLIT_LINES, read from the CUDA); every pair j <= i of every
+    diagonal block (and A_kk's j < i) gets each channel once and is written once; a block takes 72 exps a
+    channel (warp_row: 136); and on random bf16 q, k with every gate kind, both the split and the warp_row
+    fp32 results lie within the fp32 bound of the float64 sums (G the same fp32 values):
+        |A - A64| <= (K + 16 + min(max_c |G_i - G_j|, 104)) u sum_c |term_c| + 2^-120 sum_c |q_ic k_jc|,
+    u = 2^-24: accumulation over K channels, a few roundings of the factors and the exps (<= 2 ulp each), the
+    arguments' rounding (|x| u relative; exp(-104) is below fp32's smallest denormal, so larger |x| are the
+    absolute part), underflow. prep_exp = fast likewise with __expf's bound spent one way then the other
+    (2 + 1.2 |x| ulp an exp, two in a factored term) and its flush to zero."""
+    src = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | {"chunk": C, "prep_threads": PT, "stage_in": True,
+                                                                     "prep_diag": "split"})
+    sec = " ".join(split_section(src).split()).replace("expf(", "EXP(")
+    missing = [ln for ln in SPLIT_LINES if ln not in sec]
+    assert not missing, missing
+    rng = np.random.default_rng(C + PT)
+    K = 128
+    k, q = (bf(rng.standard_normal((C, K))) for _ in range(2))
+    for kind, g in gate_kinds(rng, C, K).items():
+        G = np.cumsum(g.astype(f32), axis=0, dtype=f32)  # the kernel's sequential fp32 sums
+        assert (np.diff(G, axis=0) <= 0).all()
+        k64, q64, G64 = (x.astype(np.float64) for x in (k, q, G))
+        for name, ex, fast in (("expf", np.exp, 0), ("fast+", lambda x: fast_exp(x, 1), 1),
+                               ("fast-", lambda x: fast_exp(x, -1), 1)):
+            akk, aqk, nexp = split_diag(k, q, G, C, PT, ex)
+            assert nexp == 72
+            wkk, wqk = warp_row_diag(k, q, G, C, ex) if name == "expf" else (None, None)
+            for b in range(C // 16):
+                for i in range(16 * b, 16 * b + 16):
+                    for j in range(16 * b, i + 1):
+                        x = np.minimum(G64[j] - G64[i], 104)
+                        e = np.exp(G64[i] - G64[j])
+                        tkk, tqk = k64[i] * k64[j] * e, q64[i] * k64[j] * e
+                        rel = (K + 16 + x.max() + fast * 2 * (4 + 1.2 * x.max())) * U32
+                        for got, want, t, qk in ((akk, wkk, tkk, k64[i]), (aqk, wqk, tqk, q64[i])):
+                            if got is akk and j == i:
+                                continue
+                            bound = rel * np.abs(t).sum() + 2.0**-120 * np.abs(qk * k64[j]).sum()
+                            assert abs(got[i, j] - t.sum()) <= bound, (kind, name, i, j, got[i, j], t.sum(), bound)
+                            if want is not None:
+                                assert abs(want[i, j] - t.sum()) <= bound, (kind, "warp_row", i, j)
+            assert np.isnan(akk[np.triu_indices(C)]).all() and np.isnan(aqk[np.triu_indices(C, 1)]).all()
+
+
+def test_split_diag_points_compile_without_spills():
+    """Every split prep kernel (chunk x prep_threads x prep_exp, 8 builds, 2 at a time) builds for sm_90a without
+    spills or static smem, at the warp_row kernel's occupancy (CTAs an SM by registers and smem): chunk 32 at
+    256 threads holds 80 registers through __launch_bounds__(256, 3) (102 without it); the others as they come."""
+    c = PREFILL_CELLS[2]
+    points = split_kernels(c)
+    assert len(points) == 8
+    for p in points:
+        prep = source(TDEF, c, p).split("kda_chunk_recur(", 1)[0]
+        assert "the decay factored at midpoints (prep_diag = split)" in prep and "warp_sum(skk)" not in prep
+        assert ("__launch_bounds__(256, 3)" in prep) == (p["chunk"] == 32 and p["prep_threads"] == 256)
+    results = [compile_point(c, points[0])]  # the first alone: cuda.core's lazy import is not thread-safe
+    with ThreadPoolExecutor(2) as pool:
+        results += pool.map(lambda p: compile_point(c, p), points[1:])
+    regs = {}
+    for p, r in zip(points, results):
+        assert r.status.ok, (p, r.error)
+        for kernel, res in r.resources:
+            assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_bytes == 0, (p, kernel, res)
+            assert res.smem_bytes == 0, (p, kernel, res)
+        regs[prep_key(p)] = dict(r.resources)["kda_chunk_prep"].regs
+        assert prep_ctas_per_sm(p, regs[prep_key(p)]) == {(32, 128): 5, (32, 256): 3, (64, 128): 2, (64, 256): 2}[
+            (p["chunk"], p["prep_threads"])], (p, regs)  # the warp_row kernels' (93, 80, 96, 98 registers)
+    print("split prep registers:", regs)
 
 
 def test_u_prefetch_at_chunk_64_spills_as_its_constraint_says():
