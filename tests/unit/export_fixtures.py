@@ -24,6 +24,7 @@ from evo.core.genome import Genome
 from evo.templates.template import TemplateDef, load_templates
 from memory import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow, Store
 from ops.rmsnorm.spec import cell
+from ops.spec import Cell
 
 ARCH = "sm_90a"
 RUN = "exp-r1"
@@ -72,6 +73,35 @@ def build_all(plan: dict | None = None, templates: dict[str, TemplateDef] | None
     return Built(inputs, results)
 
 
+def entry_rows(seen: set[str], run_id: str, op: str, template: str, g: Genome, bi: Any, r: Any, c: Cell,
+               us: float | None, baseline: str, base: float, cubin: bytes | None = None, fp: dict | None = None,
+               fp_class: str | None = None, arch: str = ARCH) -> list[Any]:
+    """The rows of one fixture entry: its candidate and its build (each the first time `seen` meets it) and
+    its evaluation, OK at `us` against `baseline` at `base` us, or WRONG_ANSWER where us is None or 0."""
+    rows: list[Any] = []
+    if g.key() not in seen:
+        seen.add(g.key())
+        rows.append(CandidateRow(genome_key=g.key(), op=op, template=template, source_hash=g.source_hash,
+                                 params_json=g.params_json(), origin="init", parents_json="[]", run_id=run_id,
+                                 generation=0))
+    if bi.key() not in seen:
+        seen.add(bi.key())
+        rows.append(BuildRow(build_key=bi.key(), genome_key=g.key(), run_id=run_id, arch=arch,
+                             dtypes_json=json.dumps(dict(bi.dtypes), sort_keys=True),
+                             consts_json=json.dumps(dict(bi.consts), sort_keys=True), status=r.status.value,
+                             regs=r.regs, spill_stores=r.spill_stores, compile_ms=r.compile_ms,
+                             compiler=r.compiler, log=r.log, cubin=r.cubin if cubin is None else cubin))
+    rows.append(EvaluationRow(
+        eval_id=f"{run_id}:{g.key()[:12]}:{c.label()}", run_id=run_id, genome_key=g.key(),
+        build_key=bi.key(), cell=c.label(), dtypes_json=json.dumps(c.dtypes_dict(), sort_keys=True),
+        dims_json=json.dumps(c.dims_dict(), sort_keys=True), status="OK" if us else "WRONG_ANSWER",
+        median_us=us, p10_us=us and 0.98 * us, p90_us=us and 1.03 * us, samples=100 if us else None,
+        baseline=baseline, baseline_us=base if us else None, speedup=base / us if us else None,
+        error=None if us else "tail elements wrong", fingerprint_json=json.dumps(fp or FP, sort_keys=True),
+        fingerprint_class=fp_class or FP_CLASS, generation=0, source="replay"))
+    return rows
+
+
 def write_run(store: Store, built: Built, run_id: str = RUN, status: str = "done", plan: dict | None = None,
               corrupt_cubin: bool = False, templates: dict[str, TemplateDef] | None = None) -> None:
     """One run of PLAN (or `plan`) in the store, finished with `status`; its templates are today's files
@@ -88,28 +118,9 @@ def write_run(store: Store, built: Built, run_id: str = RUN, status: str = "done
             g = genome(t, p, templates)
             bi = built.inputs[(g.key(), c.label())]
             r = built.results[bi.key()]
-            if g.key() not in seen:
-                seen.add(g.key())
-                rows.append(CandidateRow(genome_key=g.key(), op="rmsnorm", template=t, source_hash=g.source_hash,
-                                         params_json=g.params_json(), origin="init", parents_json="[]",
-                                         run_id=run_id, generation=0))
-            if bi.key() not in seen:
-                seen.add(bi.key())
-                cubin = r.cubin[:-1] + bytes([r.cubin[-1] ^ 1]) if corrupt_cubin else r.cubin
-                rows.append(BuildRow(build_key=bi.key(), genome_key=g.key(), run_id=run_id, arch=ARCH,
-                                     dtypes_json=json.dumps(dict(bi.dtypes), sort_keys=True),
-                                     consts_json=json.dumps(dict(bi.consts), sort_keys=True), status=r.status.value,
-                                     regs=r.regs, spill_stores=r.spill_stores, compile_ms=r.compile_ms,
-                                     compiler=r.compiler, log=r.log, cubin=cubin))
-            base = 1.3 * (us or 10.0)
-            rows.append(EvaluationRow(
-                eval_id=f"{run_id}:{g.key()[:12]}:{c.label()}", run_id=run_id, genome_key=g.key(),
-                build_key=bi.key(), cell=c.label(), dtypes_json=json.dumps(c.dtypes_dict(), sort_keys=True),
-                dims_json=json.dumps(c.dims_dict(), sort_keys=True), status="OK" if us else "WRONG_ANSWER",
-                median_us=us, p10_us=us and 0.98 * us, p90_us=us and 1.03 * us, samples=100 if us else None,
-                baseline="torch.rms_norm", baseline_us=base if us else None, speedup=base / us if us else None,
-                error=None if us else "tail elements wrong", fingerprint_json=json.dumps(FP, sort_keys=True),
-                fingerprint_class=FP_CLASS, generation=0, source="replay"))
+            cubin = r.cubin[:-1] + bytes([r.cubin[-1] ^ 1]) if corrupt_cubin else r.cubin
+            rows += entry_rows(seen, run_id, "rmsnorm", t, g, bi, r, c, us, "torch.rms_norm", base=1.3 * (us or 10.0),
+                               cubin=cubin)
     store.write(rows)
     store.finish_run(run_id, status, "fixture")
 

@@ -12,7 +12,6 @@ Run RUN's table (best per cell), bf16, T = 1, H = HV = 32, K = V = 128, fp32 g a
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +19,11 @@ from evo.build.nvrtc import Builder, BuildInput, prepare
 from evo.core.genome import Genome
 from evo.templates.sandbox import TEMPLATES_ROOT
 from evo.templates.template import parse_template
-from memory import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow, Store
+from memory import RunRow, SourceRow, Store
 from ops.kda.reference import BetaAct, Variant
 from ops.kda.spec import cell
 from ops.spec import Cell
+from tests.unit.export_fixtures import entry_rows
 
 ARCH = "sm_90a"
 RUN = "kda-r1"
@@ -88,25 +88,7 @@ def write_run(store: Store, built: Built, run_id: str = RUN) -> None:
             bi = built.inputs[(g.key(), c.label())]
             r = built.results[bi.key()]
             assert r.status.ok, (t, p, c.label(), r.error)
-            if g.key() not in seen:
-                seen.add(g.key())
-                rows.append(CandidateRow(genome_key=g.key(), op="kda", template=t, source_hash=g.source_hash,
-                                         params_json=g.params_json(), origin="init", parents_json="[]",
-                                         run_id=run_id, generation=0))
-            if bi.key() not in seen:
-                seen.add(bi.key())
-                rows.append(BuildRow(build_key=bi.key(), genome_key=g.key(), run_id=run_id, arch=ARCH,
-                                     dtypes_json=json.dumps(dict(bi.dtypes), sort_keys=True),
-                                     consts_json=json.dumps(dict(bi.consts), sort_keys=True), status=r.status.value,
-                                     regs=r.regs, spill_stores=r.spill_stores, compile_ms=r.compile_ms,
-                                     compiler=r.compiler, log=r.log, cubin=r.cubin))
-            base = 1.2 * us
-            rows.append(EvaluationRow(
-                eval_id=f"{run_id}:{g.key()[:12]}:{c.label()}", run_id=run_id, genome_key=g.key(),
-                build_key=bi.key(), cell=c.label(), dtypes_json=json.dumps(c.dtypes_dict(), sort_keys=True),
-                dims_json=json.dumps(c.dims_dict(), sort_keys=True), status="OK", median_us=us, p10_us=0.98 * us,
-                p90_us=1.03 * us, samples=100, baseline="fla.fused_recurrent_kda", baseline_us=base,
-                speedup=base / us, error=None, fingerprint_json=json.dumps(FP, sort_keys=True),
-                fingerprint_class=FP_CLASS, generation=0, source="replay"))
+            rows += entry_rows(seen, run_id, "kda", t, g, bi, r, c, us, "fla.fused_recurrent_kda", base=1.2 * us,
+                               fp=FP, fp_class=FP_CLASS, arch=ARCH)
     store.write(rows)
     store.finish_run(run_id, "done", "fixture")

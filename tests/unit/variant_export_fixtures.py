@@ -15,11 +15,10 @@ VAR_RUN's table (best per cell), with the genomes the committed H200 residual ru
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from evo.build.nvrtc import Builder, prepare
-from memory import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow, Store
+from memory import RunRow, SourceRow, Store
 from ops.rmsnorm.spec import cell
 from ops.spec import Cell
 from tests.unit import export_fixtures as fx
@@ -74,25 +73,6 @@ def write_variant_run(store: Store, built: dict[tuple[str, str], Any], run_id: s
         for (tname, p), us in entries:
             g = fx.genome(tname, p)
             bi, r = built[(g.key(), c.label())]
-            if g.key() not in seen:
-                seen.add(g.key())
-                rows.append(CandidateRow(genome_key=g.key(), op="rmsnorm", template=tname, source_hash=g.source_hash,
-                                         params_json=g.params_json(), origin="init", parents_json="[]",
-                                         run_id=run_id, generation=0))
-            if bi.key() not in seen:
-                seen.add(bi.key())
-                rows.append(BuildRow(build_key=bi.key(), genome_key=g.key(), run_id=run_id, arch=fx.ARCH,
-                                     dtypes_json=json.dumps(dict(bi.dtypes), sort_keys=True),
-                                     consts_json=json.dumps(dict(bi.consts), sort_keys=True), status=r.status.value,
-                                     regs=r.regs, spill_stores=r.spill_stores, compile_ms=r.compile_ms,
-                                     compiler=r.compiler, log=r.log, cubin=r.cubin))
-            base = 1.2 * us
-            rows.append(EvaluationRow(
-                eval_id=f"{run_id}:{g.key()[:12]}:{c.label()}", run_id=run_id, genome_key=g.key(),
-                build_key=bi.key(), cell=c.label(), dtypes_json=json.dumps(c.dtypes_dict(), sort_keys=True),
-                dims_json=json.dumps(c.dims_dict(), sort_keys=True), status="OK", median_us=us, p10_us=0.98 * us,
-                p90_us=1.03 * us, samples=100, baseline="torch.rms_norm", baseline_us=base, speedup=base / us,
-                error=None, fingerprint_json=json.dumps(fx.FP, sort_keys=True), fingerprint_class=fx.FP_CLASS,
-                generation=0, source="replay"))
+            rows += fx.entry_rows(seen, run_id, "rmsnorm", tname, g, bi, r, c, us, "torch.rms_norm", base=1.2 * us)
     store.write(rows)
     store.finish_run(run_id, "done", "fixture")
