@@ -97,3 +97,18 @@ def test_constraints_refuse_what_cannot_be_staged():
     odd = Cell.make({"x": "bfloat16", "w": "bfloat16"}, {"M": 3, "N": 1000})
     q = dict(T.default_params(), cluster=8, vec=1 if 1 in SPACE["vec"] else 2)  # 125-column slices
     assert not T.is_valid(q, 90, odd.dtypes_dict(), odd.dims_dict())
+
+
+@pytest.mark.parametrize("stages", [3, 4])
+def test_deeper_rings_build_at_the_cell_it_lost(stages):
+    """bf16 M32768-N4096 (rows_smem 76% of the copy ceiling with 2 buffers, behind cluster_rows and autotuned
+    QuACK): 3 and 4 row buffers, one mbarrier per buffer and piece, each row's buffer k % stages, built
+    without spills; the smem stays within what lets 2 CTAs share an SM."""
+    c = next(c for c in BWD.matrix() if c.label() == "w=bf16,x=bf16 M32768-N4096")
+    p = dict(T.default_params(), threads=256, vec=8, cluster=1, groups=264, stages=stages, chunks=2, keep_rows=False)
+    assert T.is_valid(p, 90, c.dtypes_dict(), c.dims_dict()), T.violations(p, 90, c.dtypes_dict(), c.dims_dict())
+    bi, r = _build(p, c)
+    assert r.status is Status.OK and r.spill_stores == 0, r.error + r.log
+    assert f"bar[{stages}][2]" in bi.source and f"% {stages})" in bi.source
+    (rows, _), _ = T.plan(p, 90, c.dtypes_dict(), c.dims_dict())
+    assert rows.smem == stages * 2 * 4096 * 2 and 2 * rows.smem <= MAX_SMEM_PER_BLOCK
