@@ -154,7 +154,7 @@ case "$stage" in
     python3 -c "import fla.ops.kda; print('fla import')" >> "$log" 2>&1
     ga 150 experiments/kda_decode_h200.toml /tmp/kf_kda kda_decode ;;
   kdacheck)
-    timeout 150 python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k chunk > "$out/kdacheck.log" 2>&1
+    timeout 240 python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k chunk > "$out/kdacheck.log" 2>&1
     echo "kda chunk check rc=$?" >> "$log"
     grep -qE ": OK | passed" "$out/kdacheck.log" || touch /tmp/kf_chunk_broken ;;
   fwdlong)
@@ -187,7 +187,7 @@ case "$stage" in
     echo "package tests rc=$?" >> "$log"
     cp /tmp/kf_pkg/README.md "$out/export/" 2>/dev/null ;;
   profile)  # Nsight Compute over experiments/profile_h200.toml's kernels (launched as the gate would)
-    timeout 420 python3 experiments/scripts/profile_launches.py targets experiments/profile_h200.toml "$out/profile" \
+    timeout 540 python3 experiments/scripts/profile_launches.py targets experiments/profile_h200.toml "$out/profile" \
       >> "$log" 2>&1
     echo "profile rc=$?" >> "$log" ;;
   stash) ;;
