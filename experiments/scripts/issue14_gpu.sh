@@ -154,7 +154,7 @@ case "$stage" in
     python3 -c "import fla.ops.kda; print('fla import')" >> "$log" 2>&1
     ga 150 experiments/kda_decode_h200.toml /tmp/kf_kda kda_decode ;;
   kdacheck)
-    timeout 240 python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k chunk > "$out/kdacheck.log" 2>&1
+    timeout 300 python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k chunk > "$out/kdacheck.log" 2>&1
     echo "kda chunk check rc=$?" >> "$log"
     grep -qE ": OK | passed" "$out/kdacheck.log" || touch /tmp/kf_chunk_broken ;;
   fwdlong)

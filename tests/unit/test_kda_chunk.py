@@ -49,7 +49,9 @@ def legal_points(c: Cell, n: int, seed: int = 0) -> list[dict]:
     for _ in range(20000):
         if len(out) == n:
             break
-        p = {k: rng.choice(v) for k, v in TDEF.space}
+        # recur_lean (last in the space) left off: the draws of the other keys as before it existed (its own
+        # builds: test_recur_lean_points_compile_without_spills)
+        p = {k: rng.choice(v) for k, v in TDEF.space if k != "recur_lean"} | {"recur_lean": False}
         if p not in out and TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             out.append(p)
     return out
@@ -122,7 +124,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 
 # ---- the options: stage_in and prep_exp (launch 1), u_prefetch (launch 2) -----------------------------
 
-OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row"}  # each option's off value: the code before it
+OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -157,7 +159,7 @@ def test_options_off_render_the_code_from_before_the_options():
         h.update(source(TDEF, c, dict(zip(OLD_SPACE, vals)) | OPTIONS).encode())
     assert h.hexdigest() == OLD_RENDERS
     legal = all_legal(c)
-    assert len(legal) == 816  # the whole space (experiments/kda_prefill_h200.toml narrows it to 144 points)
+    assert len(legal) == 1376  # the whole space (experiments/kda_prefill_h200.toml narrows it to 288 points)
     assert len([p for p in legal if all(p[k] == off for k, off in OPTIONS.items())]) == 54
 
 
@@ -166,7 +168,7 @@ def prep_key(p: dict) -> tuple:  # what kda_chunk_prep's code depends on
 
 
 def recur_key(p: dict) -> tuple:  # what kda_chunk_recur's code depends on
-    return p["chunk"], p["warps"], p["stages"], p["state_split"], p["u_prefetch"]
+    return p["chunk"], p["warps"], p["stages"], p["state_split"], p["u_prefetch"], p["recur_lean"]
 
 
 def test_option_points_compile_without_spills():
@@ -176,7 +178,8 @@ def test_option_points_compile_without_spills():
     2 at a time: the 6 prep kernels at chunk 64 share no point with a u_prefetch recurrence). prep_diag = folded:
     test_folded_diag_points_compile_without_spills."""
     c = PREFILL_CELLS[2]
-    legal = [p for p in all_legal(c) if any(p[k] != off for k, off in OPTIONS.items()) and p["prep_diag"] == "warp_row"]
+    legal = [p for p in all_legal(c) if any(p[k] != off for k, off in OPTIONS.items()) and p["prep_diag"] == "warp_row"
+             and not p["recur_lean"]]  # recur_lean: test_recur_lean_points_compile_without_spills
     for p in legal:
         g = Genome.make("kda", "chunk", TDEF.source_hash, p)
         src = prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()).source
@@ -220,7 +223,7 @@ def test_folded_diag_is_legal_exactly_with_stage_in():
     legal = all_legal(c)
     off = [p for p in legal if p["prep_diag"] == "warp_row"]
     on = [p for p in legal if p["prep_diag"] == "folded"]
-    assert len(off) == 408 and len(on) == 204
+    assert len(off) == 408 + 280 and len(on) == 204 + 140  # (+ recur_lean)
     assert sorted(map(str, on)) == sorted(str(p | {"prep_diag": "folded"}) for p in off if p["stage_in"])
     p = TDEF.default_params() | {"prep_diag": "folded"}
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["folded_diag_reads_staged_tiles"]
@@ -360,7 +363,7 @@ def test_split_diag_is_legal_exactly_with_stage_in():
     legal = all_legal(c)
     off = [p for p in legal if p["prep_diag"] == "warp_row"]
     on = [p for p in legal if p["prep_diag"] == "split"]
-    assert len(legal) == 816 and len(off) == 408 and len(on) == 204
+    assert len(legal) == 1376 and len(off) == 408 + 280 and len(on) == 204 + 140  # (+ recur_lean)
     assert sorted(map(str, on)) == sorted(str(p | {"prep_diag": "split"}) for p in off if p["stage_in"])
     p = TDEF.default_params() | {"prep_diag": "split"}
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["split_diag_reads_staged_tiles"]
@@ -620,6 +623,160 @@ def test_u_prefetch_at_chunk_64_spills_as_its_constraint_says():
     r = compile_point(c, p)  # compile_one does not check constraints
     assert r.status.ok, r.error
     assert dict(r.resources)["kda_chunk_recur"].spill_stores > 0  # when it stops spilling, lift the constraint
+
+
+# ---- recur_lean: exp(G_last) through the ring, compile-time refills after the mma work, packed o stores ------
+
+def recur_src(p: dict, c: Cell = PREFILL_CELLS[0]) -> str:
+    return source(TDEF, c, p).split("kda_chunk_recur(", 1)[1]
+
+
+def step_loop(recur: str) -> str:
+    """The chunk loop's body (from `for (int c = 0; c < NT; ++c)` to the final wait_group 0)."""
+    a = recur.index("for (int c = 0; c < NT; ++c) {")
+    return recur[a:recur.index('cp.async.wait_group 0;', a)]
+
+
+def test_recur_lean_legality():
+    """Legal wherever it builds spill-free: refused only with u_prefetch at state_split or stages 4 (where 7 of
+    the 24 builds spill and the rest sit at 255 registers); 560 more points, the space 816 + 560 = 1376, 35
+    lean recurrence kernels; the prefill experiment's 144 points all have a lean twin."""
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c)
+    off = [p for p in legal if not p["recur_lean"]]
+    on = [p for p in legal if p["recur_lean"]]
+    assert len(legal) == 1376 and len(off) == 816 and len(on) == 560
+    assert len({recur_key(p) for p in on}) == 35
+    bad = [p for p in off if p["u_prefetch"] and (p["state_split"] or p["stages"] == 4)]
+    assert sorted(map(str, on)) == sorted(str(p | {"recur_lean": True}) for p in off if p not in bad)
+    for p in bad[:20]:
+        assert TDEF.violations(p | {"recur_lean": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["lean_fits_registers"]
+    exp_space = {"chunk": [32], "stage_in": [True], "u_prefetch": [True, False], "state_split": [False], "stages": [3, 6],
+                 "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
+                 "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True]}
+    pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
+    assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
+
+
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_recur_lean_loads_no_gl_from_global_in_the_step(chunk: int):
+    """The rendered step loop: with recur_lean no ws_gl read but the cp.async into the A_qk slot's tail (issued
+    by issue_k, outside the step's items), the decay read from shared memory in item 2, every refill with a
+    literal kind after its item's mma (none inside acquire), o stored as 32-bit pairs; off, the old code."""
+    p = TDEF.default_params() | {"chunk": chunk, "warps": 2, "stages": 3}
+    on, off = recur_src(p | {"recur_lean": True}), recur_src(p)
+    assert "ws_gl + ch * K + 8 * n" in step_loop(off) and "issue(it + NS - 1);" in off
+    loop = step_loop(on)
+    assert "ws_gl" not in loop and "__ldg" not in loop
+    assert "const float* gls = reinterpret_cast<const float*>(sa + C * C * 2);" in loop
+    assert loop.index("mma_bf16(acc_o[n], va[kb], b0, b1);") < loop.index("gls + 8 * n + 2 * tig") < loop.index(
+        "const unsigned char* sk = acquire(4 * c + 3);")
+    assert "issue(" not in on and on.count("ws_gl") == 2  # the parameter and issue_k's cp.async source
+    assert "(ws_gl + ch * K + 4 * tid)" in on and "dst + C * C * 2 + 16 * tid" in on
+    refills = re.findall(r"issue_k\(Int<(\d)>\{\}, 4 \* c \+ (\d) \+ NS - 1\);", loop)
+    assert refills == [(str((k + 3 - 1) % 4), str(k)) for k in range(4)]
+    assert re.findall(r"issue_k\(Int<(\d)>\{\}, (\d+)\);", on) == [("0", "0"), ("1", "1")]  # the prologue, NS - 1 items
+    for k in range(4):  # each refill after its item's mma and before the next item's acquire
+        item = loop.split(f"acquire(4 * c{f' + {k}' if k else ''})", 1)[1].split(f"acquire(4 * c + {k + 1})", 1)[0]
+        assert item.rindex("mma_bf16(") < item.index("issue_k(")
+    assert "op[4] = odd ? pack_bf16(r1, acc_o[n][3]) : pack_bf16(acc_o[n][2], r1);" in loop
+    assert "__float2bfloat16_rn(acc_o" not in loop
+
+
+def test_recur_lean_gl_fits_the_a_qk_slot():
+    """exp(G_last) (K fp32) sits after A_qk (C C bf16) in a ring slot of C K bf16, so the launch's smem is unchanged."""
+    for c in PREFILL_CELLS:
+        K = c.dim("K")
+        for p in all_legal(c):
+            if p["recur_lean"]:
+                C = p["chunk"]
+                assert C * C * 2 + K * 4 <= C * K * 2 and K // 4 <= 32 * p["warps"], p
+                launches, _ = TDEF.plan(p, ARCH, c.dtypes_dict(), c.dims_dict())
+                assert launches[1].smem == p["stages"] * C * K * 2 == launches[1].smem <= 48 * 1024, p
+
+
+def packed_o_store(acc: np.ndarray, T: int, t0: int) -> np.ndarray:
+    """recur_lean's o stores mirrored: acc[lane][n][e] of one warp's tile; returns out[t][col] (16 columns), each
+    element written once, from the same fp32 values (the bf16 rounding per element unchanged)."""
+    out = np.full((T, 16), np.nan)
+    count = np.zeros((T, 16), int)
+    for lane in range(32):
+        grp, tig = lane >> 2, lane & 3
+        odd = grp & 1
+        part = lane ^ 4
+        for n in range(acc.shape[1]):
+            r0 = acc[part][n][1] if not (part >> 2) & 1 else acc[part][n][0]
+            r1 = acc[part][n][3] if not (part >> 2) & 1 else acc[part][n][2]
+            t = t0 + 8 * n + 2 * tig + odd
+            if t < T:
+                col = grp - odd
+                lo, hi = (r0, acc[lane][n][1]) if odd else (acc[lane][n][0], r0)
+                lo2, hi2 = (r1, acc[lane][n][3]) if odd else (acc[lane][n][2], r1)
+                for cc, v in ((col, lo), (col + 1, hi), (col + 8, lo2), (col + 9, hi2)):
+                    out[t, cc] = v
+                    count[t, cc] += 1
+    return out, count
+
+
+@pytest.mark.parametrize("T", [32, 29, 1])
+def test_recur_lean_packed_o_store_is_the_scalar_store(T: int):
+    """The packed store writes every (t, column) of the warp's tile the scalar store wrote, once, with its value:
+    lane (grp, tig) holds [0] (t, vr), [1] (t + 1, vr), [2] (t, vr + 8), [3] (t + 1, vr + 8), t = 8 n + 2 tig."""
+    rng = np.random.default_rng(T)
+    acc = rng.standard_normal((32, 4, 4))
+    want = np.full((T, 16), np.nan)
+    for lane in range(32):
+        grp, tig = lane >> 2, lane & 3
+        for n in range(4):
+            t = 8 * n + 2 * tig
+            for e, (dt, dc) in enumerate(((0, 0), (1, 0), (0, 8), (1, 8))):
+                if t + dt < T:
+                    want[t + dt, grp + dc] = acc[lane][n][e]
+    got, count = packed_o_store(acc, T, 0)
+    assert (count == 1).all() and np.array_equal(got, want)
+
+
+def lean_kernels(c: Cell) -> list[dict]:
+    """One legal point per lean recurrence to build: chunk 32 x warps 1, 2, 8 x stages 3, 6 x u_prefetch (state_split
+    off), and chunk 64 at warps 2."""
+    out = []
+    for p in all_legal(c):
+        if p["recur_lean"] and p["prep_diag"] == "warp_row" and not p["state_split"] and (
+                (p["chunk"] == 32 and p["warps"] in (1, 2, 8) and p["stages"] in (3, 6)) or (p["chunk"] == 64 and p["warps"] == 2)):
+            if recur_key(p) not in {recur_key(q) for q in out}:
+                out.append(p)
+    return out
+
+
+def test_recur_lean_points_compile_without_spills():
+    """13 lean recurrences (with their prep kernels) build for sm_90a without spills, stack or static smem, at
+    most 255 registers, in the declared smem (the ring's; gl in the A_qk slot)."""
+    c = PREFILL_CELLS[2]
+    points = lean_kernels(c)
+    assert len(points) == 13
+    results = [compile_point(c, points[0])]  # the first alone: cuda.core's lazy import is not thread-safe
+    with ThreadPoolExecutor(2) as pool:
+        results += pool.map(lambda p: compile_point(c, p), points[1:])
+    regs = {}
+    for p, r in zip(points, results):
+        assert r.status.ok, (p, r.error)
+        for kernel, res in r.resources:
+            assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_bytes == 0, (p, kernel, res)
+            assert res.smem_bytes == 0 and res.regs <= 255, (p, kernel, res)
+        regs[recur_key(p)[:5]] = dict(r.resources)["kda_chunk_recur"].regs
+        launches, _ = TDEF.plan(p, ARCH, c.dtypes_dict(), c.dims_dict())
+        assert launches[1].smem == p["stages"] * p["chunk"] * c.dim("K") * 2 <= 48 * 1024
+    print("lean recur registers (chunk, warps, stages, state_split, u_prefetch):", regs)
+
+
+def test_recur_lean_with_u_prefetch_at_stages_4_spills_as_its_constraint_says():
+    """The reason for lean_fits_registers: chunk 32, warps 2, stages 4 with u_prefetch spills."""
+    c = PREFILL_CELLS[2]
+    p = TDEF.default_params() | {"chunk": 32, "stages": 4, "u_prefetch": True, "recur_lean": True}
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["lean_fits_registers"]
+    r = compile_point(c, p)
+    assert r.status.ok, r.error
+    assert dict(r.resources)["kda_chunk_recur"].spill_stores > 0  # when it stops spilling, widen the constraint
 
 
 def prep_smem(p: dict, K: int, V: int) -> int:
