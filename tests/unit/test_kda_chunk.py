@@ -206,14 +206,19 @@ def test_option_points_compile_without_spills():
 
 # ---- prep_diag = folded: the diagonal blocks with rows r and 15 - r on one lane group ------------------
 
-def folded_kernels(c: Cell) -> list[dict]:
-    """One legal point per distinct folded prep kernel: (chunk, prep_threads, prep_exp), stage_in on."""
-    legal = [p for p in all_legal(c) if p["prep_diag"] == "folded"]
+def diag_kernels(c: Cell, diag: str) -> list[dict]:
+    """One legal point per distinct prep kernel of prep_diag = `diag`: (chunk, prep_threads, prep_exp),
+    stage_in on."""
+    legal = [p for p in all_legal(c) if p["prep_diag"] == diag]
     assert legal and all(p["stage_in"] for p in legal)
     out: dict[tuple, dict] = {}
     for p in legal:
         out.setdefault(prep_key(p) + (p["prep_diag"],), p)
     return list(out.values())
+
+
+def folded_kernels(c: Cell) -> list[dict]:
+    return diag_kernels(c, "folded")
 
 
 def test_folded_diag_is_legal_exactly_with_stage_in():
@@ -347,13 +352,7 @@ def prep_ctas_per_sm(p: dict, regs: int) -> int:
 # ---- prep_diag = split: the diagonal blocks with the decay factored at midpoints ---------------------
 
 def split_kernels(c: Cell) -> list[dict]:
-    """One legal point per distinct split prep kernel: (chunk, prep_threads, prep_exp), stage_in on."""
-    legal = [p for p in all_legal(c) if p["prep_diag"] == "split"]
-    assert legal and all(p["stage_in"] for p in legal)
-    out: dict[tuple, dict] = {}
-    for p in legal:
-        out.setdefault(prep_key(p) + (p["prep_diag"],), p)
-    return list(out.values())
+    return diag_kernels(c, "split")
 
 
 def test_split_diag_is_legal_exactly_with_stage_in():
