@@ -42,6 +42,22 @@ def compile_point(c: Cell, params: dict):
     return compile_one(prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
 
 
+def compile_clean(c: Cell, points: list[dict]) -> list[dict]:
+    """NVRTC builds of `points` on c (two at a time: NVRTC releases the GIL), each asserted OK without spills,
+    stack or static smem (all of it dynamic: the plan's smem is the whole); each point's {kernel: resources}."""
+    results = [compile_point(c, points[0])]  # the first alone: cuda.core's lazy import is not thread-safe
+    with ThreadPoolExecutor(2) as pool:
+        results += pool.map(lambda p: compile_point(c, p), points[1:])
+    out = []
+    for p, r in zip(points, results):
+        assert r.status.ok, (p, r.error)
+        for kernel, res in r.resources:
+            assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_bytes == 0, (p, kernel, res)
+            assert res.smem_bytes == 0, (p, kernel, res)
+        out.append(dict(r.resources))
+    return out
+
+
 def legal_points(c: Cell, n: int, seed: int = 0) -> list[dict]:
     """n distinct legal parameter points on c (the default first), drawn from the declared space."""
     rng = random.Random(seed)
@@ -195,13 +211,7 @@ def test_option_points_compile_without_spills():
         todo -= {("prep", prep_key(p)), ("recur", recur_key(p))}
         points.append(p)
     assert len(points) == 30
-    with ThreadPoolExecutor(2) as pool:  # NVRTC releases the GIL
-        results = list(pool.map(lambda p: compile_point(c, p), points))
-    for p, r in zip(points, results):
-        assert r.status.ok, (p, r.error)
-        for kernel, res in r.resources:
-            assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_bytes == 0, (p, kernel, res)
-            assert res.smem_bytes == 0, (p, kernel, res)  # all of it dynamic: the plan's smem is the whole
+    compile_clean(c, points)
 
 
 # ---- prep_diag = folded: the diagonal blocks with rows r and 15 - r on one lane group ------------------
@@ -328,15 +338,8 @@ def test_folded_diag_points_compile_without_spills():
         src = source(TDEF, c, p)
         prep = src.split("kda_chunk_recur(", 1)[0]
         assert "Diagonal 16x16 blocks, exact, folded" in prep and "warp_sum(skk)" not in prep
-    results = [compile_point(c, points[0])]  # the first alone: cuda.core's lazy import is not thread-safe
-    with ThreadPoolExecutor(2) as pool:
-        results += pool.map(lambda p: compile_point(c, p), points[1:])
-    for p, r in zip(points, results):
-        assert r.status.ok, (p, r.error)
-        for kernel, res in r.resources:
-            assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_bytes == 0, (p, kernel, res)
-            assert res.smem_bytes == 0, (p, kernel, res)
-        regs = dict(r.resources)["kda_chunk_prep"].regs
+    for p, res in zip(points, compile_clean(c, points)):
+        regs = res["kda_chunk_prep"].regs
         assert prep_ctas_per_sm(p, regs) == {(32, 128): 5, (32, 256): 3, (64, 128): 2, (64, 256): 2}[
             (p["chunk"], p["prep_threads"])], (p, regs)  # the warp_row kernels' (93, 80, 96, 98 registers)
 
@@ -599,16 +602,9 @@ def test_split_diag_points_compile_without_spills():
         prep = source(TDEF, c, p).split("kda_chunk_recur(", 1)[0]
         assert "the decay factored at midpoints (prep_diag = split)" in prep and "warp_sum(skk)" not in prep
         assert ("__launch_bounds__(256, 3)" in prep) == (p["chunk"] == 32 and p["prep_threads"] == 256)
-    results = [compile_point(c, points[0])]  # the first alone: cuda.core's lazy import is not thread-safe
-    with ThreadPoolExecutor(2) as pool:
-        results += pool.map(lambda p: compile_point(c, p), points[1:])
     regs = {}
-    for p, r in zip(points, results):
-        assert r.status.ok, (p, r.error)
-        for kernel, res in r.resources:
-            assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_bytes == 0, (p, kernel, res)
-            assert res.smem_bytes == 0, (p, kernel, res)
-        regs[prep_key(p)] = dict(r.resources)["kda_chunk_prep"].regs
+    for p, res in zip(points, compile_clean(c, points)):
+        regs[prep_key(p)] = res["kda_chunk_prep"].regs
         assert prep_ctas_per_sm(p, regs[prep_key(p)]) == {(32, 128): 5, (32, 256): 3, (64, 128): 2, (64, 256): 2}[
             (p["chunk"], p["prep_threads"])], (p, regs)  # the warp_row kernels' (93, 80, 96, 98 registers)
     print("split prep registers:", regs)
@@ -753,16 +749,10 @@ def test_recur_lean_points_compile_without_spills():
     c = PREFILL_CELLS[2]
     points = lean_kernels(c)
     assert len(points) == 13
-    results = [compile_point(c, points[0])]  # the first alone: cuda.core's lazy import is not thread-safe
-    with ThreadPoolExecutor(2) as pool:
-        results += pool.map(lambda p: compile_point(c, p), points[1:])
     regs = {}
-    for p, r in zip(points, results):
-        assert r.status.ok, (p, r.error)
-        for kernel, res in r.resources:
-            assert res.spill_stores == 0 and res.spill_loads == 0 and res.stack_bytes == 0, (p, kernel, res)
-            assert res.smem_bytes == 0 and res.regs <= 255, (p, kernel, res)
-        regs[recur_key(p)[:5]] = dict(r.resources)["kda_chunk_recur"].regs
+    for p, res in zip(points, compile_clean(c, points)):
+        assert all(r.regs <= 255 for r in res.values()), (p, res)
+        regs[recur_key(p)[:5]] = res["kda_chunk_recur"].regs
         launches, _ = TDEF.plan(p, ARCH, c.dtypes_dict(), c.dims_dict())
         assert launches[1].smem == p["stages"] * p["chunk"] * c.dim("K") * 2 <= 48 * 1024
     print("lean recur registers (chunk, warps, stages, state_split, u_prefetch):", regs)
