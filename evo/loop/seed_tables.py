@@ -2,7 +2,9 @@
 as `kfactory run` exports it and the results folders keep it), when the store it runs on does not hold
 that run's evidence (a fresh store on a GPU machine, a store that lost a run). `[search] seed_tables`
 names the files; per cell of this run, the fastest entry the tables recorded becomes a first-generation
-genome, rebuilt from today's template text (parameters the template gained since take their defaults).
+genome (and every entry of a table of predictions, `"kind": "predictions"`, such as
+experiments/scripts/translate_dispatch.py writes: candidates no run has timed on that cell, seeded beside the
+measured one), rebuilt from today's template text (parameters the template gained since take their defaults).
 An entry outside this run (a cell it does not search, another template, a parameter the template no
 longer has, a value the run's narrowed space leaves out) is skipped and counted, never bent into it."""
 
@@ -71,7 +73,8 @@ def table_seeds(paths: Sequence[str], op: str, templates: Mapping[str, TemplateD
                 cells_by_label: Mapping[str, Cell]) -> TableSeeds:
     """The first-generation genomes of the tables: for each of this run's cells (`cells_by_label`), the
     usable entry with the lowest recorded median over all the tables (the factory's own timings, each in its
-    run: only a choice of where to start, the run times them again), in cell order, each genome once.
+    run: only a choice of where to start, the run times them again), then each usable entry of a predictions
+    table for the cell, in cell order, each genome once.
     Entries of cells not in this run are not used. Raises ConfigError naming the file for a missing or
     malformed table or entry."""
     skipped: dict[str, int] = {}
@@ -81,22 +84,30 @@ def table_seeds(paths: Sequence[str], op: str, templates: Mapping[str, TemplateD
         return None
 
     best: dict[str, tuple[float, int, Genome]] = {}
+    predicted: dict[str, list[Genome]] = {}
     for i, path in enumerate(paths):
-        for label, entry in _read(path)["dispatch"].items():
+        doc = _read(path)
+        kind = doc.get("kind", "measurements")
+        if kind not in ("measurements", "predictions"):
+            raise ConfigError(f"search.seed_tables: {path}: kind {kind!r} is neither 'measurements' nor 'predictions'")
+        for label, entry in doc["dispatch"].items():
             if not isinstance(entry, dict) or not isinstance(entry.get("params"), dict) \
                     or not isinstance(entry.get("template"), str):
                 raise ConfigError(f"search.seed_tables: {path}: entry {label!r} has no template and params")
             g = _genome(op, templates, label, entry, cells_by_label, skip)
             if g is None:
                 continue
+            if kind == "predictions":
+                predicted.setdefault(label, []).append(g)
+                continue
             t = entry.get("median_us")
             rank = (float(t) if isinstance(t, (int, float)) and t > 0 else float("inf"), i)
             if label not in best or rank < best[label][:2]:
                 best[label] = (*rank, g)
     seeds: dict[str, TableSeed] = {}
-    for label in sorted(best):
-        g = best[label][2]
-        if g.key() not in seeds:
-            cell = cells_by_label[label]
-            seeds[g.key()] = TableSeed(g, (Q.dtype_key(cell.dtypes_dict()), cell.dims_dict()))
+    for label in sorted(set(best) | set(predicted)):
+        cell = cells_by_label[label]
+        for g in ([best[label][2]] if label in best else []) + predicted.get(label, []):
+            if g.key() not in seeds:
+                seeds[g.key()] = TableSeed(g, (Q.dtype_key(cell.dtypes_dict()), cell.dims_dict()))
     return TableSeeds(tuple(seeds.values()), skipped)
