@@ -32,7 +32,8 @@
 #               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
 #               on the cells matching $FWD_CELLS within $FWD_PEERS_S seconds (280). QuACK autotuned
 #               autotunes each cell on its first call (~18 s a forward cell: 21 cells took 370 s; one
-#               backward cell took most of 170 s): 36 forward cells need ~2 calls
+#               backward cell took most of 170 s): 36 forward cells need ~2 calls. $BWD_PEERS names the
+#               backward's peers (default "torch.eager liger quack quack.autotuned")
 #   respeers OUT  as peers, the residual variant's dispatch (prenorm, residual_out) against torch eager,
 #               torch.compile, QuACK and QuACK autotuned, cells matching $RES_CELLS within $RES_PEERS_S (200)
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
@@ -44,7 +45,10 @@ if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
 # pip --target skips the CUTLASS DSL's .pth file: put its packages folder on the path by hand
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD
 if [[ " $stages " =~ " "(peers|bwdpeers|fwdpeers|respeers|quack)" " ]]; then
-  cat /tmp/kfw/cu13.part.* > /tmp/kfw/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl || exit 1
+  whl=/tmp/kfw/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+  # joined by an earlier call of a back-to-back chain when its pieces are gone
+  if compgen -G "/tmp/kfw/cu13.part.*" > /dev/null; then cat /tmp/kfw/cu13.part.* > "$whl" || exit 1; fi
+  [ -s "$whl" ] || { echo "no CUTLASS DSL wheel: bring its pieces (.kfw*/)"; exit 1; }
   rm -f /tmp/kfw/cu13.part.*
   extra=(/tmp/kfw/*.whl)
 else
@@ -102,7 +106,8 @@ res_peers() {
 }
 bwd_peers() {
   timeout "${BWD_PEERS_S:-150}" python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch "$out/tables/bwd_dispatch.json" \
-    ${BWD_CELLS:+--cells "$BWD_CELLS"} --peer torch.eager --peer liger --peer quack --peer quack.autotuned --timeout-s 140 \
+    ${BWD_CELLS:+--cells "$BWD_CELLS"} $(for p in ${BWD_PEERS:-torch.eager liger quack quack.autotuned}; do echo --peer "$p"; done) \
+    --timeout-s 140 \
     --out "$out/tables/bwd_peers" >> "$log" 2>&1
   echo "bwd peers rc=$?" >> "$log"
 }
