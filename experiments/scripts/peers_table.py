@@ -6,7 +6,11 @@ process on the same inputs (the gate's timing loop). Several bench files of the 
 ratio of its own process: ratio(peer) = peer's median / the entry's median in the call that timed
 that peer. "vs best peer" is the smallest of those ratios. Nothing is compared across processes.
 
-Usage: python experiments/scripts/peers_table.py OUT_PREFIX BENCH.csv [BENCH.csv ...]
+With --latest the files are benches of different tables (a matrix measured in several calls, a cell measured
+again after a new search): each cell is taken whole from the last file that timed it (OK), its ratios all from
+that one process.
+
+Usage: python experiments/scripts/peers_table.py [--latest] OUT_PREFIX BENCH.csv [BENCH.csv ...]
 writes OUT_PREFIX.json (cells, summary, fingerprints) and OUT_PREFIX.md.
 """
 
@@ -28,16 +32,19 @@ def read(path: Path) -> tuple[list[dict], dict]:
     return rows, meta
 
 
-def combine(files: list[Path]) -> dict:
+def combine(files: list[Path], latest: bool = False) -> dict:
     cells: dict[str, dict] = {}
     fingerprints, absent = {}, {}
-    for path in files:
-        rows, meta = read(path)
+    read_all = [(path, *read(path)) for path in files]
+    owner = {r["cell"]: path.name for path, rows, _ in read_all for r in rows if r["status"] == "OK"} if latest else {}
+    for path, rows, meta in read_all:
         fingerprints[path.name] = meta["fingerprint"]
         ceiling = float(meta["copy_ceiling_gbps"])
         for r in rows:
+            if latest and owner.get(r["cell"], path.name) != path.name:
+                continue  # a later file timed this cell again
             c = cells.setdefault(r["cell"], {"cell": r["cell"], "genome": r["genome_key"][:12], "template": r["template"],
-                                             "bytes": None, "ours_us": {}, "peers": {}})
+                                             "bytes": None, "ours_us": {}, "peers": {}, "file": path.name})
             if r["status"] != "OK":
                 c["ours_us"][path.name] = None
                 continue
@@ -100,11 +107,13 @@ def markdown(t: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
+    latest = "--latest" in argv
+    argv = [a for a in argv if a != "--latest"]
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
     out, files = Path(argv[0]), [Path(a) for a in argv[1:]]
-    t = combine(files)
+    t = combine(files, latest)
     out.with_suffix(".json").write_text(json.dumps(t, indent=1, sort_keys=True, default=sorted))
     out.with_suffix(".md").write_text(markdown(t))
     s = t["summary"]

@@ -219,3 +219,24 @@ def test_gate_cells_run_once_per_build():
     assert ob.status.value == "OK" and not shared
     first = {gc.label for gc in runner.jobs[0].gate}
     assert {c.label() for c in get_op("rmsnorm").gate_cells(b)} - {b.label()} <= first  # b's were all run for a
+
+
+def test_peers_table_latest_takes_each_cell_whole_from_the_last_file_that_timed_it(tmp_path):
+    """--latest: a cell timed again in a later call (another genome after a new search) is that call's alone;
+    a cell the later call failed or left out keeps the earlier call's row."""
+    base = {"template": "t", "status": "OK", "absent": "{}"}
+    a = _bench_file(tmp_path / "a.csv", [
+        dict(base, genome_key="a" * 64, cell="c1", median_us=100.0, gbps=2000.0, peers=json.dumps({"torch": 90.0})),
+        dict(base, genome_key="a" * 64, cell="c2", median_us=50.0, gbps=1000.0, peers=json.dumps({"torch": 60.0})),
+        dict(base, genome_key="a" * 64, cell="c3", median_us=20.0, gbps=1000.0, peers=json.dumps({"torch": 21.0}))])
+    b = _bench_file(tmp_path / "b.csv", [
+        dict(base, genome_key="b" * 64, cell="c1", median_us=80.0, gbps=2500.0, peers=json.dumps({"quack": 84.0})),
+        dict(base, genome_key="b" * 64, cell="c2", median_us=0.0, gbps=0.0, peers="{}", status="WRONG")])
+    pt = _peers_table()
+    t = pt.combine([a, b], latest=True)
+    c1, c2, c3 = t["cells"]
+    assert c1["genome"] == "b" * 12 and set(c1["peers"]) == {"quack"} and c1["vs_best_peer"] == pytest.approx(1.05)
+    assert c2["genome"] == "a" * 12 and c2["vs_best_peer"] == pytest.approx(1.2) and c2["file"] == "a.csv"
+    assert c3["vs_best_peer"] == pytest.approx(1.05)
+    mixed = pt.combine([a, b])  # without --latest c1 mixes both calls' peers (one table benched twice)
+    assert set(mixed["cells"][0]["peers"]) == {"torch", "quack"}
