@@ -195,11 +195,12 @@ class Learner:
         return L.record_uses(self.session.run_id, L.Use.BIASED, uses)
 
     def refine_uses(self, genomes: Sequence[Genome], cells_for: Callable[[Genome], frozenset[str] | None]) -> list:
-        """Neighbours polled where a prediction missed credit the lessons behind the seeds that missed."""
+        """Neighbours polled where a prediction missed credit the lessons behind the seeds that missed (a seed
+        from a dispatch table has no lesson: nothing to credit)."""
         uses = []
         for g in genomes:
             for label in sorted(cells_for(g) or ()):
-                uses += [(g.key(), self._seed_lessons[k]) for k in self.targets.get(label, [])]
+                uses += [(g.key(), self._seed_lessons[k]) for k in self.targets.get(label, []) if k in self._seed_lessons]
         return L.record_uses(self.session.run_id, L.Use.REFINED, uses)
 
     def refresh(self, final: bool = False) -> int:

@@ -155,3 +155,22 @@ def test_every_committed_config_with_seed_tables_resolves_them():
         assert got.seeds, (path.name, got.skipped)
         seeded += 1
     assert seeded >= 5
+
+
+
+def test_refining_round_a_table_seed_credits_only_the_lessons_behind_warm_seeds():
+    """A cell's refine targets hold a warm seed (a lesson behind it) and a table seed (none): a neighbour
+    polled there credits the lesson and nothing for the table seed (it raised KeyError on the H200,
+    2026-12-03, when a seeded run started warm)."""
+    from types import SimpleNamespace
+
+    from evo.loop.learn import Learner
+
+    t = load_templates("rmsnorm")["cta_row"]
+    from evo.core.genome import Genome
+
+    g = Genome.make("rmsnorm", "cta_row", t.source_hash, t.default_params())
+    me = Learner(SimpleNamespace(run_id="r"), targets={"c": ["table-key", "warm-key"]},
+                 _seed_lessons={"warm-key": "lesson-1"})
+    rows = me.refine_uses([g], lambda _: frozenset({"c", "other"}))
+    assert [(r.genome_key, r.lesson_id, r.effect) for r in rows] == [(g.key(), "lesson-1", "refined")]
