@@ -4,7 +4,9 @@ python experiments/scripts/ga_h200.py --out experiments/results/ga_h200)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -12,7 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from evo.cli.commands import cmd_run  # noqa: E402
+from evo.cli.commands import _run  # noqa: E402
+from evo.core.config import load_config  # noqa: E402
 from memory.store import Store  # noqa: E402
 
 
@@ -21,8 +24,19 @@ def main() -> int:
     ap.add_argument("--config", type=Path, default=ROOT / "experiments" / "rmsnorm_h200_ga.toml")
     ap.add_argument("--store", type=Path, default=Path("/tmp/kf_ga/store.duckdb"))
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "ga_h200")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="the run's time budget in place of the config's budget.max_seconds (a shorter run on a "
+                         "GPU lent by the minute: at least its seeded first generation)")
     args = ap.parse_args()
-    cmd_run(args.config, args.store, "")
+    config = load_config(args.config)
+    if args.max_seconds is not None:  # the run records the budget it ran under (its config text), not the file's
+        text, n = re.subn(r"(?m)^max_seconds\s*=.*$", f"max_seconds = {args.max_seconds:g}  # ga_h200.py --max-seconds",
+                          config.source_text)
+        if n != 1:
+            text += f"\n# ga_h200.py --max-seconds {args.max_seconds:g} overrode budget.max_seconds\n"
+        config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, max_seconds=args.max_seconds),
+                                     source_text=text)
+    _run(config, args.store, "")
     args.out.mkdir(parents=True, exist_ok=True)
     with Store.open(args.store, read_only=True) as store:
         run_id = store.runs().run_id.iloc[-1]

@@ -36,6 +36,7 @@
 #               backward's peers (default "torch.eager liger quack quack.autotuned")
 #   respeers OUT  as peers, the residual variant's dispatch (prenorm, residual_out) against torch eager,
 #               torch.compile, QuACK and QuACK autotuned, cells matching $RES_CELLS within $RES_PEERS_S (200)
+# $GA_MAX_S, when set, is every GA's time budget in place of its config's budget.max_seconds.
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
 stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdatimes, export, profile or kdaprefill}; out=${2:?output folder}
@@ -67,7 +68,8 @@ log="$out/log.txt"
 # ga SECONDS CONFIG STORE_DIR NAME: a GA run under a time limit, its exports in $out/NAME with its store
 ga() {
   mkdir -p "$3"
-  timeout "$1" python3 experiments/scripts/ga_h200.py --config "$2" --store "$3/store.duckdb" --out "$out/$4" >> "$log" 2>&1
+  timeout "$1" python3 experiments/scripts/ga_h200.py --config "$2" --store "$3/store.duckdb" --out "$out/$4" \
+    ${GA_MAX_S:+--max-seconds "$GA_MAX_S"} >> "$log" 2>&1
   echo "GA $4 ($2) rc=$?" >> "$log"
   cp "$3/store.duckdb" "$out/$4/store.duckdb" 2>/dev/null
 }
