@@ -364,7 +364,8 @@ SPEC = OpSpec(
         TensorSpec("A_log", ("HV",), DType.FP32, optional=True),
         TensorSpec("dt_bias", ("HV", "K"), DType.FP32, optional=True),
         TensorSpec("initial_state", ("N", "HV", "SR", "SC"), "state", optional=True),
-        TensorSpec("cu_seqlens", ("Ncu",), DType.INT32, optional=True),
+        # bound on varlen cells (a plan's "cu_seqlens?" arg; a null pointer on the others)
+        TensorSpec("cu_seqlens", ("Ncu",), DType.INT32, optional=True, used_when=is_varlen),
         TensorSpec("o", ("B", "T", "HV", "V"), "x", role=Role.OUT),
         TensorSpec("final_state", ("N", "HV", "SR", "SC"), "state", role=Role.OUT, optional=True),
     ),

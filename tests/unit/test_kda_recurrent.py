@@ -112,7 +112,6 @@ def test_every_admitted_edge_cell_compiles(c: Cell):
     (cell(BF, 2, 1, 2, 16, 16, variant=Variant(Gate.SOFTPLUS)), "gate_is_log_space"),
     (cell(BF, 2, 1, 2, 16, 16, variant=Variant(Gate.LOWER_BOUND)), "gate_is_log_space"),
     (cell(BF, 2, 1, 2, 16, 16, variant=Variant(v_first=True)), "state_is_k_first"),
-    (cell(BF, 1, 7, 2, 16, 16, n=3), "no_varlen"),
     (cell(BF, 1, 65, 1, 16, 16), "short_sequences"),
     (cell(BF, 2, 1, 2, 16, 16, hv=4, g=BF, state=BF, variant=MODEL), "gate_is_log_space"),
 ], ids=lambda v: v if isinstance(v, str) else v.label())
@@ -122,7 +121,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
     assert why in TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict())
     for e in SPEC.edge_cells():
         v = variant_of(e)
-        if v.gate is not Gate.LOG or v.v_first or is_varlen(e) or e.dim("T") > 64:
+        if v.gate is not Gate.LOG or v.v_first or e.dim("T") > 64:
             assert not TDEF.is_valid(p, ARCH, e.dtypes_dict(), e.dims_dict()), e.label()
 
 
@@ -190,11 +189,12 @@ def gate_on_fake(dev: "KdaFakeDevice", job, g, c: Cell, build, bug: str | None):
 
 def emulation_inputs(c: Cell):
     """(kind, source, inputs) over every fill kind, from the spec's make_inputs and from the gate's device
-    fill: the inputs an emulated template is checked on (the raw-gate and varlen tensors left out)."""
+    fill: the inputs an emulated template is checked on (the raw-gate tensors left out; cu_seqlens on varlen
+    cells, where make_inputs and the fill give uneven lengths)."""
     for kind in FILLS:
         yield kind, "make_inputs", SPEC.make_inputs(c, kind, np.random.default_rng(1))
         fill = device_fill(c, kind)
-        yield kind, "gate fill", {n: a for n, a in fill.items() if n not in ("A_log", "dt_bias", "cu_seqlens")}
+        yield kind, "gate fill", {n: a for n, a in fill.items() if n not in ("A_log", "dt_bias")}
 
 
 STATS_CELL = cell(BF, 4, 64, 4, 128, 128, n=None)
@@ -263,7 +263,9 @@ def emulate(inputs: dict, scal: dict, c: Cell, p: dict) -> dict[str, np.ndarray]
     var = variant_of(c)
     q, k, v, g, beta = (np.asarray(inputs[n], f).reshape(-1) for n in ("q", "k", "v", "g", "beta"))
     h0 = np.asarray(inputs.get("initial_state", np.zeros((N, HV, K, V))), f).reshape(-1)
-    o = np.full(N * T * HV * V, np.nan, f)
+    cu = inputs.get("cu_seqlens")
+    B = c.dim("B")
+    o = np.full(B * T * HV * V, np.nan, f)
     ht = np.full(N * HV * K * V, np.nan, f)
     n_, hv_, bx, t = np.meshgrid(np.arange(N), np.arange(HV), np.arange(V // vt), np.arange(threads), indexing="ij")
     kl = t % KL
@@ -274,8 +276,13 @@ def emulate(inputs: dict, scal: dict, c: Cell, p: dict) -> dict[str, np.ndarray]
     at = state_at[..., None, None] + rows[:, None] * V + js  # [..., R, VEC]
     s = h0[at]
     scale = f(scal["scale"])
-    for i in range(T):
-        tok = n_ * T + i
+    # the sequence's tokens: row n, or (varlen) cu[n] .. cu[n + 1] - 1; a thread past its sequence's end idles
+    bos = n_ * T if cu is None else np.asarray(cu, np.int64)[n_]
+    ln = np.full(n_.shape, T) if cu is None else np.diff(np.asarray(cu, np.int64))[n_]
+    for i in range(int(ln.max())):
+        live = i < ln
+        tok = bos + np.minimum(i, ln - 1)
+        s_before = s.copy()
         qr = q[((tok * H + h) * K + kl * R)[..., None] + rows]
         kr = k[((tok * H + h) * K + kl * R)[..., None] + rows]
         gr = g[((tok * HV + hv_) * K + kl * R)[..., None] + rows]
@@ -303,10 +310,11 @@ def emulate(inputs: dict, scal: dict, c: Cell, p: dict) -> dict[str, np.ndarray]
             s[..., r, :] = s[..., r, :] + kr[..., r, None] * u
             acc = acc + qr[..., r, None] * s[..., r, :]
         out = np.moveaxis(lanes_sum(np.moveaxis(acc, -1, 0), KL), 0, -1)
-        first = kl == 0
+        first = (kl == 0) & live
         o[(((tok * HV + hv_) * V + col)[..., None] + js)[first]] = out[first]
+        s = np.where(live[..., None, None], s, s_before)
     ht[at] = s
-    return {"o": quantize(o.astype(np.float64).reshape(N, T, HV, V), c.dtype("x")),
+    return {"o": quantize(o.astype(np.float64).reshape(B, T, HV, V), c.dtype("x")),
             "final_state": quantize(ht.astype(np.float64).reshape(N, HV, K, V), c.dtype("state"))}
 
 
@@ -333,6 +341,10 @@ EMU_CASES = [
     (cell(BF, 2, 1, 4, 128, 128), {}),  # the decode matrix's shape (fewer heads and sequences)
     (cell(BF, 1, 1, 2, 128, 128), {"v_tile": 128, "vec": 4, "k_lanes": 32}),
     (cell(BF, 1, 2, 2, 128, 128), {"v_tile": 64, "vec": 4, "k_lanes": 16}),
+    # varlen (cu_seqlens, B = 1): uneven lengths, and 1..3-token sequences under the varlen kind
+    (cell(BF, 1, 7, 2, 16, 16, n=3), {"v_tile": 16, "vec": 2, "k_lanes": 4}),
+    (cell(BF, 1, 40, 1, 32, 16, n=5, hv=2, variant=Variant(qk_l2norm=True)), {"v_tile": 16, "vec": 4, "k_lanes": 8}),
+    (cell(BF, 1, 16, 2, 128, 128, n=4), {}),
 ]
 
 
@@ -341,7 +353,10 @@ def test_emulated_template_matches_the_float64_reference(c: Cell, fit: dict):
     p = TDEF.default_params() | fit
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
     scal = SPEC.scalar_values(c)
-    for kind, source, inputs in emulation_inputs(c):
+    cases = list(emulation_inputs(c))
+    if is_varlen(c):
+        cases.append(("varlen", "make_inputs", SPEC.make_inputs(c, "varlen", np.random.default_rng(2))))
+    for kind, source, inputs in cases:
         want, got = SPEC.reference(inputs, scal), emulate(inputs, scal, c, p)
         for name in want:
             ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
@@ -407,15 +422,18 @@ def emulated_kernel(c0: Cell, p: dict, bug: str = ""):
     """The template as a fake kernel: reads its bound buffers, runs `emulate` for the launched cell
     (N from the grid, T, H, HV from the args; K, V, dtypes, variant from c0), writes o and the state."""
     def run(dev: KdaFakeDevice, args: tuple) -> None:
-        (_, pq), (_, pk), (_, pv), (_, pg), (_, pb), (_, ph0), (_, po), (_, pht), (_, T), (_, H), (_, HV), (_, scale) = args
+        (_, pq), (_, pk), (_, pv), (_, pg), (_, pb), (_, ph0), (_, po), (_, pht), (_, T), (_, H), (_, HV), (_, scale), (_, pcu) = args
         N = dev.state["grid"][2]
+        B = 1 if pcu else N
         assert dev.state["grid"] == (c0.dim("V") // p["v_tile"], HV, N)
-        c = cell(c0.dtype("x"), N, T, H, c0.dim("K"), c0.dim("V"), hv=HV, g=c0.dtype("g"), state=c0.dtype("state"),
+        c = cell(c0.dtype("x"), B, T, H, c0.dim("K"), c0.dim("V"), n=N, hv=HV, g=c0.dtype("g"), state=c0.dtype("state"),
                  variant=variant_of(c0))
         x, K, V = c.dtype("x"), c.dim("K"), c.dim("V")
-        inputs = {"q": dev.read(pq, x, (N, T, H, K)), "k": dev.read(pk, x, (N, T, H, K)),
-                  "v": dev.read(pv, x, (N, T, HV, V)), "g": dev.read(pg, c.dtype("g"), (N, T, HV, K)),
-                  "beta": dev.read(pb, x, (N, T, HV)), "initial_state": dev.read(ph0, c.dtype("state"), (N, HV, K, V))}
+        inputs = {"q": dev.read(pq, x, (B, T, H, K)), "k": dev.read(pk, x, (B, T, H, K)),
+                  "v": dev.read(pv, x, (B, T, HV, V)), "g": dev.read(pg, c.dtype("g"), (B, T, HV, K)),
+                  "beta": dev.read(pb, x, (B, T, HV)), "initial_state": dev.read(ph0, c.dtype("state"), (N, HV, K, V))}
+        if pcu:
+            inputs["cu_seqlens"] = dev.read(pcu, DType.INT32, (N + 1,))
         if bug == "no_decay":
             inputs["g"] = np.zeros_like(inputs["g"])
         out = emulate(inputs, {"scale": scale}, c, p)
@@ -442,7 +460,26 @@ def test_the_gate_runs_kda_jobs_end_to_end_on_the_fake_device(bug: str):
     job = make_job(SPEC, TDEF, g, build, c, ARCH, seed=3, timing=Timing(min_samples=100, max_samples=100, warmup=2),
                    baseline=False, gate_cells=gates)
     assert set(job.left_out) == {"A_log", "dt_bias", "cu_seqlens"}
-    assert [(a[0], a[1]) for a in job.launches[0].args][-4:] == [("i32", 1), ("i32", 2), ("i32", 2), ("f32", 32 ** -0.5)]
+    assert [(a[0], a[1]) for a in job.launches[0].args][-5:] == [("i32", 1), ("i32", 2), ("i32", 2), ("f32", 32 ** -0.5),
+                                                                  ("ptr", 0)]
     res = gate_on_fake(KdaFakeDevice({"kda_recurrent": emulated_kernel(c, p, bug)}), job, g, c, build, bug)
     if not bug:
         assert len(res.times_us) >= 100 and any("perturbed" in w for w, _ in res.checks)
+
+
+def test_the_gate_runs_a_varlen_kda_job_on_the_fake_device():
+    """A varlen cell: the plan binds cu_seqlens (the last arg), the gate fills uneven lengths, and the
+    emulated template, a CTA per sequence over cu[n] .. cu[n + 1] - 1, passes."""
+    from evo.measure.evaluate import make_job
+    from evo.measure.jobs import Timing
+
+    c = cell(BF, 1, 9, 2, 32, 32, n=3)
+    p = TDEF.default_params() | {"v_tile": 16, "vec": 2, "k_lanes": 4}
+    g = Genome.make("kda", "recurrent", TDEF.source_hash, p)
+    build = compile_point(c, p)
+    assert build.status.ok and build.spill_stores == 0, build.error
+    job = make_job(SPEC, TDEF, g, build, c, ARCH, seed=3, timing=Timing(min_samples=30, max_samples=30, warmup=2),
+                   baseline=False, gate_cells=[])
+    assert set(job.left_out) == {"A_log", "dt_bias"}
+    assert job.launches[0].args[-1] == ("buf", "cu_seqlens") and job.launches[0].grid[2] == 3
+    gate_on_fake(KdaFakeDevice({"kda_recurrent": emulated_kernel(c, p)}), job, g, c, build, None)

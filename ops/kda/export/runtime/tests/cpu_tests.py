@@ -77,6 +77,7 @@ def test_off_table_decode_calls_get_a_kernel_path():
     assert _decode(b=3).path == "table-build"  # B is no compiled-in dim
     assert _decode(b=3, t=3).path == "table-build"
     assert _decode(b=5, h=2, hv=4).path == "table-build"  # grouped value heads: HV / H read at run time
+    assert _decode(b=1, t=7, n_seqs=3).path == "table-build"  # a varlen batch: cu_seqlens read at run time
     c = _decode(k=d["K"] // 2)
     assert c.path in ("rerender", "repaired") and dict(c.consts)["K"] == d["K"] // 2, str(c)
     other = _decode(arch=ARCH + 10)
@@ -88,9 +89,8 @@ def test_off_table_decode_calls_get_a_kernel_path():
     ({"use_gate_in_kernel": True}, "gate_is_log_space"),
     ({"use_gate_in_kernel": True, "lower_bound": -5.0}, "gate_is_log_space"),
     ({"state_v_first": True}, "state_is_k_first"),
-    ({"b": 1, "t": 7, "n_seqs": 3}, "no_varlen"),
     ({"t": 100}, "short_sequences"),
-], ids=["softplus-gate", "lower-bound-gate", "v-first", "varlen", "long-T"])
+], ids=["softplus-gate", "lower-bound-gate", "v-first", "long-T"])
 def test_variants_the_decode_template_refuses_take_torch_and_say_which(over, words):
     if any(templates_of(TABLE, "fused_recurrent_kda")) and not all(
             TABLE.templates[t].name == "recurrent" for t in templates_of(TABLE, "fused_recurrent_kda")):

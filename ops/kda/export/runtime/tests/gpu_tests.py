@@ -61,10 +61,10 @@ OFF = {
     "B3": {"B": 3}, "B1-T3": {"B": 1, "T": 3}, "B2-T64": {"B": 2, "T": 64}, "H2-HV4": {"B": 5, "H": 2, "HV": 4},
     "K64": {"B": 4, "K": 64}, "V64": {"B": 4, "V": 64}, "fp16": {"B": 3, "x": "float16"},
     "fp32": {"B": 3, "x": "float32"}, "l2-sigmoid": {"B": 2, "qk_l2norm": 1, "beta_act": 1},
-    "neg-eigval": {"B": 2, "beta_act": 2},
+    "neg-eigval": {"B": 2, "beta_act": 2}, "varlen": {"B": 1, "T": 9, "N": 3},
     # variants the recurrent template refuses: the torch path, still right
     "softplus-gate": {"B": 2, "gate": 1, "g": "bfloat16"}, "lower-bound-gate": {"B": 2, "gate": 2},
-    "v-first": {"B": 2, "v_first": 1}, "varlen": {"B": 1, "T": 9, "N": 3}, "long-T": {"B": 1, "T": 100},
+    "v-first": {"B": 2, "v_first": 1}, "long-T": {"B": 1, "T": 100},
 }
 
 
