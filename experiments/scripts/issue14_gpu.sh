@@ -21,6 +21,8 @@
 #   kdacheck OUT  KDA: the chunk template at three points through the real gate on every prefill cell,
 #               timed beside fla's chunk_kda (tests/gpu/test_kda_device.py -k chunk); when none passes,
 #               a later kdaprefill stage of the call is skipped
+#   kdavarlen OUT  KDA: the varlen (cu_seqlens) GPU tests of both templates (tests/gpu/test_kda_device.py -k varlen)
+#               within $KDA_VARLEN_S seconds (280), kdavarlen.log
 #   kdatimes OUT  KDA: each launch of the chunk template timed apart (tests/gpu/test_kda_launch_times.py),
 #               rows in kda_launch_times.json
 #   kdaprefill OUT  KDA: the chunked prefill GA (kda_prefill_h200.toml), then its dispatch timed against
@@ -39,7 +41,7 @@
 # $GA_MAX_S, when set, is every GA's time budget in place of its config's budget.max_seconds.
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdatimes, export, profile or kdaprefill}; out=${2:?output folder}
+stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdatimes, export, profile or kdaprefill}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
@@ -167,6 +169,10 @@ case "$stage" in
   fwdlong)
     rms_store
     ga 190 experiments/rmsnorm_h200_long.toml /tmp/kf_rms fwdlong ;;
+  kdavarlen)  # both KDA templates' cu_seqlens paths through the gate, the chunk one beside fla (fla's Triton JIT
+    # of its varlen kernels comes first: the first call of 110 s on 2026-12-03 ended before any test did)
+    timeout "${KDA_VARLEN_S:-280}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k varlen > "$out/kdavarlen.log" 2>&1
+    echo "kda varlen rc=$?" >> "$log" ;;
   kdatimes)
     KF_LAUNCH_TIMES_OUT="$out/kda_launch_times.json" timeout 120 python3 -m pytest -q -s -rs tests/gpu/test_kda_launch_times.py \
       > "$out/kdatimes.log" 2>&1
