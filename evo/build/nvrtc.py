@@ -235,11 +235,24 @@ def check_resources(res: Mapping[str, KernelResources], threads: int | Mapping[s
     return Status.OK, ""
 
 
+# cuda.core's NVRTCError starts the log with NVRTC's result: "6: NVRTC_ERROR_COMPILATION, compilation log:".
+_RESULT_LINE = re.compile(r"\d+: NVRTC_ERROR_\w+, compilation log:")
+# a diagnostic: "default_program(499): error: ...", "error #20-D: ...", "ptxas error   : ...", "ptxas fatal   : ..."
+_DIAGNOSTIC = re.compile(r"\b(?:error|fatal)\b(?:\s*#[\w-]+)?\s*:", re.IGNORECASE)
+
+
 def _first_error(log: str) -> str:
-    for line in log.splitlines():
+    """The line of a failed compile's log that says what went wrong: the first diagnostic, else the first line
+    that names an error (NVRTC's result line only when nothing else does), else the first line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    body = [line for line in lines if not _RESULT_LINE.fullmatch(line)]
+    for line in body:
+        if _DIAGNOSTIC.search(line):
+            return line[:500]
+    for line in body + lines:
         if "error" in line.lower():
-            return line.strip()[:500]
-    return log.strip().splitlines()[0][:500] if log.strip() else "compile failed with an empty log"
+            return line[:500]
+    return lines[0][:500] if lines else "compile failed with an empty log"
 
 
 def _serve(conn: Any, nvrtc: str | None = None) -> None:

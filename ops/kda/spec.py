@@ -99,6 +99,11 @@ def variant_of(cell: Cell) -> Variant:
     return Variant.from_scalars({d: cell.dim(d) for d in VARIANT_DIMS})
 
 
+def raw_gate(cell: Cell) -> bool:
+    """Whether the cell's gate is computed in the kernel (gate 1 or 2: A_log and dt_bias are read)."""
+    return cell.dims_dict().get("gate", 0) != 0
+
+
 def is_varlen(cell: Cell) -> bool:
     """Whether the cell packs several sequences into B = 1 (so cu_seqlens is always present)."""
     return cell.dim("N") != cell.dim("B")
@@ -361,8 +366,9 @@ SPEC = OpSpec(
         TensorSpec("v", ("B", "T", "HV", "V"), "x"),
         TensorSpec("g", ("B", "T", "HV", "K"), "g"),
         TensorSpec("beta", ("B", "T", "HV"), "x"),
-        TensorSpec("A_log", ("HV",), DType.FP32, optional=True),
-        TensorSpec("dt_bias", ("HV", "K"), DType.FP32, optional=True),
+        # bound on raw-gate cells (a plan's "A_log?", "dt_bias?" args; a null pointer on log-space ones)
+        TensorSpec("A_log", ("HV",), DType.FP32, optional=True, used_when=raw_gate),
+        TensorSpec("dt_bias", ("HV", "K"), DType.FP32, optional=True, used_when=raw_gate),
         TensorSpec("initial_state", ("N", "HV", "SR", "SC"), "state", optional=True),
         # bound on varlen cells (a plan's "cu_seqlens?" arg; a null pointer on the others)
         TensorSpec("cu_seqlens", ("Ncu",), DType.INT32, optional=True, used_when=is_varlen),

@@ -7,7 +7,9 @@ the real gate runs the two launches, emulated, on the numpy fake device. Of the 
 reads q, k, v, beta from a staged smem copy) and u_prefetch (launch 2 loads u a chunk ahead) change no
 arithmetic, so the emulation stands for them unchanged; prep_exp = fast (__expf in launch 1) is emulated
 at the edge of its documented error. With all three off the template renders the code it had before
-they existed, and every kernel they add builds without spills."""
+they existed, and every kernel they add builds without spills. fla's variants (raw gate on fp32 or bf16 g, beta
+logits, in-kernel q/k L2 norm, V-first state) are compile-time consts: the emulation forms them as launch 1
+does (variant_prep) and matches the reference on each, the model's varlen call included, which builds clean."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from evo.templates.render import render
 from evo.templates.template import TemplateDef, load_templates
 from ops.kda import SPEC
 from ops.kda.reference import BetaAct, Gate, Variant
-from ops.kda.spec import FILLS, MODEL, PREFILL, cell, gate_cells, is_varlen, variant_of
+from ops.kda.spec import FILLS, LOWER_BOUND, MODEL, PREFILL, cell, gate_cells, is_varlen, raw_gate, variant_of
 from ops.spec import Cell, DType, quantize
 from tests.unit.test_kda_recurrent import KdaFakeDevice, emulation_inputs, gate_on_fake, passes
 
@@ -123,15 +125,12 @@ def test_plans_fit_the_launch_limits():
 
 
 @pytest.mark.parametrize("c, why", [
-    (cell(BF, 2, 64, 2, variant=Variant(Gate.SOFTPLUS)), "gate_is_log_space"),
-    (cell(BF, 2, 64, 2, variant=Variant(beta_act=BetaAct.SIGMOID)), "beta_is_post_sigmoid"),
-    (cell(BF, 2, 64, 2, variant=Variant(qk_l2norm=True)), "no_qk_l2norm"),
-    (cell(BF, 2, 64, 2, variant=Variant(v_first=True)), "state_is_k_first"),
     (cell(FP16, 2, 64, 2), "bf16_activations"),
-    (cell(BF, 2, 64, 2, g=BF), "fp32_log_decay"),
+    (cell(BF, 2, 64, 2, g=BF), "fp32_log_decay"),  # a log-space g summed over the chunk: fp32 only
+    (cell(BF, 2, 64, 2, g=FP16, variant=Variant(Gate.SOFTPLUS)), "fp32_log_decay"),  # a raw g: fp32 or bf16
     (cell(BF, 2, 64, 2, state=BF), "fp32_state"),
     (cell(BF, 2, 64, 2, 64, 128), "k_is_128"),
-    (cell(BF, 1, 8192, 32, n=8, g=BF, variant=MODEL), "gate_is_log_space"),
+    (cell(BF, 1, 8192, 32, n=8, g=BF, state=BF, variant=MODEL), "fp32_state"),
 ], ids=lambda v: v if isinstance(v, str) else v.label())
 def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
     assert why in TDEF.violations(TDEF.default_params(), ARCH, c.dtypes_dict(), c.dims_dict())
@@ -149,8 +148,10 @@ OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_dia
 OLD_SPACE = {"chunk": [32, 64], "prep_threads": [128, 256], "warps": [1, 2, 4, 8], "stages": [3, 4, 6],
              "state_split": [False, True]}
 # Recomputed for varlen (cu_seqlens): the kernels' preambles gained the null-checked varlen path, the rest of
-# the options-off code is as before (the digest before varlen: d7c3a302e9a0...).
-OLD_RENDERS = "085f3925084f42a9031709b9aae025a049d6a8bd6fce3a5cce7cc6c8efdf32a3"
+# the options-off code is as before (the digest before varlen: d7c3a302e9a0...). Recomputed for fla's variants:
+# kda_chunk_prep's signature gained A_log, dt_bias, lower_bound (its only change in fla's default call; the
+# digest before: 085f3925084f...).
+OLD_RENDERS = "e5192109c3e7e5871ce500455e3d3642bd4b8c49ee6b1f15271787e1cff38289"
 
 
 def source(t: TemplateDef, c: Cell, p: dict) -> str:
@@ -661,7 +662,7 @@ def test_recur_lean_legality():
 @pytest.mark.parametrize("chunk", [32, 64])
 def test_recur_lean_loads_no_gl_from_global_in_the_step(chunk: int):
     """The rendered step loop: with recur_lean no ws_gl read but the cp.async into the A_qk slot's tail (issued
-    by issue_k, outside the step's items), the decay read from shared memory in item 2, every refill with a
+    by issue_k2, outside the step's items), the decay read from shared memory in item 2, every refill with a
     literal kind after its item's mma (none inside acquire), o stored as 32-bit pairs; off, the old code."""
     p = TDEF.default_params() | {"chunk": chunk, "warps": 2, "stages": 3}
     on, off = recur_src(p | {"recur_lean": True}), recur_src(p)
@@ -671,14 +672,16 @@ def test_recur_lean_loads_no_gl_from_global_in_the_step(chunk: int):
     assert "const float* gls = reinterpret_cast<const float*>(sa + C * C * 2);" in loop
     assert loop.index("mma_bf16(acc_o[n], va[kb], b0, b1);") < loop.index("gls + 8 * n + 2 * tig") < loop.index(
         "const unsigned char* sk = acquire(4 * c + 3);")
-    assert "issue(" not in on and on.count("ws_gl") == 2  # the parameter and issue_k's cp.async source
+    assert "issue(" not in on and on.count("ws_gl") == 2  # the parameter and issue_k2's cp.async source
     assert "(ws_gl + ch * K + 4 * tid)" in on and "dst + C * C * 2 + 16 * tid" in on
-    refills = re.findall(r"issue_k\(Int<(\d)>\{\}, 4 \* c \+ (\d) \+ NS - 1\);", loop)
+    refills = re.findall(r"issue_k(\d)\(4 \* c \+ (\d) \+ NS - 1\);", loop)
     assert refills == [(str((k + 3 - 1) % 4), str(k)) for k in range(4)]
-    assert re.findall(r"issue_k\(Int<(\d)>\{\}, (\d+)\);", on) == [("0", "0"), ("1", "1")]  # the prologue, NS - 1 items
+    assert re.findall(r"issue_k(\d)\((\d+)\);", on) == [("0", "0"), ("1", "1")]  # the prologue, NS - 1 items
+    assert re.findall(r"auto (issue_k\d) = \[&\]\(int it\)", on) == [f"issue_k{k}" for k in range(4)]  # no generic lambda
+    assert "](auto" not in on  # NVRTC 13.0 refuses a generic lambda in a kernel (docs/nvrtc_13_0.md)
     for k in range(4):  # each refill after its item's mma and before the next item's acquire
         item = loop.split(f"acquire(4 * c{f' + {k}' if k else ''})", 1)[1].split(f"acquire(4 * c + {k + 1})", 1)[0]
-        assert item.rindex("mma_bf16(") < item.index("issue_k(")
+        assert item.rindex("mma_bf16(") < item.index(f"issue_k{(k + 3 - 1) % 4}(")
     assert "op[4] = odd ? pack_bf16(r1, acc_o[n][3]) : pack_bf16(acc_o[n][2], r1);" in loop
     assert "__float2bfloat16_rn(acc_o" not in loop
 
@@ -883,10 +886,34 @@ def fast_exp(x: np.ndarray, sign: int) -> np.ndarray:
     return y
 
 
-def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1) -> dict[str, np.ndarray]:
+def variant_prep(inputs: dict, c: Cell, lower_bound: float = LOWER_BOUND) -> dict[str, np.ndarray]:
+    """Launch 1's variant arithmetic on load, per token, in fp32 as the kernel does it: q, k [B, T, H, K] scaled
+    by 1 / sqrt(sum x^2 + 1e-6) (qk_l2norm; the raw bf16 value times the fp32 factor, where each is read); the
+    log decay a [B, T, HV, K] from the raw g (gate 1: -exp(A_log) (y > 20 ? y : log1p(exp(y))), gate 2:
+    lower_bound (1 / (1 + exp(-(exp(A_log) y)))), y = g + dt_bias); beta (beta_act: m / (1 + exp(-x)), m = 1, 2)."""
+    var = variant_of(c)
+    HV, K = c.dim("HV"), c.dim("K")
+    q, k, v, g, beta = (np.asarray(inputs[n], f32) for n in ("q", "k", "v", "g", "beta"))
+    if var.qk_l2norm:
+        q, k = (x * (f32(1) / np.sqrt(np.sum(x * x, axis=-1, keepdims=True, dtype=f32) + f32(1e-6))) for x in (q, k))
+    with np.errstate(over="ignore"):
+        if var.gate is not Gate.LOG:
+            rate = np.exp(np.asarray(inputs["A_log"], f32))[:, None]
+            y = g + np.asarray(inputs["dt_bias"], f32).reshape(HV, K)
+            if var.gate is Gate.SOFTPLUS:
+                g = -rate * np.where(y > f32(20), y, np.log1p(np.exp(y)))
+            else:
+                g = f32(lower_bound) * (f32(1) / (f32(1) + np.exp(-(rate * y))))
+        if var.beta_act is not BetaAct.NONE:
+            beta = f32(2 if var.beta_act is BetaAct.SIGMOID2 else 1) / (f32(1) + np.exp(-beta))
+    return {"q": q, "k": k, "v": v, "g": g.astype(f32), "beta": beta.astype(f32)}
+
+
+def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1,
+                 lower_bound: float = LOWER_BOUND) -> dict[str, np.ndarray]:
     """Launch 1: the workspace, [B * HV * NT] chunks in the kernel's layouts (qg [C, K], kgT [K, C],
     -w [C, K], A_qk [C, C] as bf16 values; u [C, V], gl [K] fp32). With prep_exp = fast every exponential
-    errs by fast_exp's bound in the direction exp_sign."""
+    errs by fast_exp's bound in the direction exp_sign. The cell's variant as variant_prep, then the same."""
     B, T, H, HV, K = (c.dim(d) for d in ("B", "T", "H", "HV", "K"))
     C = p["chunk"]
     ex = (lambda x: fast_exp(x, exp_sign)) if p.get("prep_exp") == "fast" else np.exp
@@ -898,8 +925,9 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
         out[:, :T] = x
         return np.moveaxis(out.reshape(B, NT, C, *x.shape[2:]), 3, 1)
 
-    q, k = (chunks(np.repeat(np.asarray(inputs[n], f32), grp, axis=2)) for n in ("q", "k"))
-    v, g, beta = (chunks(np.asarray(inputs[n], f32)) for n in ("v", "g", "beta"))
+    pre = variant_prep(inputs, c, lower_bound)
+    q, k = (chunks(np.repeat(pre[n], grp, axis=2)) for n in ("q", "k"))
+    v, g, beta = (chunks(pre[n]) for n in ("v", "g", "beta"))
     s = f32(scale)
     G = np.cumsum(g, axis=3, dtype=f32)  # sequential fp32 sums, as the kernel's column loop
     gl = G[..., -1:, :]
@@ -937,12 +965,16 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
 
 def emulate_recur(ws: dict[str, np.ndarray], h0: np.ndarray, c: Cell, p: dict) -> dict[str, np.ndarray]:
     """Launch 2 from the workspace: per chunk v_new = u - w S, o = qg S + A_qk v_new, S = gl S + kg^T v_new,
-    S fp32 and every mma operand bf16 (S as hi + lo with state_split)."""
+    S fp32 and every mma operand bf16 (S as hi + lo with state_split); v_first: h0 and the final state [V, K]."""
     B, T, HV, K, V = (c.dim(d) for d in ("B", "T", "HV", "K", "V"))
+    vf = variant_of(c).v_first
     C = p["chunk"]
     NT = -(-T // C)
     w, qg, aqk, kgT, u, gl = (ws[n].reshape(B * HV, NT, *ws[n].shape[1:]) for n in ("w", "qg", "aqk", "kgT", "u", "gl"))
-    S = np.asarray(h0, f32).reshape(B * HV, K, V).copy()
+    if vf:
+        S = np.swapaxes(np.asarray(h0, f32).reshape(B * HV, V, K), -1, -2).copy()
+    else:
+        S = np.asarray(h0, f32).reshape(B * HV, K, V).copy()
     o = np.full((B * HV, NT, C, V), np.nan, f32)
     for ci in range(NT):
         parts = [bf(S)]
@@ -956,13 +988,14 @@ def emulate_recur(ws: dict[str, np.ndarray], h0: np.ndarray, c: Cell, p: dict) -
         o[:, ci] = on + mm(aqk[:, ci], vb)
         S = S * gl[:, ci, :, None] + mm(kgT[:, ci], vb)
     o = np.moveaxis(o.reshape(B, HV, NT * C, V)[:, :, :T], 1, 2)
-    return {"o": quantize(o.astype(np.float64), c.dtype("x")), "final_state": S.astype(np.float64).reshape(B, HV, K, V)}
+    S = np.swapaxes(S, -1, -2) if vf else S
+    return {"o": quantize(o.astype(np.float64), c.dtype("x")), "final_state": S.astype(np.float64).reshape(B, HV, *S.shape[1:])}
 
 
 def emulate(inputs: dict, scal: dict, c: Cell, p: dict, exp_sign: int = 1) -> dict[str, np.ndarray]:
-    K, V, N, HV = (c.dim(d) for d in ("K", "V", "N", "HV"))
-    h0 = inputs.get("initial_state", np.zeros((N, HV, K, V)))
-    return emulate_recur(emulate_prep(inputs, c, p, scal["scale"], exp_sign), h0, c, p)
+    SR, SC, N, HV = (c.dim(d) for d in ("SR", "SC", "N", "HV"))
+    h0 = inputs.get("initial_state", np.zeros((N, HV, SR, SC)))
+    return emulate_recur(emulate_prep(inputs, c, p, scal["scale"], exp_sign, scal["lower_bound"]), h0, c, p)
 
 
 EMU_CELLS = [cell(BF, 1, 200, 2), cell(BF, 2, 130, 1, hv=2), cell(BF, 3, 1, 2), cell(BF, 2, 3, 2), cell(BF, 1, 64, 1),
@@ -1129,10 +1162,11 @@ def varlen_slots(cu: np.ndarray, C: int) -> list:
 def test_varlen_cells_are_served_and_plans_cover_their_slots():
     """A varlen cell of fla's default call is admitted; the prep grid and workspaces hold ceil(T / C) + N - 1
     slots a value head (N - B = 0 leaves equal-length plans as they were); the recurrence runs per sequence.
-    The matrix's varlen cell is the model's call (raw gate, beta logits, L2 norm, V-first): still refused."""
+    The matrix's varlen cell is the model's call (raw gate, beta logits, L2 norm, V-first): served too
+    (test_model_call_varlen_cell_is_served_and_compiles_clean)."""
     matrix_varlen = [c for c in SPEC.matrix() if is_varlen(c)]
-    assert len(matrix_varlen) == 1 and "gate_is_log_space" in TDEF.violations(
-        TDEF.default_params(), ARCH, matrix_varlen[0].dtypes_dict(), matrix_varlen[0].dims_dict())
+    assert len(matrix_varlen) == 1 and TDEF.violations(
+        TDEF.default_params(), ARCH, matrix_varlen[0].dtypes_dict(), matrix_varlen[0].dims_dict()) == []
     for c in (VARLEN, cell(BF, 1, 7, 2, n=3), cell(BF, 1, 5, 1, n=5), *gate_cells(VARLEN)):
         assert is_varlen(c)
         for p in legal_points(c, 6, seed=4):
@@ -1142,7 +1176,7 @@ def test_varlen_cells_are_served_and_plans_cover_their_slots():
             assert launches[0].grid == (slots, c.dim("HV"), 1)
             assert launches[1].grid == (c.dim("V") // (16 * p["warps"]), c.dim("HV"), c.dim("N"))
             assert ws["ws_u"] == 4 * c.dim("HV") * slots * p["chunk"] * c.dim("V")
-            assert launches[0].args[-2:] == ("cu_seqlens?", "N") and launches[1].args[-1] == "cu_seqlens?"
+            assert launches[0].args[15:] == ("cu_seqlens?", "N", *PREP_VARIANT_ARGS) and launches[1].args[-1] == "cu_seqlens?"
 
 
 @pytest.mark.parametrize("C", [32, 64])
@@ -1184,31 +1218,33 @@ def emulate_varlen(inputs: dict, scal: dict, c: Cell, p: dict, exp_sign: int = 1
     sequence's end read as zeros, gap slots left NaN: never read), launch 2 per sequence over its slots
     cu[n] / C + n .. from the workspace, from its own initial state."""
     cu = np.asarray(inputs["cu_seqlens"], np.int64)
-    H, HV, K, V, N = (c.dim(d) for d in ("H", "HV", "K", "V", "N"))
+    H, HV, K, V, N, SR, SC = (c.dim(d) for d in ("H", "HV", "K", "V", "N", "SR", "SC"))
+    var = variant_of(c)
     C = p["chunk"]
     slots = varlen_slots(cu, C)
     ns = len(slots)
+    pre = variant_prep(inputs, c, scal["lower_bound"])  # per token: tokens past a sequence's end stay zeros
     padded = {}
     for name in ("q", "k", "v", "g", "beta"):
-        x = np.asarray(inputs[name])[0]
+        x = pre[name][0]
         out = np.zeros((ns * C, *x.shape[1:]))
         for i, sl in enumerate(slots):
             if sl is not None:
                 out[i * C:i * C + sl[2]] = x[sl[1]:sl[1] + sl[2]]
         padded[name] = out[None]
-    cp = cell(c.dtype("x"), 1, ns * C, H, K, V, hv=HV)
+    cp = cell(c.dtype("x"), 1, ns * C, H, K, V, hv=HV)  # the variant's prep done above: launch 1 from there on
     ws = {n: a.reshape(HV, ns, *a.shape[1:]).copy() for n, a in emulate_prep(padded, cp, p, scal["scale"], exp_sign).items()}
     gaps = [i for i, sl in enumerate(slots) if sl is None]
     for a in ws.values():
         a[:, gaps] = np.nan
-    h0 = np.asarray(inputs.get("initial_state", np.zeros((N, HV, K, V))))
+    h0 = np.asarray(inputs.get("initial_state", np.zeros((N, HV, SR, SC))))
     o = np.full((1, int(cu[-1]), HV, V), np.nan)
-    ht = np.full((N, HV, K, V), np.nan)
+    ht = np.full((N, HV, SR, SC), np.nan)
     for n in range(N):
         bos, ln = int(cu[n]), int(cu[n + 1] - cu[n])
         s0, nt = bos // C + n, -(-ln // C)
         sub = {k: a[:, s0:s0 + nt].reshape(HV * nt, *a.shape[2:]) for k, a in ws.items()}
-        r = emulate_recur(sub, h0[n:n + 1], cell(c.dtype("x"), 1, ln, H, K, V, hv=HV), p)
+        r = emulate_recur(sub, h0[n:n + 1], cell(c.dtype("x"), 1, ln, H, K, V, hv=HV, variant=var), p)
         o[0, bos:bos + ln] = r["o"][0]
         ht[n] = r["final_state"][0]
     return {"o": o, "final_state": ht}
@@ -1248,3 +1284,153 @@ def test_varlen_emulation_catches_chunks_that_cross_sequences():
         "initial_state": inputs["initial_state"][:1]}
     got = emulate(flat, SPEC.scalar_values(one), one, TDEF.default_params())
     assert not passes(got["o"], want["o"], SPEC.tolerance(c, "o"))[0]
+
+
+# ---- fla's variants: gate, beta_act, qk_l2norm, v_first (compile-time consts) -------------------------------
+# Launch 1 forms them where it reads its inputs (the raw gate's log decay on g's load, before the cumulative
+# sum; the activated beta once a token; q, k times their tokens' inverse L2 norms), launch 2 reads and writes
+# the state [V, K] with v_first. The emulation does the same in fp32 (variant_prep), then launch 1 as before.
+
+PREP_VARIANT_ARGS = ("A_log?", "dt_bias?", "lower_bound")
+MODEL_VARLEN = [c for c in SPEC.matrix() if is_varlen(c)][0]  # the model's call: B = 1, N = 8, T = 8192, H = 32
+ALL_ON = Variant(Gate.LOWER_BOUND, BetaAct.SIGMOID2, True, True)
+VARIANT_CELLS = [
+    cell(BF, 2, 130, 1, hv=2, variant=Variant(beta_act=BetaAct.SIGMOID)),
+    cell(BF, 1, 97, 2, variant=Variant(beta_act=BetaAct.SIGMOID2)),
+    cell(BF, 2, 70, 2, variant=Variant(qk_l2norm=True)),
+    cell(BF, 1, 130, 1, g=BF, variant=Variant(Gate.SOFTPLUS)),
+    cell(BF, 2, 33, 1, variant=Variant(Gate.SOFTPLUS)),
+    cell(BF, 1, 100, 2, variant=Variant(Gate.LOWER_BOUND)),
+    cell(BF, 2, 64, 1, variant=Variant(v_first=True)),
+    cell(BF, 1, 200, 2, n=4, g=BF, variant=MODEL),
+    cell(BF, 1, 130, 2, n=3, hv=4, g=BF, variant=ALL_ON),
+]
+
+
+def variant_inputs(c: Cell):
+    """emulation_inputs with the raw gate's A_log and dt_bias kept where the cell's gate reads them (make_inputs'
+    and the device fill's), and the varlen kind on B = 1 cells."""
+    from tests.unit.test_kda_recurrent import device_fill
+
+    for kind in FILLS:
+        yield kind, "make_inputs", SPEC.make_inputs(c, kind, np.random.default_rng(1))
+        fill = device_fill(c, kind)
+        yield kind, "gate fill", {n: a for n, a in fill.items() if raw_gate(c) or n not in ("A_log", "dt_bias")}
+    if c.dim("B") == 1:
+        yield "varlen", "make_inputs", SPEC.make_inputs(c, "varlen", np.random.default_rng(4))
+
+
+def emulate_cell(inputs: dict, scal: dict, c: Cell, p: dict, exp_sign: int = 1) -> tuple[dict, dict]:
+    """(inputs as the reference gets them, the emulated outputs): by slots where there is cu_seqlens (a one-sequence
+    cell given cu_seqlens = [0, T] when B = 1), else by batch rows."""
+    if c.dim("B") == 1:
+        inputs = {"cu_seqlens": np.array([0, c.dim("T")])} | inputs
+        return inputs, emulate_varlen(inputs, scal, c, p, exp_sign)
+    return inputs, emulate(inputs, scal, c, p, exp_sign)
+
+
+@pytest.mark.parametrize("fit", EMU_POINTS[:4], ids=emu_id)
+@pytest.mark.parametrize("c", VARIANT_CELLS, ids=lambda c: c.label())
+def test_emulated_variants_match_the_float64_reference(c: Cell, fit: dict):
+    """Each variant alone, the model's call and every switch on: every kind, from make_inputs and the device fill,
+    within 0.85 of the tolerance (prep_exp = fast with its error spent both ways)."""
+    p = TDEF.default_params() | fit
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
+    scal = SPEC.scalar_values(c)
+    for kind, src, inputs in variant_inputs(c):
+        for sign in (1, -1) if p["prep_exp"] == "fast" else (1,):
+            inputs, got = emulate_cell(inputs, scal, c, p, sign)
+            want = SPEC.reference(inputs, scal)
+            for name in want:
+                ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+                assert ok and share < 0.85, (kind, src, name, sign, share)
+
+
+@pytest.mark.parametrize("switch", ["gate", "beta_act", "qk_l2norm", "v_first"])
+def test_variant_emulation_catches_a_skipped_variant(switch: str):
+    """The check has teeth: the kernel's arithmetic with one switch left out (the raw g taken as the log decay,
+    logits as beta, q and k unnormalized, the state read K-first) fails some kind."""
+    c = cell(BF, 1, 130, 2, n=3, hv=4, g=BF, variant=Variant(Gate.SOFTPLUS, BetaAct.SIGMOID2, True, True))
+    off = {"gate": Gate.LOG, "beta_act": BetaAct.NONE, "qk_l2norm": False, "v_first": False}[switch]
+    var = variant_of(c)
+    bad = cell(BF, 1, 130, 2, n=3, hv=4, g=BF, variant=Variant(**{
+        f: (off if f == switch else getattr(var, f)) for f in ("gate", "beta_act", "qk_l2norm", "v_first")}))
+    scal = SPEC.scalar_values(c)
+    p = TDEF.default_params()
+    failed = []
+    for kind in FILLS:
+        inputs = SPEC.make_inputs(c, kind, np.random.default_rng(1))
+        want = SPEC.reference(inputs, scal)
+        assert all(passes(emulate_varlen(inputs, scal, c, p)[n], want[n], SPEC.tolerance(c, n))[0] for n in want)
+        with np.errstate(all="ignore"):  # a raw g of either sign taken as the log decay overflows exp
+            got = emulate_varlen(inputs, SPEC.scalar_values(bad), bad, p)
+        failed += [kind for n in want if not passes(got[n], want[n], SPEC.tolerance(c, n))[0]]
+    assert failed, switch
+
+
+def test_variant_plans_bind_the_raw_gate_tensors():
+    """A_log and dt_bias are bound on raw-gate cells and null elsewhere (the prep launch's last args, lower_bound
+    after them); beta_act or qk_l2norm add 3 C fp32 to the prep launch's smem."""
+    from evo.measure.evaluate import bind_cell
+
+    for c in (MODEL_VARLEN, cell(BF, 2, 64, 2, variant=Variant(Gate.LOWER_BOUND)),
+              cell(BF, 2, 64, 2, variant=Variant(beta_act=BetaAct.SIGMOID, qk_l2norm=True)),
+              cell(BF, 2, 64, 2, variant=Variant(v_first=True)), PREFILL_CELLS[0]):
+        for p in (TDEF.default_params(), TDEF.default_params() | {"chunk": 32, "stage_in": True}):
+            var = variant_of(c)
+            genome = Genome.make("kda", "chunk", TDEF.source_hash, p)
+            launches, buffers, _ = bind_cell(SPEC, TDEF, genome, c, ARCH)
+            names = {b.name for b in buffers}
+            raw = var.gate is not Gate.LOG
+            assert ({"A_log", "dt_bias"} <= names) == raw and ({"A_log", "dt_bias"} & names) == ({"A_log", "dt_bias"} if raw else set())
+            tail = launches[0].args[-3:]
+            assert tail[:2] == ((("buf", "A_log"), ("buf", "dt_bias")) if raw else (("ptr", 0), ("ptr", 0))), tail
+            assert tail[2][0] == "f32" and tail[2][1] == LOWER_BOUND
+            extra = 12 * p["chunk"] if var.beta_act is not BetaAct.NONE or var.qk_l2norm else 0
+            assert launches[0].smem == prep_smem(p, c.dim("K"), c.dim("V")) + extra
+
+
+VARIANT_BUILDS = [  # (cell, point): each variant's own code paths, the model's call on several
+    (cell(BF, 2, 64, 2, variant=Variant(Gate.SOFTPLUS)), {}),
+    (cell(BF, 2, 64, 2, g=BF, variant=Variant(Gate.LOWER_BOUND)), {}),
+    (cell(BF, 2, 64, 2, variant=Variant(beta_act=BetaAct.SIGMOID2)), {"chunk": 32, "stage_in": True}),
+    (cell(BF, 2, 64, 2, variant=Variant(qk_l2norm=True)), {}),
+    (cell(BF, 2, 64, 2, variant=Variant(qk_l2norm=True)), {"stage_in": True, "prep_diag": "folded"}),
+    (cell(BF, 2, 64, 2, variant=Variant(qk_l2norm=True)), {"chunk": 32, "stage_in": True, "prep_diag": "split"}),
+    (cell(BF, 2, 64, 2, variant=Variant(v_first=True)), {"chunk": 32, "state_split": True}),
+]
+MODEL_POINTS = [{}, {"chunk": 32}, {"stage_in": True}, {"stage_in": True, "prep_diag": "folded"},
+                {"chunk": 32, "stage_in": True, "prep_diag": "split"},
+                {"chunk": 32, "u_prefetch": True, "state_split": True, "warps": 4, "stages": 6, "prep_exp": "fast"}]
+
+
+def test_model_call_varlen_cell_is_served_and_compiles_clean():
+    """The matrix's varlen cell (the model's call: raw gate on bf16 g, beta logits, q/k L2 norm, V-first state)
+    and its gate cells are admitted at the default point; its builds, and each variant's own, have no spills,
+    stack or static smem."""
+    c = MODEL_VARLEN
+    assert variant_of(c) == MODEL and c.dtype("g") == BF
+    assert TDEF.violations(TDEF.default_params(), ARCH, c.dtypes_dict(), c.dims_dict()) == []
+    for gc in gate_cells(c):
+        assert TDEF.violations(TDEF.default_params(), ARCH, gc.dtypes_dict(), gc.dims_dict()) == [], gc.label()
+    points = [TDEF.default_params() | q for q in MODEL_POINTS]
+    for p in points:
+        assert TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()), p
+    for res in compile_clean(c, points):
+        assert set(res) == {"kda_chunk_prep", "kda_chunk_recur"}
+    for vc, q in VARIANT_BUILDS:
+        p = TDEF.default_params() | q
+        assert TDEF.is_valid(p, ARCH, vc.dtypes_dict(), vc.dims_dict()), (vc.label(), p)
+        compile_clean(vc, [p])
+
+
+def test_variant_renders_differ_only_behind_their_switches():
+    """A variant's code is behind its compile-time const: fla's default call renders no variant code (no A_log
+    read, no sigmoid, no norm, no [V, K] state), and each switch adds its own."""
+    base = source(TDEF, PREFILL_CELLS[0], TDEF.default_params())
+    for frag in ("A_log[hv]", "act(", "qk_raw", "(long long)vr * K"):
+        assert frag not in base
+    for var, frag in ((Variant(Gate.SOFTPLUS), "log1pf"), (Variant(Gate.LOWER_BOUND), "lower_bound * "),
+                      (Variant(beta_act=BetaAct.SIGMOID2), "2.0f / (1.0f + expf(-x))"),
+                      (Variant(qk_l2norm=True), "qk_raw"), (Variant(v_first=True), "(long long)vr * K")):
+        assert frag in source(TDEF, cell(BF, 2, 64, 2, variant=var), TDEF.default_params()), var
