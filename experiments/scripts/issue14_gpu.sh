@@ -23,6 +23,8 @@
 #               a later kdaprefill stage of the call is skipped
 #   kdavarlen OUT  KDA: the varlen (cu_seqlens) GPU tests of both templates (tests/gpu/test_kda_device.py -k varlen)
 #               within $KDA_VARLEN_S seconds (280), kdavarlen.log
+#   kdavarlenga OUT  KDA: the GA on the varlen model-call cell (kda_varlen_h200.toml), its dispatch then timed
+#               beside fla's chunk_kda given the same cu_seqlens
 #   kdatimes OUT  KDA: each launch of the chunk template timed apart (tests/gpu/test_kda_launch_times.py),
 #               rows in kda_launch_times.json
 #   kdaprefill OUT  KDA: the chunked prefill GA (kda_prefill_h200.toml), then its dispatch timed against
@@ -41,7 +43,7 @@
 # $GA_MAX_S, when set, is every GA's time budget in place of its config's budget.max_seconds.
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdatimes, export, profile or kdaprefill}; out=${2:?output folder}
+stages=${1:?ga, bwdga, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile or kdaprefill}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
@@ -173,6 +175,14 @@ case "$stage" in
     # of its varlen kernels comes first: the first call of 110 s on 2026-12-03 ended before any test did)
     timeout "${KDA_VARLEN_S:-280}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k varlen > "$out/kdavarlen.log" 2>&1
     echo "kda varlen rc=$?" >> "$log" ;;
+  kdavarlenga)  # the varlen model-call cell's GA (kda_varlen_h200.toml), then its dispatch beside fla's chunk_kda
+    ga 200 experiments/kda_varlen_h200.toml /tmp/kf_kdav kda_varlen
+    table=$(ls -t /tmp/kf_kdav/runs/*/dispatch.json 2>/dev/null | head -1)
+    if [ -n "$table" ]; then
+      timeout 150 python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda --timeout-s 140 \
+        --out "$out/kda_varlen/peers" >> "$log" 2>&1
+      echo "kda varlen bench rc=$?" >> "$log"
+    fi ;;
   kdatimes)
     KF_LAUNCH_TIMES_OUT="$out/kda_launch_times.json" timeout 120 python3 -m pytest -q -s -rs tests/gpu/test_kda_launch_times.py \
       > "$out/kdatimes.log" 2>&1

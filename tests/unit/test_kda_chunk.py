@@ -13,6 +13,8 @@ does (variant_prep) and matches the reference on each, the model's varlen call i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import random
 import re
 import hashlib
@@ -1434,3 +1436,22 @@ def test_variant_renders_differ_only_behind_their_switches():
                       (Variant(beta_act=BetaAct.SIGMOID2), "2.0f / (1.0f + expf(-x))"),
                       (Variant(qk_l2norm=True), "qk_raw"), (Variant(v_first=True), "(long long)vr * K")):
         assert frag in source(TDEF, cell(BF, 2, 64, 2, variant=var), TDEF.default_params()), var
+
+
+def test_the_varlen_experiment_searches_the_matrix_model_cell_over_legal_points():
+    """experiments/kda_varlen_h200.toml: its one cell is the matrix's varlen batch in the model's call (the
+    named matrix "varlen"), and its narrowed space holds legal points for it, the recur_lean ones too."""
+    from evo.core.config import load_config
+    from evo.loop.pipeline import Session
+    from memory.store import Store
+    from ops.kda.spec import varlen_matrix
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "experiments" / "kda_varlen_h200.toml")
+    with Store.open(":memory:") as s:
+        ses = Session(cfg, s, "check")
+        (c,) = ses.cells
+        assert c.label() == varlen_matrix()[0].label() and c in SPEC.matrix()
+        assert variant_of(c) == MODEL and c.dim("N") == 8 and c.dim("B") == 1
+        legal = all_legal(c, ses.templates["chunk"])
+    assert len(legal) >= 32, len(legal)
+    assert any(p["recur_lean"] for p in legal) and any(p["prep_diag"] == "split" for p in legal)
