@@ -77,6 +77,17 @@ ga() {
   echo "GA $4 ($2) rc=$?" >> "$log"
   cp "$3/store.duckdb" "$out/$4/store.duckdb" 2>/dev/null
 }
+# kda_ga_bench GA_SECONDS CONFIG STORE_DIR NAME BENCH_SECONDS: a KDA chunk GA, then its dispatch timed beside
+# fla's chunk_kda in one process ($out/NAME/peers)
+kda_ga_bench() {
+  ga "$1" "$2" "$3" "$4"
+  local table
+  table=$(ls -t "$3"/runs/*/dispatch.json 2>/dev/null | head -1)
+  [ -n "$table" ] || return 0
+  timeout "$5" python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda --timeout-s $(($5 - 10)) \
+    --out "$out/$4/peers" >> "$log" 2>&1
+  echo "$4 bench rc=$?" >> "$log"
+}
 bwd_ga() {
   ga 300 experiments/rmsnorm_bwd_h200.toml /tmp/kf_bwd bwd
 }
@@ -176,26 +187,14 @@ case "$stage" in
     timeout "${KDA_VARLEN_S:-280}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k varlen > "$out/kdavarlen.log" 2>&1
     echo "kda varlen rc=$?" >> "$log" ;;
   kdavarlenga)  # the varlen model-call cell's GA (kda_varlen_h200.toml), then its dispatch beside fla's chunk_kda
-    ga 200 experiments/kda_varlen_h200.toml /tmp/kf_kdav kda_varlen
-    table=$(ls -t /tmp/kf_kdav/runs/*/dispatch.json 2>/dev/null | head -1)
-    if [ -n "$table" ]; then
-      timeout 150 python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda --timeout-s 140 \
-        --out "$out/kda_varlen/peers" >> "$log" 2>&1
-      echo "kda varlen bench rc=$?" >> "$log"
-    fi ;;
+    kda_ga_bench 200 experiments/kda_varlen_h200.toml /tmp/kf_kdav kda_varlen 150 ;;
   kdatimes)
     KF_LAUNCH_TIMES_OUT="$out/kda_launch_times.json" timeout 120 python3 -m pytest -q -s -rs tests/gpu/test_kda_launch_times.py \
       > "$out/kdatimes.log" 2>&1
     echo "kda launch times rc=$?" >> "$log" ;;
   kdaprefill)
     if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi
-    ga 240 experiments/kda_prefill_h200.toml /tmp/kf_kdap kda_prefill
-    table=$(ls -t /tmp/kf_kdap/runs/*/dispatch.json 2>/dev/null | head -1)
-    if [ -n "$table" ]; then
-      timeout 110 python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda --timeout-s 100 \
-        --out "$out/kda_prefill/peers" >> "$log" 2>&1
-      echo "kda prefill bench rc=$?" >> "$log"
-    fi ;;
+    kda_ga_bench 240 experiments/kda_prefill_h200.toml /tmp/kf_kdap kda_prefill 110 ;;
   export)  # the chain's forward and backward runs as one package, installed with pip, its own tests on this GPU
     fwd_id=$(basename "$(dirname "$(ls -t /tmp/kf_rms/runs/rmsnorm-h200-long-*/dispatch.json 2>/dev/null | head -1)")")
     bwd_id=$(basename "$(dirname "$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)")")

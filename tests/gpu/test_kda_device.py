@@ -150,6 +150,12 @@ def test_chunk_template_passes_the_gate_on_every_prefill_cell_beside_fla(worker,
     """The chunked prefill through the real gate (its gate cells and the cell itself, every input set),
     then timed with fla's chunk_kda in the same process (or fla reported absent): prints the ratio, the
     issue's prefill target (>= 2x fla)."""
+    _chunk_beside_fla(worker, c, params, "kda chunk")
+
+
+def _chunk_beside_fla(worker, c, params, tag: str) -> None:
+    """The chunk template at `params` on cell `c` through the real gate, timed beside fla's chunk_kda in the
+    same process (or fla reported absent); prints `tag` lines with the verdict and the ratio."""
     from evo.core.status import Status
     from evo.measure.jobs import Timing
     from evo.measure.verify import judge
@@ -158,11 +164,11 @@ def test_chunk_template_passes_the_gate_on_every_prefill_cell_beside_fla(worker,
                          template="chunk")
     res = worker.run(job)
     out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
-    print(f"\nkda chunk {c.label()} {params}: {out.status.name} {out.error or ''} checks {res.checks[-4:]}")
+    print(f"\n{tag} {c.label()} {params}: {out.status.name} {out.error or ''} checks {res.checks[-4:]}")
     assert out.status is Status.OK, (out.status, out.error, res.checks[-4:])
     med = float(np.median(res.times_us))
     peer = dict(res.peers).get("fla.chunk_kda")
-    print(f"kda chunk {c.label()} {params}: {med:.1f} us; "
+    print(f"{tag} {c.label()} {params}: {med:.1f} us; "
           + (f"fla {np.median(peer):.1f} us, {np.median(peer) / med:.2f}x" if peer else f"fla absent: {dict(res.absent)}"))
     assert peer or "fla.chunk_kda" in dict(res.absent)
 
@@ -179,21 +185,7 @@ VARLEN_POINTS = [{"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_pre
 def test_chunk_template_passes_the_gate_on_varlen_batches_beside_fla(worker, c, params):
     """The chunk template's cu_seqlens path (chunks never crossing a sequence) through the real gate, every
     input set, timed beside fla's chunk_kda given the same cu_seqlens."""
-    from evo.core.status import Status
-    from evo.measure.jobs import Timing
-    from evo.measure.verify import judge
-
-    g, build, job = _job(c, params, timing=Timing(min_samples=20, max_samples=50), baselines=("fla.chunk_kda",),
-                         template="chunk")
-    res = worker.run(job)
-    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
-    print(f"\nkda varlen chunk {c.label()} {params}: {out.status.name} {out.error or ''} checks {res.checks[-2:]}")
-    assert out.status is Status.OK, (out.status, out.error, res.checks[-4:])
-    med = float(np.median(res.times_us))
-    peer = dict(res.peers).get("fla.chunk_kda")
-    print(f"kda varlen chunk {c.label()} {params}: {med:.1f} us; "
-          + (f"fla {np.median(peer):.1f} us, {np.median(peer) / med:.2f}x" if peer else f"fla absent: {dict(res.absent)}"))
-    assert peer or "fla.chunk_kda" in dict(res.absent)
+    _chunk_beside_fla(worker, c, params, "kda varlen chunk")
 
 
 @pytest.mark.gpu
