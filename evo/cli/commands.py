@@ -66,14 +66,15 @@ def cmd_resume(run_id: str, store_path: Path) -> int:
     if df.empty:
         raise StoreError(f"no run {run_id!r} in {store_path}; known runs: {', '.join(known) or 'none'}")
     path = df.config_path[0] if isinstance(df.config_path[0], str) else ""
-    return _run(parse_config(df.config_toml[0], f"run {run_id}", path), store_path, run_id)
+    return run_config(parse_config(df.config_toml[0], f"run {run_id}", path), store_path, run_id)
 
 
 def cmd_run(config_path: Path, store_path: Path, run_id: str = "") -> int:
-    return _run(load_config(config_path), store_path, run_id)
+    return run_config(load_config(config_path), store_path, run_id)
 
 
-def _run(config: Config, store_path: Path, run_id: str) -> int:
+def run_config(config: Config, store_path: Path, run_id: str) -> int:
+    """Run a loaded config (a script may adjust it first: experiments/scripts/ga_h200.py --max-seconds)."""
     from evo.cli.errors import DEFAULT_STORE
 
     with Store.open(store_path) as store, interruptible() as caught:

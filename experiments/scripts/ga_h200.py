@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from evo.cli.commands import _run  # noqa: E402
+from evo.cli.commands import run_config  # noqa: E402
 from evo.core.config import load_config  # noqa: E402
 from memory.store import Store  # noqa: E402
 
@@ -36,7 +36,7 @@ def main() -> int:
             text += f"\n# ga_h200.py --max-seconds {args.max_seconds:g} overrode budget.max_seconds\n"
         config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, max_seconds=args.max_seconds),
                                      source_text=text)
-    _run(config, args.store, "")
+    run_config(config, args.store, "")
     args.out.mkdir(parents=True, exist_ok=True)
     with Store.open(args.store, read_only=True) as store:
         run_id = store.runs().run_id.iloc[-1]
