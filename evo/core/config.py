@@ -13,6 +13,7 @@ import enum
 import hashlib
 import math
 import os
+import re
 import tomllib
 import types
 import typing
@@ -69,8 +70,16 @@ class CellsSection:
     matrix: bool | str = True  # true: the op's matrix; a name: one of the op's named matrices (OpSpec.matrices)
     dtypes: tuple[str, ...] = ()
     dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # a regular expression: only the cells whose label it finds (re.search) are optimized, say "N262144|N131072"
+    # on labels like 'w=bf16,x=bf16 M8192-N262144'; "" keeps every cell
+    only: str = ""
 
     def __post_init__(self) -> None:
+        if self.only:
+            try:
+                re.compile(self.only)
+            except re.error as e:
+                raise ConfigError(f"cells.only: {self.only!r} is not a regular expression: {e}") from None
         if self.matrix == "":
             raise ConfigError("cells.matrix: true, false, or the name of one of the op's matrices")
         if not self.matrix and not (self.dtypes and self.dims):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -61,7 +62,20 @@ def arch_number(arch: str) -> int:
 
 
 def cells_for(config: Config, op: OpSpec) -> list[Cell]:
-    """The cells an experiment optimizes."""
+    """The cells an experiment optimizes: the matrix or product the config names, less the cells whose label
+    `cells.only` does not find (an error when it leaves none)."""
+    cells = _configured_cells(config, op)
+    if not config.cells.only:
+        return cells
+    pick = re.compile(config.cells.only)
+    kept = [c for c in cells if pick.search(c.label())]
+    if not kept:
+        raise ConfigError(f"cells.only: {config.cells.only!r} matches none of the {len(cells)} cells "
+                          f"(labels look like {cells[0].label()!r})" if cells else "cells.only: there are no cells")
+    return kept
+
+
+def _configured_cells(config: Config, op: OpSpec) -> list[Cell]:
     if config.cells.matrix:  # the op's (or a named) matrix, optionally only the cells of the given dtypes
         name = config.cells.matrix
         if isinstance(name, str) and name not in op.matrices:

@@ -11,7 +11,7 @@
 #               KDA), the worker, the exported packages
 #   bwdall OUT  the backward GA over all 18 cells, no peer beside the candidates (rmsnorm_bwd_h200_all.toml)
 #   residual OUT  the residual variant's GA (rmsnorm_residual_h200.toml)
-#   bwdwide OUT the backward GA on the two M = 8192, N = 262144 cells only (rmsnorm_bwd_h200_wide.toml)
+#   bwdwide OUT the backward GA on the four widest 16-bit cells only (rmsnorm_bwd_h200_wide.toml)
 #   fwd2 OUT    the forward GA with the short-row template (rmsnorm_h200_regimes2.toml)
 #   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
 #               against every peer in one process (kfactory bench --dispatch)

@@ -173,6 +173,22 @@ def test_a_config_picks_a_named_matrix(tmp_path):
         load_config(cfg)
 
 
+def test_cells_only_keeps_the_cells_its_expression_finds(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[run]\nop = "rmsnorm_bwd"\nrunner = "gpu"\n[cells]\nmatrix = true\nonly = "N262144|fp16.* M16384"\n')
+    op = get_op("rmsnorm_bwd")
+    cells = cells_for(load_config(cfg), op)
+    labels = {c.label() for c in cells}
+    assert labels == {"w=bf16,x=bf16 M8192-N262144", "w=fp16,x=fp16 M8192-N262144", "w=fp16,x=fp16 M16384-N131072"}
+    assert cells == [c for c in op.matrix() if c.label() in labels]  # the matrix's order, nothing added
+    cfg.write_text('[run]\nop = "rmsnorm_bwd"\nrunner = "gpu"\n[cells]\nmatrix = true\nonly = "N333"\n')
+    with pytest.raises(ConfigError, match="cells.only: 'N333' matches none of the 18 cells"):
+        cells_for(load_config(cfg), op)
+    cfg.write_text('[run]\nop = "rmsnorm_bwd"\nrunner = "gpu"\n[cells]\nmatrix = true\nonly = "N(262144"\n')
+    with pytest.raises(ConfigError, match="cells.only: 'N\\(262144' is not a regular expression"):
+        load_config(cfg)
+
+
 def test_residual_experiment_builds_through_kfactory_run(tmp_path, capsys, monkeypatch):
     """The residual variant runs through the engine unchanged: real NVRTC builds of cta_row_fused on its
     13 cells, recorded in a real store (no GPU here: it stops before evaluating)."""
