@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 LOW_CEILING = 0.70  # cells where the best peer reaches under 70% of the copy ceiling
+HIGH_CEILING = 0.90  # cells where the best peer reaches 90% of it or more: little left to take there
 
 
 def read(path: Path) -> tuple[list[dict], dict]:
@@ -53,7 +54,8 @@ def combine(files: list[Path], latest: bool = False) -> dict:
             c["bytes"] = float(r["gbps"]) * 1e9 * ours * 1e-6
             for name, us in json.loads(r["peers"]).items():
                 c["peers"][name] = {"us": us, "ours_us": ours, "ratio": us / ours, "file": path.name,
-                                    "pct_ceiling": 100.0 * (c["bytes"] / (us * 1e-6) / 1e9) / ceiling}
+                                    "pct_ceiling": 100.0 * (c["bytes"] / (us * 1e-6) / 1e9) / ceiling,
+                                    "ours_pct_ceiling": 100.0 * float(r["gbps"]) / ceiling}
             for name, why in json.loads(r["absent"] or "{}").items():
                 if name not in c["peers"]:
                     absent.setdefault(name, set()).add(why)
@@ -62,6 +64,7 @@ def combine(files: list[Path], latest: bool = False) -> dict:
         c["best_peer"] = best[0] if best else ""
         c["vs_best_peer"] = best[1]["ratio"] if best else 0.0
         c["best_peer_pct_ceiling"] = best[1]["pct_ceiling"] if best else 0.0
+        c["ours_pct_ceiling"] = best[1]["ours_pct_ceiling"] if best else 0.0  # in the best peer's process
     ok = [c for c in cells.values() if c["best_peer"]]
     low = [c for c in ok if c["best_peer_pct_ceiling"] < 100 * LOW_CEILING]
     present = sorted({n for c in cells.values() for n in c["peers"]})
@@ -71,6 +74,7 @@ def combine(files: list[Path], latest: bool = False) -> dict:
         "worst_vs_best_peer": min((c["vs_best_peer"] for c in ok), default=0.0),
         "cells_at_or_above_best_peer": sum(c["vs_best_peer"] >= 1.0 for c in ok),
         "cells_best_peer_under_70pct_ceiling": len(low),
+        "cells_best_peer_at_or_over_90pct_ceiling": sum(c["best_peer_pct_ceiling"] >= 100 * HIGH_CEILING for c in ok),
         "geomean_vs_best_peer_where_it_is_under_70pct_ceiling": geomean(c["vs_best_peer"] for c in low),
         "geomean_vs_peer": {n: geomean(c["peers"][n]["ratio"] for c in ok if n in c["peers"]) for n in present},
         "cells_per_peer": {n: sum(n in c["peers"] for c in ok) for n in present},
@@ -92,14 +96,19 @@ def markdown(t: dict) -> str:
     lines = [f"# Dispatch entries against every peer ({s['cells']} cells)", "",
              f"geomean vs best peer {s['geomean_vs_best_peer']:.3f}, worst {s['worst_vs_best_peer']:.3f}, "
              f"{s['cells_at_or_above_best_peer']}/{s['cells_with_a_peer']} cells at or above the best peer.", "",
-             "| cell | template | µs (ours) | " + " | ".join(peers) + " | best peer | vs best peer |",
-             "|---|---|---:|" + "---:|" * len(peers) + "---|---:|"]
+             f"The best peer runs at {100 * HIGH_CEILING:.0f}% of the copy ceiling or more on "
+             f"{s['cells_best_peer_at_or_over_90pct_ceiling']} cells, under {100 * LOW_CEILING:.0f}% on "
+             f"{s['cells_best_peer_under_70pct_ceiling']} (% ceil: bytes moved over the median, against the run's "
+             "measured copy ceiling).", "",
+             "| cell | template | µs (ours) | " + " | ".join(peers) + " | best peer | vs best peer | % ceil ours | % ceil best peer |",
+             "|---|---|---:|" + "---:|" * len(peers) + "---|---:|---:|---:|"]
     for c in t["cells"]:
         ours = "/".join(f"{v:.1f}" for v in c["ours_us"].values() if v)
         cols = [f"{c['peers'][p]['us']:.1f} ({c['peers'][p]['ratio']:.3f}x)" if p in c["peers"] else "absent"
                 for p in peers]
         lines.append(f"| {c['cell']} | {c['template']} | {ours} | " + " | ".join(cols)
-                     + f" | {c['best_peer']} | {c['vs_best_peer']:.3f} |")
+                     + f" | {c['best_peer']} | {c['vs_best_peer']:.3f} | {c['ours_pct_ceiling']:.0f} | "
+                     f"{c['best_peer_pct_ceiling']:.0f} |")
     lines += ["", "Peers absent everywhere: " + ("; ".join(f"{n}: {w[0]}" for n, w in s["absent"].items()) or "none"),
               "Peers absent on some cells: " + ("; ".join(f"{n}: {w[0]}" for n, w in s["absent_on_some_cells"].items())
                                                 or "none"), "", "Method: " + t["method"]]

@@ -117,6 +117,7 @@ def test_peers_table_keeps_each_ratio_in_its_own_process(tmp_path):
     assert "quack" in s["absent_on_some_cells"] and "quack" not in s["absent"]
     # the best peer's share of the copy ceiling: c2's bytes (1000 GB/s x 50 us) at torch's 40 us
     assert c2["best_peer_pct_ceiling"] == pytest.approx(100 * (1000 * 50 / 40) / 4000.0)
+    assert c2["ours_pct_ceiling"] == pytest.approx(100 * 1000 / 4000.0)
 
 
 class _CapturingRunner:
