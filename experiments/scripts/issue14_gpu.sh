@@ -21,7 +21,8 @@
 #               with pip into a folder of its own, its tests run on this GPU (export/tests.log)
 #   kdacheck OUT  KDA: the chunk template at three points through the real gate on every prefill cell,
 #               timed beside fla's chunk_kda (tests/gpu/test_kda_device.py -k chunk); when none passes,
-#               a later kdaprefill stage of the call is skipped
+#               a later kdaprefill stage of the call is skipped; $KDA_CHECK_K narrows the tests (pytest -k,
+#               default "chunk"), $KDA_CHECK_S bounds them (300 s)
 #   kdavarlen OUT  KDA: the varlen (cu_seqlens) GPU tests of both templates (tests/gpu/test_kda_device.py -k varlen)
 #               within $KDA_VARLEN_S seconds (280), kdavarlen.log
 #   kdavarlenga OUT  KDA: the GA on the varlen model-call cell (kda_varlen_h200.toml), its dispatch then timed
@@ -181,7 +182,8 @@ case "$stage" in
     python3 -c "import fla.ops.kda; print('fla import')" >> "$log" 2>&1
     ga 150 experiments/kda_decode_h200.toml /tmp/kf_kda kda_decode ;;
   kdacheck)
-    timeout 300 python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k chunk > "$out/kdacheck.log" 2>&1
+    timeout "${KDA_CHECK_S:-300}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k "${KDA_CHECK_K:-chunk}" \
+      > "$out/kdacheck.log" 2>&1
     echo "kda chunk check rc=$?" >> "$log"
     grep -qE ": OK | passed" "$out/kdacheck.log" || touch /tmp/kf_chunk_broken ;;
   fwdlong)

@@ -140,7 +140,11 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "folded"},
                 {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
                 {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-                 "recur_lean": True}]
+                 "recur_lean": True},
+                {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
+                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True},  # ldmatrix B fragments: bit-identical
+                {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
+                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "recur_fuse": True}]  # items 0, 1 fused
 
 
 @pytest.mark.gpu

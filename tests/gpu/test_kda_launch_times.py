@@ -34,7 +34,11 @@ POINTS = [{}, {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128}, {"chu
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True},
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "folded"},
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
-          {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split", "recur_lean": True}]
+          {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split", "recur_lean": True},
+          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
+           "recur_lean": True, "recur_ldsm": True},
+          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
+           "recur_lean": True, "recur_ldsm": True, "recur_fuse": True}]
 ARCH = 90
 REPS = 50
 WARMUP = 5

@@ -69,9 +69,10 @@ def legal_points(c: Cell, n: int, seed: int = 0) -> list[dict]:
     for _ in range(20000):
         if len(out) == n:
             break
-        # recur_lean (last in the space) left off: the draws of the other keys as before it existed (its own
-        # builds: test_recur_lean_points_compile_without_spills)
-        p = {k: rng.choice(v) for k, v in TDEF.space if k != "recur_lean"} | {"recur_lean": False}
+        # recur_lean, recur_ldsm, recur_fuse (last in the space) left off: the draws of the other keys as before they
+        # existed (their own builds: test_recur_{lean,ldsm,fuse}_points_compile_without_spills)
+        p = {k: rng.choice(v) for k, v in TDEF.space if k not in ("recur_lean", "recur_ldsm", "recur_fuse")} | {
+            "recur_lean": False, "recur_ldsm": False, "recur_fuse": False}
         if p not in out and TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             out.append(p)
     return out
@@ -140,7 +141,8 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 
 # ---- the options: stage_in and prep_exp (launch 1), u_prefetch (launch 2) -----------------------------
 
-OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False}  # each option's off value: the code before it
+OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
+           "recur_ldsm": False, "recur_fuse": False}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -179,7 +181,8 @@ def test_options_off_render_the_code_from_before_the_options():
         h.update(source(TDEF, c, dict(zip(OLD_SPACE, vals)) | OPTIONS).encode())
     assert h.hexdigest() == OLD_RENDERS
     legal = all_legal(c)
-    assert len(legal) == 1376  # the whole space (experiments/kda_prefill_h200.toml narrows it to 288 points)
+    # the whole space: recur_ldsm doubles it, recur_fuse adds the 560 lean ones (experiments/kda_prefill_h200.toml: 288)
+    assert len(legal) == 2 * 1376 + 560
     assert len([p for p in legal if all(p[k] == off for k, off in OPTIONS.items())]) == 54
 
 
@@ -188,7 +191,7 @@ def prep_key(p: dict) -> tuple:  # what kda_chunk_prep's code depends on
 
 
 def recur_key(p: dict) -> tuple:  # what kda_chunk_recur's code depends on
-    return p["chunk"], p["warps"], p["stages"], p["state_split"], p["u_prefetch"], p["recur_lean"]
+    return p["chunk"], p["warps"], p["stages"], p["state_split"], p["u_prefetch"], p["recur_lean"], p["recur_ldsm"], p["recur_fuse"]
 
 
 def test_option_points_compile_without_spills():
@@ -199,7 +202,7 @@ def test_option_points_compile_without_spills():
     test_folded_diag_points_compile_without_spills."""
     c = PREFILL_CELLS[2]
     legal = [p for p in all_legal(c) if any(p[k] != off for k, off in OPTIONS.items()) and p["prep_diag"] == "warp_row"
-             and not p["recur_lean"]]  # recur_lean: test_recur_lean_points_compile_without_spills
+             and not p["recur_lean"] and not p["recur_ldsm"]]  # test_recur_lean_ / test_recur_ldsm_points_compile_without_spills
     for p in legal:
         g = Genome.make("kda", "chunk", TDEF.source_hash, p)
         src = prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()).source
@@ -239,7 +242,7 @@ def test_folded_diag_is_legal_exactly_with_stage_in():
     """folded reads q and k from the staged tiles: refused without stage_in, legal with it at every chunk and
     prep_threads (1, 2 or 4 warps a diagonal block at K = 128); it doubles the stage_in half of the space."""
     c = PREFILL_CELLS[0]
-    legal = all_legal(c)
+    legal = [p for p in all_legal(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
     off = [p for p in legal if p["prep_diag"] == "warp_row"]
     on = [p for p in legal if p["prep_diag"] == "folded"]
     assert len(off) == 408 + 280 and len(on) == 204 + 140  # (+ recur_lean)
@@ -366,7 +369,7 @@ def test_split_diag_is_legal_exactly_with_stage_in():
     """split reads q and k from the staged tiles: refused without stage_in, legal with it at every chunk and
     prep_threads (2, 4 or 8 tasks a warp at K = 128); 204 more points, the space 408 + 204 + 204 = 816."""
     c = PREFILL_CELLS[0]
-    legal = all_legal(c)
+    legal = [p for p in all_legal(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
     off = [p for p in legal if p["prep_diag"] == "warp_row"]
     on = [p for p in legal if p["prep_diag"] == "split"]
     assert len(legal) == 1376 and len(off) == 408 + 280 and len(on) == 204 + 140  # (+ recur_lean)
@@ -645,7 +648,7 @@ def test_recur_lean_legality():
     the 24 builds spill and the rest sit at 255 registers); 560 more points, the space 816 + 560 = 1376, 35
     lean recurrence kernels; the prefill experiment's 144 points all have a lean twin."""
     c = PREFILL_CELLS[0]
-    legal = all_legal(c)
+    legal = [p for p in all_legal(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
     off = [p for p in legal if not p["recur_lean"]]
     on = [p for p in legal if p["recur_lean"]]
     assert len(legal) == 1376 and len(off) == 816 and len(on) == 560
@@ -656,7 +659,7 @@ def test_recur_lean_legality():
         assert TDEF.violations(p | {"recur_lean": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["lean_fits_registers"]
     exp_space = {"chunk": [32], "stage_in": [True], "u_prefetch": [True, False], "state_split": [False], "stages": [3, 6],
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
-                 "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True]}
+                 "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -746,7 +749,7 @@ def lean_kernels(c: Cell) -> list[dict]:
     off), and chunk 64 at warps 2."""
     out = []
     for p in all_legal(c):
-        if p["recur_lean"] and p["prep_diag"] == "warp_row" and not p["state_split"] and (
+        if p["recur_lean"] and not p["recur_ldsm"] and p["prep_diag"] == "warp_row" and not p["state_split"] and (
                 (p["chunk"] == 32 and p["warps"] in (1, 2, 8) and p["stages"] in (3, 6)) or (p["chunk"] == 64 and p["warps"] == 2)):
             if recur_key(p) not in {recur_key(q) for q in out}:
                 out.append(p)
@@ -777,6 +780,449 @@ def test_recur_lean_with_u_prefetch_at_stages_4_spills_as_its_constraint_says():
     assert r.status.ok, r.error
     rec = dict(r.resources)["kda_chunk_recur"]  # spilling, or at the 255-register ceiling (see above)
     assert rec.spill_stores > 0 or rec.regs >= 255, rec
+
+
+# ---- recur_ldsm: the recurrence's B fragments by ldmatrix.x4 from hoisted per-lane offsets ------------------
+#
+# PTX ISA (ldmatrix, checked against its text): with .x4, threads 8 i .. 8 i + 7 give the start addresses of
+# matrix i's 8 rows (16-byte aligned, 8 b16 each); "each thread in a warp loads fragments of a row, with thread 0
+# receiving the first fragment in its register r", a group of 4 threads a row: thread t receives, in destination
+# register i, row t / 4 of matrix i, elements 2 (t % 4) and 2 (t % 4) + 1 (low half the lower). No .trans is
+# needed: every ring tile is stored n-major (the B operand's n is its row, 8 consecutive k a 16-byte piece), so
+# a matrix's row grp, word tig is the m16n8k16 B word (k 2 tig.., n grp) that the scalar path loads.
+
+# the rendered lines the model below mirrors (lane offsets, address, the four items' load groups and mmas)
+LDSM_LINES = [
+    "const int li = lane >> 3, lr = lane & 7;",
+    "const int sd = swz<RB>(d);",
+    "return slot + (lane_sw ^ (unsigned)(sd & 0x70)) + (unsigned)(sd & ~0x70);",
+    '"ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];"',
+    ': "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])',
+    "for (int kp = 0; kp < K / 32; ++kp) {",
+    "for (int n = 0; n < C / 8; ++n) ldsm_x4(ldsm_addr<K * 2>(sw_s, lk, (8 * n * K + 32 * kp) * 2), b[n]);",
+    "for (int n = 0; n < C / 8; ++n) ldsm_x4(ldsm_addr<K * 2>(sq_s, lk, (8 * n * K + 32 * kp) * 2), b[n]);",
+    "const int kb = 2 * kp + h;",
+    "mma_bf16(acc_v[n], hi, b[n][2 * h], b[n][2 * h + 1]);",
+    "mma_bf16(acc_o[n], hi, b[n][2 * h], b[n][2 * h + 1]);",
+    "for (int n = 0; n < C / 8; n += 2) {",
+    "if (16 * kb <= 8 * n + 7) {",
+    "ldsm_x4(ldsm_addr<C * 2>(sa_s, lc, (8 * n * C + 16 * kb) * 2), b);",
+    "mma_bf16(acc_o[n], va[kb], b[0], b[1]);",
+    "mma_bf16(acc_o[n + 1], va[kb], b[2], b[3]);",
+    "for (int n = 0; n < K / 8; n += 2) {",
+    "ldsm_x4(ldsm_addr<C * 2>(sk_s, lc, (8 * n * C + 16 * kb) * 2), b);",
+    "mma_bf16(S[n], va[kb], b[0], b[1]);",
+    "mma_bf16(S[n + 1], va[kb], b[2], b[3]);",
+]
+
+
+def ldsm_point(C: int, warps: int = 2, **kw) -> dict:
+    return TDEF.default_params() | {"chunk": C, "warps": warps, "stages": 3, "recur_lean": True, "recur_ldsm": True} | kw
+
+
+def swz_model(src: str):
+    """The template's swz<ROW_BYTES>(off), read from the rendered CUDA (its L and its return expression)."""
+    m = re.search(r"int swz\(int off\) \{\n\s*constexpr int L = ROW_BYTES >= (\d+) \? ROW_BYTES : (\d+);\n"
+                  r"\s*return ([^;]+);", src)
+    assert m, "no swz() in the rendering"
+    lo, hi, expr = int(m.group(1)), int(m.group(2)), m.group(3).replace("/", "//")
+    assert set(expr) <= set("offL^()/&<> 0123456789") and lo == hi
+    return lambda rb, off: eval(expr, {}, {"off": off, "L": rb if rb >= lo else hi})  # noqa: S307 (checked characters)
+
+
+def lane_offsets(recur: str, swz, C: int, K: int):
+    """lk and lc (the lanes' swizzled offsets in the 2 K-byte and 2 C-byte row tiles), read from the rendering."""
+    out = {}
+    for name in ("lk", "lc"):
+        m = re.search(rf"const unsigned {name} = \(unsigned\)swz<([CK]) \* 2>\(([^;]+)\);", recur)
+        assert m, name
+        rb, expr = {"K": 2 * K, "C": 2 * C}[m.group(1)], m.group(2)
+        assert set(expr) <= set("lirCK*+()&>0123456789 ")
+        out[name] = (rb, [swz(rb, eval(expr, {}, {"li": ln >> 3, "lr": ln & 7, "C": C, "K": K}))  # noqa: S307
+                          for ln in range(32)])
+    return out
+
+
+def group_offsets(recur: str) -> dict[str, str]:
+    """Each item's ldmatrix group offset d (an expression of n, kp or kb), read from the rendering."""
+    out = {}
+    for slot, lane, expr in re.findall(r"ldsm_addr<[CK] \* 2>\((\w+)_s, (l[kc]), (.+?)\), b(?:\[n\])?\);", recur):
+        assert set(expr) <= set("nkpbCK*+() 0123456789"), expr
+        out[slot] = (lane, expr)
+    return out
+
+
+def ldsm_addr(slot: int, lane_sw: int, d: int, swz, rb: int) -> int:
+    sd = swz(rb, d)
+    return slot + (lane_sw ^ (sd & 0x70)) + (sd & ~0x70)
+
+
+def ring_tile(rows: int, cols: int, swz):
+    """A ring slot holding a [rows][cols] bf16 tile of distinct element ids, written as issue() does (each 16-byte
+    piece of the row-major tile at its swizzled offset); the tile and a reader of 32-bit words."""
+    tile = np.arange(rows * cols, dtype=np.uint16).reshape(rows, cols)
+    flat, smem = tile.tobytes(), bytearray(rows * cols * 2)
+    for i in range(0, len(flat), 16):
+        o = swz(2 * cols, i)
+        smem[o:o + 16] = flat[i:i + 16]
+    assert bytes(sorted(smem)) == bytes(sorted(flat))
+    return tile, lambda a: int.from_bytes(smem[a:a + 4], "little")
+
+
+def ldsm_x4(addr: list[int], word) -> list[list[int]]:
+    """ldmatrix.m8n8.x4.b16 as the PTX ISA gives it: r[t][i] = matrix i's (rows at addr[8 i ..]) row t / 4, word t % 4."""
+    assert all(a % 16 == 0 for a in addr)
+    return [[word(addr[8 * i + t // 4] + 4 * (t % 4)) for i in range(4)] for t in range(32)]
+
+
+def scalar_mmas(kind: int, C: int, K: int, word, swz) -> dict:
+    """The scalar path's mma sequence per accumulator: acc -> [(A operand, b0 of each lane, b1 of each lane)]."""
+    rows, cols = ((C, K), (C, K), (C, C), (K, C))[kind]
+
+    def w(row, col):  # word_k / word_c
+        return word(swz(2 * cols, (row * cols + col) * 2))
+
+    seq: dict = {}
+    ksteps, ntiles = (K // 16, C // 8) if kind < 2 else (C // 16, C // 8 if kind == 2 else K // 8)
+    for kb in range(ksteps):
+        for n in range(ntiles):
+            if kind == 2 and not 16 * kb <= 8 * n + 7:
+                continue
+            b0 = tuple(w(8 * n + (ln >> 2), 16 * kb + 2 * (ln & 3)) for ln in range(32))
+            b1 = tuple(w(8 * n + (ln >> 2), 16 * kb + 8 + 2 * (ln & 3)) for ln in range(32))
+            seq.setdefault(n, []).append((kb, b0, b1))
+    return seq
+
+
+def ldsm_mmas(kind: int, C: int, K: int, word, swz, lanes: dict, groups: dict, tids: range) -> dict:
+    """recur_ldsm's mma sequence per accumulator, from the rendered lane offsets and group offsets, every lane's
+    address as ldsm_addr makes it (slot 0) for the threads `tids` (lane = tid & 31), words as ldmatrix gives them."""
+    lane_name, expr = groups[("sw", "sq", "sa", "sk")[kind]]
+    rb, lane_sw = lanes[lane_name]
+
+    def load(**v):
+        d = eval(expr, {}, v | {"C": C, "K": K})  # noqa: S307 (checked characters)
+        addr = [ldsm_addr(0, lane_sw[t & 31], d, swz, rb) for t in tids][:32]
+        return ldsm_x4(addr, word)
+
+    def regs(r, i):
+        return tuple(r[t][i] for t in range(32))
+
+    seq: dict = {}
+    if kind < 2:
+        for kp in range(K // 32):
+            b = [load(n=n, kp=kp) for n in range(C // 8)]
+            for h in range(2):
+                for n in range(C // 8):
+                    seq.setdefault(n, []).append((2 * kp + h, regs(b[n], 2 * h), regs(b[n], 2 * h + 1)))
+    else:
+        for kb in range(C // 16):
+            for n in range(0, C // 8 if kind == 2 else K // 8, 2):
+                if kind == 3 or 16 * kb <= 8 * n + 7:
+                    b = load(n=n, kb=kb)
+                    seq.setdefault(n, []).append((kb, regs(b, 0), regs(b, 1)))
+                    seq.setdefault(n + 1, []).append((kb, regs(b, 2), regs(b, 3)))
+    return seq
+
+
+@pytest.mark.parametrize("C", [32, 64])
+@pytest.mark.parametrize("warps", [1, 2, 8])
+def test_recur_ldsm_gives_every_lane_the_scalar_paths_words(C: int, warps: int):
+    """For each of the 4 ring kinds (-w, qg [C][K]; A_qk [C][C]; kgT [K][C]), every lane of every warp gets, for every
+    mma, the same 32-bit B words as the scalar LDS path (word_k / word_c), holding the elements the m16n8k16 B
+    fragment asks for, and each accumulator sees the same mma sequence (A operand, b0, b1) in the same order: the
+    results are bit-identical. The model takes swz, the lane offsets and the group offsets from the rendering."""
+    K = 128
+    p = ldsm_point(C, warps)
+    src = source(TDEF, PREFILL_CELLS[0], p)
+    recur = src.split("kda_chunk_recur(", 1)[1]
+    for line in LDSM_LINES:
+        assert line in src, line
+    assert "word_k(" not in recur and "word_c(" not in recur
+    swz = swz_model(src)
+    lanes, groups = lane_offsets(recur, swz, C, K), group_offsets(recur)
+    assert groups == {"sw": ("lk", "(8 * n * K + 32 * kp) * 2"), "sq": ("lk", "(8 * n * K + 32 * kp) * 2"),
+                      "sa": ("lc", "(8 * n * C + 16 * kb) * 2"), "sk": ("lc", "(8 * n * C + 16 * kb) * 2")}
+    for kind in range(4):
+        rows, cols = ((C, K), (C, K), (C, C), (K, C))[kind]
+        tile, word = ring_tile(rows, cols, swz)
+        want = scalar_mmas(kind, C, K, word, swz)
+        for tid in range(0, 32 * warps, 32):  # each warp: the same lanes, the same words
+            got = ldsm_mmas(kind, C, K, word, swz, lanes, groups, range(tid, tid + 32))
+            assert got == want, (kind, tid)
+        for n, calls in want.items():  # and those words are the B fragment: (k 2 tig.., n grp), (k 2 tig + 8.., n grp)
+            for kb, b0, b1 in calls:
+                for ln in range(32):
+                    g, t = ln >> 2, ln & 3
+                    e = tile[8 * n + g, 16 * kb + 2 * t:16 * kb + 2 * t + 2].astype(np.uint32)
+                    f = tile[8 * n + g, 16 * kb + 8 + 2 * t:16 * kb + 8 + 2 * t + 2].astype(np.uint32)
+                    assert (b0[ln], b1[ln]) == (int(e[0] | e[1] << 16), int(f[0] | f[1] << 16))
+        assert sum(len(v) for v in want.values()) == {0: C * K // 128, 1: C * K // 128, 2: (C // 16) * (C // 16 + 1),
+                                                      3: C * K // 128}[kind]
+
+
+@pytest.mark.parametrize("C", [32, 64])
+def test_recur_ldsm_offsets_hoist_and_read_conflict_free(C: int):
+    """The address split ldsm_addr relies on: a lane's offset and a group's offset have disjoint bits (so swz of the
+    sum is the XOR of the swz's), swz(d)'s bits 4..6 take 2 values a tile kind at chunk 32 (4 for the C-row tiles at
+    chunk 64), the rest is a multiple of 16 (an immediate); each matrix's 8 rows hit 8 distinct 16-byte bank groups
+    (one wavefront a matrix, as the scalar loads were conflict-free); 51 ldmatrix.x4 a step at chunk 32 (204 LDS.32)."""
+    K = 128
+    src = source(TDEF, PREFILL_CELLS[0], ldsm_point(C))
+    recur = src.split("kda_chunk_recur(", 1)[1]
+    swz = swz_model(src)
+    lanes = {}
+    for name, rb, raw in (("lk", 2 * K, lambda li, lr: lr * K * 2 + 16 * li),
+                          ("lc", 2 * C, lambda li, lr: (8 * (li >> 1) + lr) * C * 2 + 16 * (li & 1))):
+        lanes[name] = (rb, [raw(ln >> 3, ln & 7) for ln in range(32)])
+    assert {k: (rb, [swz(rb, o) for o in v]) for k, (rb, v) in lanes.items()} == lane_offsets(recur, swz, C, K)
+    ds = {"lk": [(8 * n * K + 32 * kp) * 2 for n in range(C // 8) for kp in range(K // 32)],
+          "lc": [(8 * n * C + 16 * kb) * 2 for n in range(0, K // 8, 2) for kb in range(C // 16)]}
+    variants = {}
+    for name, (rb, raw) in lanes.items():
+        variants[name] = {swz(rb, d) & 0x70 for d in ds[name]}
+        for d in ds[name]:
+            assert all(r & d == 0 for r in raw), (name, d)
+            assert all(swz(rb, r + d) == swz(rb, r) ^ swz(rb, d) == ldsm_addr(0, swz(rb, r), d, swz, rb) for r in raw)
+            for i in range(4):
+                rows = [ldsm_addr(0, swz(rb, r), d, swz, rb) for r in raw[8 * i:8 * i + 8]]
+                assert len({a // 16 % 8 for a in rows}) == 8
+    assert {k: len(v) for k, v in variants.items()} == {"lk": 2, "lc": 2 if C == 32 else 4}
+    loads = K // 32 * C // 8 * 2 + sum(1 for kb in range(C // 16) for n in range(0, C // 8, 2) if 16 * kb <= 8 * n + 7) \
+        + C // 16 * K // 16
+    assert loads == {32: 51, 64: 106}[C]
+
+
+# sha256 of the 1376 renders of the space before recur_ldsm (every legal point, recur_ldsm off, in product order of
+# the other keys, on PREFILL_CELLS[0]), taken from the template before the option existed: off, it renders that code
+RENDERS_BEFORE_LDSM = "d2925910c5553051520fedae03491a6fe22696a3516e6be9f74993574993bca4"
+
+
+def test_recur_ldsm_off_renders_the_code_from_before_it():
+    c = PREFILL_CELLS[0]
+    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse")]
+    h, n = hashlib.sha256(), 0
+    for vals in product(*(TDEF.values(k) for k in names)):
+        p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False}
+        if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
+            h.update(source(TDEF, c, p).encode())
+            n += 1
+    assert (n, h.hexdigest()) == (1376, RENDERS_BEFORE_LDSM)
+
+
+def test_recur_ldsm_legality():
+    """recur_ldsm is legal wherever its point is without it (no constraint of its own: all 86 of its recurrences
+    build spill-free, see the template's comment at lean_fits_registers), with recur_lean on or off: the space
+    doubles to 2752 points (3312 with recur_fuse). The prefill experiment's toml does not name it, so its restricted
+    space keeps both values."""
+    c = PREFILL_CELLS[0]
+    legal = [p for p in all_legal(c) if not p["recur_fuse"]]  # (recur_fuse: test_recur_fuse_legality)
+    off = [p for p in legal if not p["recur_ldsm"]]
+    on = [p for p in legal if p["recur_ldsm"]]
+    assert len(off) == len(on) == 1376
+    assert sorted(map(str, on)) == sorted(str(p | {"recur_ldsm": True}) for p in off)
+    assert len({recur_key(p) for p in on}) == 86 and len({recur_key(p) for p in on if p["recur_lean"]}) == 35
+    assert TDEF.default_params()["recur_ldsm"] is False
+
+
+def ldsm_kernels(c: Cell) -> list[dict]:
+    """One legal point per recurrence to build with recur_ldsm: chunk 32 x warps 1, 2, 8 x stages 3, 6 x u_prefetch
+    with recur_lean, the key point without it, state_split at warps 8, chunk 64 at warps 2 with and without
+    recur_lean (16 kernels; the template's space has 86, all built spill-free when the option was added)."""
+    want = [(32, w, s, False, u, True) for w in (1, 2, 8) for s in (3, 6) for u in (False, True)]
+    want += [(32, 2, 6, False, True, False), (32, 8, 3, True, False, True), (64, 2, 3, False, False, True),
+             (64, 2, 3, False, False, False)]
+    out = {}
+    for p in all_legal(c):
+        if p["recur_ldsm"] and not p["recur_fuse"] and p["prep_diag"] == "warp_row" and recur_key(p)[:6] in want:
+            out.setdefault(recur_key(p), p)
+    assert len(out) == len(want)
+    return list(out.values())
+
+
+def test_recur_ldsm_points_compile_without_spills():
+    """16 recurrences with recur_ldsm (and their prep kernels) build for sm_90a without spills, stack or static smem,
+    at most 255 registers, in the declared smem; the loop has no scalar B-fragment loads left (ldmatrix only)."""
+    c = PREFILL_CELLS[2]
+    points = ldsm_kernels(c)
+    regs = {}
+    for p, res in zip(points, compile_clean(c, points)):
+        assert all(r.regs <= 255 for r in res.values()), (p, res)
+        regs[recur_key(p)[:6]] = res["kda_chunk_recur"].regs
+        launches, _ = TDEF.plan(p, ARCH, c.dtypes_dict(), c.dims_dict())
+        assert launches[1].smem == p["stages"] * p["chunk"] * c.dim("K") * 2 <= 48 * 1024
+    print("ldsm recur registers (chunk, warps, stages, state_split, u_prefetch, recur_lean):", regs)
+
+
+# ---- recur_fuse: items 0 and 1 as one (one bf16 S^T fragment a k-step for w S and q' S) ----------------------
+
+def ring_events(recur: str) -> tuple[list, list]:
+    """The recurrence's ring protocol as rendered: the prologue's issues [(kind, item)] and the chunk loop's events
+    in program order: ("wait", d: NS - d groups left in flight) + barrier, ("read", item offset), ("issue", kind, item offset)."""
+    waits = dict(re.findall(r"auto (acquire\w*) = \[&\]\(int it\) -> const unsigned char\* \{\n\s*asm volatile\("
+                            r"\"cp\.async\.wait_group %0;\" :: \"n\"\(NS - (\d)\)", recur))
+    prologue = [(int(k), int(i)) for k, i in re.findall(r"issue_k(\d)\((\d+)\);", recur)]
+    loop, events = step_loop(recur), []
+    for m in re.finditer(r"(acquire\w*)\(4 \* c(?: \+ (\d))?\)|slot_s\(4 \* c(?: \+ (\d))?\)|"
+                         r"issue_k(\d)\(4 \* c \+ (\d) \+ NS - 1\)|gls \+ 8 \* n", loop):
+        if m.group(1):
+            events += [("wait", int(waits[m.group(1)])), ("read", int(m.group(2) or 0))]
+        elif m.group(0).startswith("slot_s"):
+            events.append(("read", int(m.group(3) or 0)))
+        elif m.group(4):
+            events.append(("issue", int(m.group(4)), int(m.group(5)) - 1))  # + NS - 1 added below
+        else:
+            events.append(("read", 2))  # exp(G_last) from the A_qk slot's tail
+    return prologue, events
+
+
+def run_ring(prologue: list, events: list, NS: int, NT: int) -> list[int]:
+    """The cp.async ring simulated at its latest: a commit group lands only when a wait_group makes it. Every read
+    must find its item landed in its slot (`it % NS`), and within one barrier interval no slot may be both read and
+    refilled (the warps run anywhere in the interval); each refill's compile-time kind must be its item's. Returns
+    the items read, in order."""
+    groups: list = []  # item of each commit group (None: an empty group past the last item)
+    landed: dict[int, int] = {}  # slot -> item landed there
+    pending: dict[int, int] = {}  # slot -> item in flight to it
+    seen: list[int] = []
+    reads, writes = set(), set()
+
+    def issue(kind, it):
+        if it < 4 * NT:
+            assert kind == it % 4, (kind, it)
+            s = it % NS
+            assert s not in pending, ("two refills of one slot in flight", it)
+            pending[s] = it
+            writes.add(s)
+            landed.pop(s, None)
+        groups.append(it if it < 4 * NT else None)
+
+    for kind, it in prologue:
+        issue(kind, it)
+    for c in range(NT):
+        for ev in events:
+            if ev[0] == "wait":
+                assert not reads & writes, ("a slot read and refilled in one interval", c, reads & writes)
+                reads, writes = set(), set()
+                for it in groups[:len(groups) - (NS - ev[1])]:
+                    if it is not None and pending.get(it % NS) == it:
+                        landed[it % NS] = pending.pop(it % NS)
+            elif ev[0] == "read":
+                it = 4 * c + ev[1]
+                assert landed.get(it % NS) == it, ("read before landing", c, ev, landed)
+                reads.add(it % NS)
+                if not seen or seen[-1] != it:
+                    seen.append(it)
+            else:
+                issue(ev[1], 4 * c + ev[2] + NS)
+    assert not reads & writes, ("a slot read and refilled in one interval", reads & writes)
+    return seen
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("stages", [3, 4, 6])
+def test_lean_ring_protocol_reads_every_item_landed_and_never_refills_a_slot_in_use(stages: int, fuse: bool):
+    """recur_lean's ring (and recur_fuse's, which waits for items 4 c and 4 c + 1 at once, with one group fewer in
+    flight, and moves item 1's refill after item 2's barrier), simulated from the rendered waits and refills for 1..5
+    chunks: every item read in order, landed, from its slot; no slot refilled in the barrier interval that reads it."""
+    p = TDEF.default_params() | {"chunk": 32, "stages": stages, "recur_lean": True, "recur_ldsm": True, "recur_fuse": fuse}
+    prologue, events = ring_events(recur_src(p))
+    assert prologue == [(s % 4, s) for s in range(stages - 1)]
+    assert sum(e[0] == "wait" for e in events) == (3 if fuse else 4)
+    assert [e[1] for e in events if e[0] == "wait"] == ([3, 3, 2] if fuse else [2] * 4)  # wait_group NS - 3, NS - 2
+    for NT in range(1, 6):
+        assert run_ring(prologue, events, stages, NT) == list(range(4 * NT))
+
+
+def test_ring_simulation_catches_a_refill_of_a_slot_in_use():
+    """The simulation's teeth: the fused item waiting as the unfused ones do reads item 4 c + 1 before it lands, and
+    item 1's refill left in the fused item overwrites the slot it is reading."""
+    p = TDEF.default_params() | {"chunk": 32, "stages": 6, "recur_lean": True, "recur_ldsm": True, "recur_fuse": True}
+    prologue, events = ring_events(recur_src(p))
+    early = [("wait", 2) if e == ("wait", 3) else e for e in events]
+    with pytest.raises(AssertionError, match="read before landing"):
+        run_ring(prologue, early, 6, 3)
+    i = next(k for k, e in enumerate(events) if e[0] == "issue")  # the fused item's own refill
+    j = next(k for k, e in enumerate(events) if e[0] == "issue" and e[2] == 0)  # item 1's, issued in item 2
+    moved = events[:i + 1] + [events[j]] + [e for k, e in enumerate(events) if k > i and k != j]
+    assert len(moved) == len(events) and moved != events
+    with pytest.raises(AssertionError, match="read and refilled in one interval"):
+        run_ring(prologue, moved, 6, 3)
+
+
+def test_recur_fuse_is_items_0_and_1_with_one_state_fragment():
+    """The fused item: one state_frag a k-step feeding acc_v (-w) and then acc_o (qg), each in k-step order as
+    before, their B fragments by the same ldmatrix groups as recur_ldsm's items 0 and 1 (their words:
+    test_recur_ldsm_gives_every_lane_the_scalar_paths_words), v_new packed after; item 2 adds A_qk v_new to acc_o
+    after it. So every accumulator sees the same mma sequence: bit-identical. Legal only with recur_lean and
+    recur_ldsm."""
+    p = TDEF.default_params() | {"chunk": 32, "stages": 6, "u_prefetch": True, "recur_lean": True, "recur_ldsm": True}
+    on, off = step_loop(recur_src(p | {"recur_fuse": True})), step_loop(recur_src(p))
+    fused = on[on.index("items 0 and 1 fused"):on.index("acquire_f(4 * c + 2)")]
+    for line in ["for (int n = 0; n < C / 8; ++n) ldsm_x4(ldsm_addr<K * 2>(sw_s, lk, (8 * n * K + 32 * kp) * 2), b[n]);",
+                 "for (int n = 0; n < C / 8; ++n) ldsm_x4(ldsm_addr<K * 2>(sq_s, lk, (8 * n * K + 32 * kp) * 2), bq[n]);",
+                 "const unsigned sw_s = slot_s(4 * c), sq_s = slot_s(4 * c + 1);"]:
+        assert line in fused, line
+    assert fused.count("state_frag(kb, hi, lo);") == 1 and off.count("state_frag(kb, hi, lo);") == 2
+    a, b = fused.index("mma_bf16(acc_v[n], hi, b[n][2 * h], b[n][2 * h + 1]);"), fused.index(
+        "mma_bf16(acc_o[n], hi, bq[n][2 * h], bq[n][2 * h + 1]);")
+    assert fused.index("state_frag(kb, hi, lo);") < a < b < fused.index("va[kb][0] = pack_bf16(")
+    assert on.index("mma_bf16(acc_o[n], va[kb], b[0], b[1]);") > on.index("va[kb][0] = pack_bf16(")
+    assert on.count("acc_o[n][e] = 0.f;") == 1 and on.count("acc_v[n][e] = un[n][e];") == 1
+    c = PREFILL_CELLS[0]
+    for lean, ldsm in product([False, True], repeat=2):
+        q = p | {"recur_lean": lean, "recur_ldsm": ldsm, "recur_fuse": True}
+        assert TDEF.violations(q, ARCH, c.dtypes_dict(), c.dims_dict()) == ([] if lean and ldsm else ["fuse_on_lean_ldsm"])
+
+
+# sha256 of the 1376 recur_ldsm renders (recur_fuse off; the other keys in product order, on PREFILL_CELLS[0]) of the
+# template before recur_fuse existed: with it off, recur_ldsm's code is unchanged
+LDSM_RENDERS_BEFORE_FUSE = "7b3bb095920e2ad51d1130908b921f6cfcd5248588c5a532239f568c37ca0640"
+
+
+def test_recur_fuse_off_renders_the_code_from_before_it():
+    c = PREFILL_CELLS[0]
+    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse")]
+    h, n = hashlib.sha256(), 0
+    for vals in product(*(TDEF.values(k) for k in names)):
+        p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False}
+        if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
+            h.update(source(TDEF, c, p).encode())
+            n += 1
+    assert (n, h.hexdigest()) == (1376, LDSM_RENDERS_BEFORE_FUSE)
+
+
+def test_recur_fuse_legality():
+    """recur_fuse is legal exactly at the points with recur_lean and recur_ldsm on (560, 35 recurrences)."""
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c)
+    on = [p for p in legal if p["recur_fuse"]]
+    base = [p for p in legal if p["recur_lean"] and p["recur_ldsm"] and not p["recur_fuse"]]
+    assert len(on) == len(base) == 560 and len({recur_key(p) for p in on}) == 35
+    assert sorted(map(str, on)) == sorted(str(p | {"recur_fuse": True}) for p in base)
+
+
+def fuse_kernels(c: Cell) -> list[dict]:
+    """One legal point per fused recurrence to build: chunk 32 x warps 1, 2, 8 x stages 3, 6 x u_prefetch, state_split
+    at warps 8, chunk 64 at warps 2 (14 of the 35, all built spill-free when the option was added)."""
+    want = [(32, w, s, False, u) for w in (1, 2, 8) for s in (3, 6) for u in (False, True)]
+    want += [(32, 8, 3, True, False), (64, 2, 3, False, False)]
+    out = {}
+    for p in all_legal(c):
+        if p["recur_fuse"] and p["prep_diag"] == "warp_row" and recur_key(p)[:5] in want:
+            out.setdefault(recur_key(p), p)
+    assert len(out) == len(want)
+    return list(out.values())
+
+
+def test_recur_fuse_points_compile_without_spills():
+    c = PREFILL_CELLS[2]
+    points = fuse_kernels(c)
+    regs = {}
+    for p, res in zip(points, compile_clean(c, points)):
+        assert all(r.regs <= 255 for r in res.values()), (p, res)
+        regs[recur_key(p)[:5]] = res["kda_chunk_recur"].regs
+    print("fused recur registers (chunk, warps, stages, state_split, u_prefetch):", regs)
 
 
 def prep_smem(p: dict, K: int, V: int) -> int:

@@ -73,10 +73,14 @@ CHUNK_POINTS = [  # (cell, params over the defaults)
     (PREFILL, {}),
     (PREFILL, LEAN_H200),
     (PREFILL, LEAN_H200 | {"recur_lean": False}),
+    (PREFILL, LEAN_H200 | {"recur_ldsm": True}),  # recur_ldsm: the B fragments by ldmatrix (the point it is for)
+    (PREFILL, LEAN_H200 | {"recur_lean": False, "recur_ldsm": True}),
+    (PREFILL, LEAN_H200 | {"recur_ldsm": True, "recur_fuse": True}),  # recur_fuse: items 0 and 1 as one
     (PREFILL, {"chunk": 64, "warps": 2, "stages": 3, "stage_in": True, "prep_diag": "folded", "u_prefetch": False,
                "recur_lean": True}),
     (PREFILL, {"chunk": 32, "warps": 8, "stages": 3, "state_split": True, "recur_lean": True}),
     (VARLEN, LEAN_H200),
+    (VARLEN, LEAN_H200 | {"recur_ldsm": True}),
     (VARLEN, {"chunk": 32, "stage_in": True, "prep_diag": "split", "prep_threads": 256, "recur_lean": True,
               "state_split": True, "u_prefetch": False}),
 ]
@@ -99,7 +103,7 @@ def build_alt(jobs: list[tuple[str, Cell, dict]]) -> list:
 
 @alt
 def test_kda_chunk_points_compile_clean_with_the_alt_nvrtc(alt_version: str):
-    """The handful of chunk points (recur_lean among them, a varlen cell) build with KF_NVRTC_ALT's NVRTC, OK and as
+    """The handful of chunk points (recur_lean, recur_ldsm, recur_fuse among them, a varlen cell) build with KF_NVRTC_ALT's NVRTC, OK and as
     test_kda_chunk's compile_clean asks: no spills, no stack, no static smem, at most 255 registers."""
     jobs = [("chunk", c, CHUNK.default_params() | p) for c, p in CHUNK_POINTS]
     for (_, c, p), r in zip(jobs, build_alt(jobs)):
