@@ -112,7 +112,7 @@ peers_setup() {
   bwd=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)
   bwd_wide=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-wide-*/dispatch.json 2>/dev/null | head -1)
   python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/bwd_dispatch.json" ${bwd:+"$bwd"} ${bwd_wide:+"$bwd_wide"} \
-    $R/rmsnorm_bwd_h200_all3/dispatch.json $R/rmsnorm_bwd_h200_all2/dispatch.json $R/rmsnorm_bwd_h200/dispatch.json >> "$log" 2>&1
+    $R/rmsnorm_bwd_h200_wide/dispatch.json $R/rmsnorm_bwd_h200_all3/dispatch.json $R/rmsnorm_bwd_h200_all2/dispatch.json $R/rmsnorm_bwd_h200/dispatch.json >> "$log" 2>&1
   res=$(ls -t /tmp/kf_rms/runs/rmsnorm-residual-h200-*/dispatch.json 2>/dev/null | head -1)
   python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/res_dispatch.json" ${res:+"$res"} \
     $R/rmsnorm_residual_h200/dispatch.json >> "$log" 2>&1
