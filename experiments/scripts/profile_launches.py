@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 
 ARCH = "sm_90a"
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
-            "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis")
+            "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "InstructionStats")
 STALLS = r"regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$"
 # (section, metric) -> short name in the summary
 KEEP = {
@@ -54,8 +54,16 @@ KEEP = {
     ("Warp State Statistics", "Warp Cycles Per Issued Instruction"): "cycles_per_issue",
     ("Memory Workload Analysis", "L2 Hit Rate"): "l2_hit_pct",
     ("Memory Workload Analysis", "L1/TEX Hit Rate"): "l1_hit_pct",
+    ("Instruction Statistics", "Executed Instructions"): "instructions",
 }
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
+# raw counters (any section) -> short name: shared-memory bank conflicts and wavefronts, to tell an
+# issue-bound kernel from one serialized on shared memory
+RAW = {
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": "smem_ld_conflicts",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum": "smem_st_conflicts",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum": "smem_wavefronts",
+}
 
 
 @dataclass(frozen=True)
@@ -139,8 +147,8 @@ def ncu_command(t: Target, kernels: list[str], times: int, stalls: bool = True) 
            "--launch-skip", str(n), "--launch-count", str(n), "--csv", "--page", "details"]
     for s in SECTIONS:
         cmd += ["--section", s]
-    if stalls:
-        cmd += ["--metrics", STALLS]
+    if stalls:  # the raw counters and stall reasons; without them (the fallback) only the sections
+        cmd += ["--metrics", ",".join(RAW), "--metrics", STALLS]
     return cmd + [sys.executable, str(Path(__file__).resolve()), "run", "--op", t.op, "--template", t.template,
                   "--cell", t.cell, "--params", json.dumps(t.params), "--times", str(times)]
 
@@ -179,7 +187,7 @@ def parse_ncu_csv(text: str) -> list[dict]:
         k = kernels.setdefault(row["ID"], {"id": int(row["ID"]), "kernel": row["Kernel Name"], "grid": row.get("Grid Size"),
                                            "block": row.get("Block Size"), "metrics": {}, "stalls": {}})
         name, value = row["Metric Name"], _num(row["Metric Value"])
-        short = KEEP.get((row["Section Name"], name))
+        short = KEEP.get((row["Section Name"], name)) or RAW.get(name)
         if short:
             k["metrics"][short] = {"value": value, "unit": row["Metric Unit"]}
         elif name.startswith(STALL_PREFIX) and isinstance(value, float):
@@ -195,7 +203,8 @@ def summarize(out_dir: Path) -> dict:
     summary = {p.stem: parse_ncu_csv(p.read_text()) for p in sorted(out_dir.glob("*.csv"))}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     cols = ["duration", "dram_pct", "sm_pct", "issue_busy_pct", "occupancy_achieved_pct", "registers",
-            "no_eligible_pct", "cycles_per_issue", "l2_hit_pct"]
+            "no_eligible_pct", "cycles_per_issue", "l2_hit_pct", "instructions", "smem_ld_conflicts",
+            "smem_wavefronts"]
     md = ["# Nsight Compute over the factory's kernels", "",
           "Each kernel launched as the gate would (plan, inputs, checks: evo/measure/launches.py); ncu "
           "--clock-control none, one round after the checked one. Stalls: warps stalled per issued "

@@ -62,6 +62,7 @@ def test_ncu_command_profiles_one_round_after_the_checked_one():
     assert cmd[cmd.index("--kernel-name") + 1] == "regex:^(kda_chunk_prep|kda_chunk_recur)"
     assert cmd[cmd.index("--launch-skip") + 1] == cmd[cmd.index("--launch-count") + 1] == "2"
     assert "--metrics" in cmd and "--metrics" not in P.ncu_command(t, ["k"], 2, stalls=False)
+    assert "InstructionStats" in cmd and any("bank_conflicts" in a for a in cmd)
     tail = cmd[cmd.index("run"):]
     assert json.loads(tail[tail.index("--params") + 1]) == t.params and tail[tail.index("--cell") + 1] == t.cell
 
@@ -73,6 +74,8 @@ NCU_CSV = '''==PROF== Connected to process 1 (python3)
 "0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","GPU Speed Of Light Throughput","DRAM Throughput","%","21.5"
 "0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Compute Workload Analysis","Issue Slots Busy","%","81.2"
 "0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Launch Statistics","Registers Per Thread","register/thread","80"
+"0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Instruction Statistics","Executed Instructions","inst","541,065,216"
+"0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Command line profiler metrics","l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum","","1,234"
 "0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","","1.5"
 "0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","","0.25"
 "0","1","python3","h","kda_chunk_prep","1","7","(256, 1, 1)","(256, 32, 1)","0","9.0","Command line profiler metrics","smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio","","2.75"
@@ -88,6 +91,8 @@ def test_ncu_csv_is_read_per_kernel_with_stalls_largest_first(tmp_path):
     assert prep["metrics"]["duration"] == {"value": 774.4, "unit": "us"}
     assert prep["metrics"]["issue_busy_pct"]["value"] == 81.2 and prep["metrics"]["registers"]["value"] == 80
     assert list(prep["stalls"]) == ["math_pipe_throttle", "barrier", "long_scoreboard"]
+    assert prep["metrics"]["instructions"] == {"value": 541065216.0, "unit": "inst"}
+    assert prep["metrics"]["smem_ld_conflicts"]["value"] == 1234.0  # a raw counter, not a stall
     assert recur["metrics"]["duration"] == {"value": 1066.2, "unit": "ms"} and recur["grid"] == "(2, 32, 1)"
     (tmp_path / "kda.csv").write_text(NCU_CSV)
     summary = P.summarize(tmp_path)
