@@ -148,7 +148,7 @@ def ncu_command(t: Target, kernels: list[str], times: int, stalls: bool = True) 
     for s in SECTIONS:
         cmd += ["--section", s]
     if stalls:  # the raw counters and stall reasons; without them (the fallback) only the sections
-        cmd += ["--metrics", ",".join(RAW), "--metrics", STALLS]
+        cmd += ["--metrics", ",".join([*RAW, STALLS])]  # one --metrics: a run with two failed on the H200 (rc 1, its message not kept)
     return cmd + [sys.executable, str(Path(__file__).resolve()), "run", "--op", t.op, "--template", t.template,
                   "--cell", t.cell, "--params", json.dumps(t.params), "--times", str(times)]
 
@@ -242,6 +242,8 @@ def profile_targets(path: Path, out_dir: Path, times: int = 2, timeout_s: float 
                 rc, stdout, stderr = -1, "", str(e)
             with log.open("a") as f:
                 f.write(f"$ {' '.join(cmd)}\nrc={rc}\n{stderr[-4000:]}\n")
+                if rc != 0:  # ncu writes its own errors (==ERROR==) to stdout
+                    f.write("".join(ln + "\n" for ln in stdout.splitlines() if ln.startswith("==")))
             if rc == 0 and parse_ncu_csv(stdout):
                 (out_dir / f"{t.name}.csv").write_text(stdout)
                 done += 1
