@@ -28,7 +28,7 @@
 #   kdavarlenga OUT  KDA: the GA on the varlen model-call cell (kda_varlen_h200.toml), its dispatch then timed
 #               beside fla's chunk_kda given the same cu_seqlens
 #   kdatimes OUT  KDA: each launch of the chunk template timed apart (tests/gpu/test_kda_launch_times.py),
-#               rows in kda_launch_times.json
+#               rows in kda_launch_times.json; $KDA_TIMES_K narrows the points (pytest -k), $KDA_TIMES_S bounds them (120)
 #   kdaprefill OUT  KDA: the chunked prefill GA (kda_prefill_h200.toml), then its dispatch timed against
 #               fla's chunk_kda in one process (kfactory bench --dispatch)
 #   profile OUT Nsight Compute (ncu --clock-control none) over experiments/profile_h200.toml's targets, each
@@ -196,8 +196,8 @@ case "$stage" in
   kdavarlenga)  # the varlen model-call cell's GA (kda_varlen_h200.toml), then its dispatch beside fla's chunk_kda
     kda_ga_bench 200 experiments/kda_varlen_h200.toml /tmp/kf_kdav kda_varlen 150 ;;
   kdatimes)
-    KF_LAUNCH_TIMES_OUT="$out/kda_launch_times.json" timeout 120 python3 -m pytest -q -s -rs tests/gpu/test_kda_launch_times.py \
-      > "$out/kdatimes.log" 2>&1
+    KF_LAUNCH_TIMES_OUT="$out/kda_launch_times.json" timeout "${KDA_TIMES_S:-120}" python3 -m pytest -q -s -rs \
+      tests/gpu/test_kda_launch_times.py ${KDA_TIMES_K:+-k "$KDA_TIMES_K"} > "$out/kdatimes.log" 2>&1
     echo "kda launch times rc=$?" >> "$log" ;;
   kdaprefill)
     if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi

@@ -144,7 +144,12 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
                  "prep_diag": "split", "recur_lean": True, "recur_ldsm": True},  # ldmatrix B fragments: bit-identical
                 {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
-                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "recur_fuse": True}]  # items 0, 1 fused
+                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "recur_fuse": True},  # items 0, 1 fused
+                {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
+                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4},
+                {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
+                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4,
+                 "prep_exp": "fast"}]  # tf32 by one add, 64 registers, the fast exp
 
 
 @pytest.mark.gpu

@@ -38,7 +38,16 @@ POINTS = [{}, {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128}, {"chu
           {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
            "recur_lean": True, "recur_ldsm": True},
           {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-           "recur_lean": True, "recur_ldsm": True, "recur_fuse": True}]
+           "recur_lean": True, "recur_ldsm": True, "recur_fuse": True},
+          # the prep's tf32 by one add and 4 CTAs an SM (experiments/results/profile_h200: 35% of issue cycles idle)
+          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
+           "recur_lean": True, "recur_ldsm": True, "prep_round": "add"},
+          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
+           "recur_lean": True, "recur_ldsm": True, "prep_blocks": 4},
+          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
+           "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4},
+          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
+           "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"}]
 ARCH = 90
 REPS = 50
 WARMUP = 5

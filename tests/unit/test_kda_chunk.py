@@ -142,7 +142,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 # ---- the options: stage_in and prep_exp (launch 1), u_prefetch (launch 2) -----------------------------
 
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
-           "recur_ldsm": False, "recur_fuse": False}  # each option's off value: the code before it
+           "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -181,8 +181,9 @@ def test_options_off_render_the_code_from_before_the_options():
         h.update(source(TDEF, c, dict(zip(OLD_SPACE, vals)) | OPTIONS).encode())
     assert h.hexdigest() == OLD_RENDERS
     legal = all_legal(c)
-    # the whole space: recur_ldsm doubles it, recur_fuse adds the 560 lean ones (experiments/kda_prefill_h200.toml: 288)
-    assert len(legal) == 2 * 1376 + 560
+    # the whole space: recur_ldsm doubles it, recur_fuse adds the 560 lean ones, prep_round doubles that, and
+    # prep_blocks 4 adds the split prep's chunk-32, 256-thread points (384) under both roundings
+    assert len(legal) == 2 * (2 * 1376 + 560) + 2 * 384
     assert len([p for p in legal if all(p[k] == off for k, off in OPTIONS.items())]) == 54
 
 
@@ -1901,3 +1902,64 @@ def test_the_varlen_experiment_searches_the_matrix_model_cell_over_legal_points(
         legal = all_legal(c, ses.templates["chunk"])
     assert len(legal) >= 32, len(legal)
     assert any(p["recur_lean"] for p in legal) and any(p["prep_diag"] == "split" for p in legal)
+
+
+# ---- prep_round (tf32 by one integer add) and prep_blocks (the split prep's CTAs an SM) ----------------------
+
+def tf32_add(x: np.ndarray) -> np.ndarray:
+    """prep_round = add as the kernel does it, read as the tensor core reads a tf32 operand: the bit pattern plus
+    0x1000, its low 13 bits dropped."""
+    b = (x.astype(np.float32).view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+    return b.view(np.float32)
+
+
+def tf32_rna(x: np.ndarray) -> np.ndarray:
+    """cvt.rna.tf32.f32 from its definition: to 10 mantissa bits, the nearest, ties away from zero (float64); a
+    subnormal keeps the bit positions of the smallest normal binade (its place 2^-136)."""
+    x64 = x.astype(np.float64)
+    _, e = np.frexp(np.abs(x64))  # |x| = m 2^e, m in [0.5, 1): tf32's last place is 2^(e - 11)
+    q = 2.0 ** (np.maximum(e, -125) - 11)
+    r = np.floor(np.abs(x64) / q + 0.5) * q
+    return np.copysign(r, x64).astype(np.float32)
+
+
+def test_prep_round_add_is_cvt_rna_on_finite_values():
+    """The add rounds half away from zero to tf32 exactly as cvt.rna: random values over 80 binades, both signs,
+    and the hard cases (exact ties up and down, the carry into the exponent, subnormals, zero)."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(200_000) * 2.0 ** rng.integers(-40, 40, 200_000)).astype(np.float32)
+    base = rng.integers(0, 2**31, 20_000, dtype=np.uint32) & np.uint32(0x7F7FE000)  # finite, tf32-exact
+    ties = [base | np.uint32(0x1000), base | np.uint32(0x0FFF), base | np.uint32(0x1001), base | np.uint32(0x1FFF)]
+    special = np.array([0x00000000, 0x00000001, 0x00001000, 0x007FF000, 0x3F7FF000, 0x3FFFF000, 0x3F801000,
+                        0x7F7FE000], dtype=np.uint32)
+    for bits in (*ties, special):
+        for sign in (np.uint32(0), np.uint32(0x80000000)):
+            x = np.concatenate([x, (bits | sign).view(np.float32)])
+    got, want = tf32_add(x), tf32_rna(x)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.abs(got.astype(np.float64) - x).max() <= np.abs(x.astype(np.float64)).max() * 2.0**-11
+
+
+def test_prep_round_and_prep_blocks_render_and_build_spill_free():
+    """prep_round = add replaces every cvt.rna of launch 1 by the add (launch 2 has none); prep_blocks 4 renders
+    __launch_bounds__(256, 4), legal only on the split prep at chunk 32 and 256 threads, and caps the prep at 64
+    registers with no spills or stack (4 CTAs an SM instead of 3), in fla's default call and the model's call."""
+    base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True,
+                                    "u_prefetch": True, "prep_diag": "split", "recur_lean": True, "recur_ldsm": True}
+    c = PREFILL_CELLS[0]
+    cvt, add = source(TDEF, c, base), source(TDEF, c, base | {"prep_round": "add"})
+    assert 'asm("cvt.rna.tf32.f32' in cvt and 'asm("cvt.rna' not in add and "+ 0x1000u" in add
+    assert add.split("kda_chunk_recur(", 1)[1] == cvt.split("kda_chunk_recur(", 1)[1]  # launch 2 untouched
+    assert "__launch_bounds__(256, 4)" in source(TDEF, c, base | {"prep_blocks": 4})
+    for q in ({"prep_threads": 128}, {"prep_diag": "folded"}, {"chunk": 64, "u_prefetch": False, "stages": 3}):
+        assert "prep_blocks_where_rendered" in TDEF.violations(base | q | {"prep_blocks": 4}, ARCH, c.dtypes_dict(),
+                                                               c.dims_dict()), q
+    points = [base | {"prep_round": r, "prep_blocks": b} for r in ("cvt", "add") for b in (3, 4)]
+    points.append(base | {"prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"})
+    for cc in (c, MODEL_VARLEN):
+        for p in points:
+            assert TDEF.is_valid(p, ARCH, cc.dtypes_dict(), cc.dims_dict()), (cc.label(), p)
+        for p, res in zip(points, compile_clean(cc, points)):
+            regs = res["kda_chunk_prep"].regs
+            assert regs <= (64 if p["prep_blocks"] == 4 else 80), (cc.label(), p, regs)
+            assert prep_ctas_per_sm(p, regs) == p["prep_blocks"], (cc.label(), p, regs)
