@@ -164,10 +164,23 @@ def source(t: TemplateDef, c: Cell, p: dict) -> str:
     return r.source
 
 
+_LEGAL: dict[tuple, list[dict]] = {}
+
+
 def all_legal(c: Cell, t: TemplateDef = TDEF) -> list[dict]:
-    names = t.param_names
-    points = (dict(zip(names, vals)) for vals in product(*(t.values(n) for n in names)))
-    return [p for p in points if t.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())]
+    """Every legal point of t's space on c (computed once a cell and template; each call gets fresh dicts)."""
+    key = (c.label(), t.source_hash)
+    if key not in _LEGAL:
+        names = t.param_names
+        points = (dict(zip(names, vals)) for vals in product(*(t.values(n) for n in names)))
+        _LEGAL[key] = [p for p in points if t.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())]
+    return [dict(p) for p in _LEGAL[key]]
+
+
+def legal_before_prep_options(c: Cell) -> list[dict]:
+    """The legal points at prep_round cvt and prep_blocks 3 (those options off): the space the legality tests of
+    the earlier options count (test_prep_round_and_prep_blocks_render_and_build_spill_free covers the two)."""
+    return [p for p in all_legal(c) if p["prep_round"] == "cvt" and p["prep_blocks"] == 3]
 
 
 def test_options_off_render_the_code_from_before_the_options():
@@ -243,7 +256,7 @@ def test_folded_diag_is_legal_exactly_with_stage_in():
     """folded reads q and k from the staged tiles: refused without stage_in, legal with it at every chunk and
     prep_threads (1, 2 or 4 warps a diagonal block at K = 128); it doubles the stage_in half of the space."""
     c = PREFILL_CELLS[0]
-    legal = [p for p in all_legal(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
+    legal = [p for p in legal_before_prep_options(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
     off = [p for p in legal if p["prep_diag"] == "warp_row"]
     on = [p for p in legal if p["prep_diag"] == "folded"]
     assert len(off) == 408 + 280 and len(on) == 204 + 140  # (+ recur_lean)
@@ -370,7 +383,7 @@ def test_split_diag_is_legal_exactly_with_stage_in():
     """split reads q and k from the staged tiles: refused without stage_in, legal with it at every chunk and
     prep_threads (2, 4 or 8 tasks a warp at K = 128); 204 more points, the space 408 + 204 + 204 = 816."""
     c = PREFILL_CELLS[0]
-    legal = [p for p in all_legal(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
+    legal = [p for p in legal_before_prep_options(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
     off = [p for p in legal if p["prep_diag"] == "warp_row"]
     on = [p for p in legal if p["prep_diag"] == "split"]
     assert len(legal) == 1376 and len(off) == 408 + 280 and len(on) == 204 + 140  # (+ recur_lean)
@@ -649,7 +662,7 @@ def test_recur_lean_legality():
     the 24 builds spill and the rest sit at 255 registers); 560 more points, the space 816 + 560 = 1376, 35
     lean recurrence kernels; the prefill experiment's 144 points all have a lean twin."""
     c = PREFILL_CELLS[0]
-    legal = [p for p in all_legal(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
+    legal = [p for p in legal_before_prep_options(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
     off = [p for p in legal if not p["recur_lean"]]
     on = [p for p in legal if p["recur_lean"]]
     assert len(legal) == 1376 and len(off) == 816 and len(on) == 560
@@ -660,7 +673,8 @@ def test_recur_lean_legality():
         assert TDEF.violations(p | {"recur_lean": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["lean_fits_registers"]
     exp_space = {"chunk": [32], "stage_in": [True], "u_prefetch": [True, False], "state_split": [False], "stages": [3, 6],
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
-                 "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False]}
+                 "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
+                 "prep_round": ["cvt"], "prep_blocks": [3]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -1001,10 +1015,11 @@ RENDERS_BEFORE_LDSM = "d2925910c5553051520fedae03491a6fe22696a3516e6be9f74993574
 
 def test_recur_ldsm_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
-    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse")]
+    # the later prep options (prep_round, prep_blocks) at their off values
+    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
-        p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False}
+        p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1017,7 +1032,7 @@ def test_recur_ldsm_legality():
     doubles to 2752 points (3312 with recur_fuse). The prefill experiment's toml does not name it, so its restricted
     space keeps both values."""
     c = PREFILL_CELLS[0]
-    legal = [p for p in all_legal(c) if not p["recur_fuse"]]  # (recur_fuse: test_recur_fuse_legality)
+    legal = [p for p in legal_before_prep_options(c) if not p["recur_fuse"]]  # (recur_fuse: test_recur_fuse_legality)
     off = [p for p in legal if not p["recur_ldsm"]]
     on = [p for p in legal if p["recur_ldsm"]]
     assert len(off) == len(on) == 1376
@@ -1183,10 +1198,11 @@ LDSM_RENDERS_BEFORE_FUSE = "7b3bb095920e2ad51d1130908b921f6cfcd5248588c5a532239f
 
 def test_recur_fuse_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
-    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse")]
+    # the later prep options (prep_round, prep_blocks) at their off values
+    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
-        p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False}
+        p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1196,7 +1212,7 @@ def test_recur_fuse_off_renders_the_code_from_before_it():
 def test_recur_fuse_legality():
     """recur_fuse is legal exactly at the points with recur_lean and recur_ldsm on (560, 35 recurrences)."""
     c = PREFILL_CELLS[0]
-    legal = all_legal(c)
+    legal = legal_before_prep_options(c)
     on = [p for p in legal if p["recur_fuse"]]
     base = [p for p in legal if p["recur_lean"] and p["recur_ldsm"] and not p["recur_fuse"]]
     assert len(on) == len(base) == 560 and len({recur_key(p) for p in on}) == 35
