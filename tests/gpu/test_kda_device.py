@@ -149,7 +149,10 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                  "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4},
                 {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
                  "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4,
-                 "prep_exp": "fast"}]  # tf32 by one add, 64 registers, the fast exp
+                 "prep_exp": "fast"},  # tf32 by one add, 64 registers, the fast exp
+                {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 128, "stage_in": True, "u_prefetch": True,
+                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_exp": "fast",
+                 "prep_vec": True}]  # the GA's point with the elementwise outputs vectorized
 
 
 @pytest.mark.gpu

@@ -47,7 +47,12 @@ POINTS = [{}, {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128}, {"chu
           {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
            "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4},
           {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-           "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"}]
+           "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"},
+          # the GA's point (kda_prefill_h200_5) and the same with the elementwise outputs vectorized
+          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 128, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
+           "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_exp": "fast"},
+          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 128, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
+           "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_exp": "fast", "prep_vec": True}]
 ARCH = 90
 REPS = 50
 WARMUP = 5

@@ -142,7 +142,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 # ---- the options: stage_in and prep_exp (launch 1), u_prefetch (launch 2) -----------------------------
 
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
-           "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3}  # each option's off value: the code before it
+           "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -178,9 +178,9 @@ def all_legal(c: Cell, t: TemplateDef = TDEF) -> list[dict]:
 
 
 def legal_before_prep_options(c: Cell) -> list[dict]:
-    """The legal points at prep_round cvt and prep_blocks 3 (those options off): the space the legality tests of
-    the earlier options count (test_prep_round_and_prep_blocks_render_and_build_spill_free covers the two)."""
-    return [p for p in all_legal(c) if p["prep_round"] == "cvt" and p["prep_blocks"] == 3]
+    """The legal points at prep_round cvt, prep_blocks 3 and prep_vec off (those options off): the space the
+    legality tests of the earlier options count (the tests of prep_round, prep_blocks and prep_vec cover those)."""
+    return [p for p in all_legal(c) if p["prep_round"] == "cvt" and p["prep_blocks"] == 3 and not p["prep_vec"]]
 
 
 def test_options_off_render_the_code_from_before_the_options():
@@ -194,9 +194,12 @@ def test_options_off_render_the_code_from_before_the_options():
         h.update(source(TDEF, c, dict(zip(OLD_SPACE, vals)) | OPTIONS).encode())
     assert h.hexdigest() == OLD_RENDERS
     legal = all_legal(c)
-    # the whole space: recur_ldsm doubles it, recur_fuse adds the 560 lean ones, prep_round doubles that, and
-    # prep_blocks 4 adds the split prep's chunk-32, 256-thread points (384) under both roundings
-    assert len(legal) == 2 * (2 * 1376 + 560) + 2 * 384
+    # the whole space: recur_ldsm doubles it, recur_fuse adds the 560 lean ones, prep_round doubles that,
+    # prep_blocks 4 adds the split prep's chunk-32, 256-thread points (384) under both roundings, and prep_vec
+    # repeats every stage_in point
+    before_vec = 2 * (2 * 1376 + 560) + 2 * 384
+    assert len(legal) == before_vec + len([p for p in legal if p["stage_in"] and not p["prep_vec"]])
+    assert before_vec == 7392 and len(legal) == 13128
     assert len([p for p in legal if all(p[k] == off for k, off in OPTIONS.items())]) == 54
 
 
@@ -674,7 +677,7 @@ def test_recur_lean_legality():
     exp_space = {"chunk": [32], "stage_in": [True], "u_prefetch": [True, False], "state_split": [False], "stages": [3, 6],
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
-                 "prep_round": ["cvt"], "prep_blocks": [3]}
+                 "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -1015,11 +1018,12 @@ RENDERS_BEFORE_LDSM = "d2925910c5553051520fedae03491a6fe22696a3516e6be9f74993574
 
 def test_recur_ldsm_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
-    # the later prep options (prep_round, prep_blocks) at their off values
-    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks")]
+    # the later prep options (prep_round, prep_blocks, prep_vec) at their off values
+    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
-        p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3}
+        p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
+                                      "prep_vec": False}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1198,11 +1202,12 @@ LDSM_RENDERS_BEFORE_FUSE = "7b3bb095920e2ad51d1130908b921f6cfcd5248588c5a532239f
 
 def test_recur_fuse_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
-    # the later prep options (prep_round, prep_blocks) at their off values
-    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks")]
+    # the later prep options (prep_round, prep_blocks, prep_vec) at their off values
+    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
-        p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3}
+        p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
+                                      "prep_vec": False}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1979,3 +1984,60 @@ def test_prep_round_and_prep_blocks_render_and_build_spill_free():
             regs = res["kda_chunk_prep"].regs
             assert regs <= (64 if p["prep_blocks"] == 4 else 80), (cc.label(), p, regs)
             assert prep_ctas_per_sm(p, regs) == p["prep_blocks"], (cc.label(), p, regs)
+
+
+# ---- prep_vec: the elementwise outputs eight elements a thread -------------------------------------------------
+
+def test_prep_vec_is_legal_exactly_with_stage_in_and_off_renders_the_scalar_loops():
+    """prep_vec reads the staged tiles: refused without stage_in, legal at every stage_in point; off, the scalar
+    loops render as before (the digests above); on, the q exp(G) and k exp(G_last - G) stores are 16-byte and
+    X is written as float4, the rest of launch 1 and all of launch 2 unchanged."""
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c)
+    on = [p for p in legal if p["prep_vec"]]
+    assert sorted(map(str, on)) == sorted(str(p | {"prep_vec": True}) for p in legal if p["stage_in"] and not p["prep_vec"])
+    p = TDEF.default_params() | {"prep_vec": True}
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["prep_vec_reads_staged_tiles"]
+    base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 128, "stage_in": True,
+                                    "u_prefetch": True, "prep_diag": "split", "recur_lean": True, "recur_ldsm": True,
+                                    "prep_round": "add", "prep_exp": "fast"}
+    off, vec = source(TDEF, c, base), source(TDEF, c, base | {"prep_vec": True})
+    assert off.split("kda_chunk_recur(", 1)[1] == vec.split("kda_chunk_recur(", 1)[1]
+    assert "ws_qg + (cidx * C + t) * K + c) = make_uint4(" in vec and "ws_kg + (cidx * K + c) * C + t) = make_uint4(" in vec
+    assert "*p0 = make_float4(" in vec and "make_uint4" not in off
+    assert "G_AT(t, c) = beta_at(t) * qk_at(" in off and "G_AT(t, c) = beta_at(t) * qk_at(" not in vec
+
+
+def test_prep_vec_covers_each_output_once():
+    """The vectorized loops' index math (as rendered) gives every (t, c) of q exp(G), k exp(G_last - G) and X
+    to exactly one thread and step, for chunk 32 and 64 and 128 and 256 threads."""
+    for C in (32, 64):
+        K = 128
+        for PT in (128, 256):
+            qg, kg = np.zeros((C, K), int), np.zeros((K, C), int)
+            for tid in range(PT):
+                for i in range(tid, C * K // 8, PT):
+                    t, c = i // (K // 8), 8 * (i % (K // 8))
+                    qg[t, c:c + 8] += 1
+                for i in range(tid, K * C // 8, PT):
+                    c, t = i // (C // 8), 8 * (i % (C // 8))
+                    kg[c, t:t + 8] += 1
+            assert (qg == 1).all() and (kg == 1).all(), (C, PT)
+
+
+def test_prep_vec_builds_spill_free_in_both_calls():
+    """prep_vec at the GA's point (prep_round add, fast exp) at 128 and 256 threads and at chunk 64 builds
+    without spills, stack or static smem in fla's default call and in the model's call (q/k L2 norm, beta
+    logits, raw gate), at the scalar loops' occupancy."""
+    base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True,
+                                    "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add",
+                                    "prep_exp": "fast", "prep_vec": True}
+    points = [base | {"prep_threads": 128}, base | {"prep_threads": 256},
+              TDEF.default_params() | {"chunk": 64, "stage_in": True, "prep_vec": True}]
+    for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
+        for p in points:
+            assert TDEF.is_valid(p, ARCH, cc.dtypes_dict(), cc.dims_dict()), (cc.label(), p)
+        for p, res in zip(points, compile_clean(cc, points)):
+            scalar = compile_point(cc, p | {"prep_vec": False})
+            assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) == prep_ctas_per_sm(
+                p, dict(scalar.resources)["kda_chunk_prep"].regs), (cc.label(), p)
