@@ -134,6 +134,9 @@ def test_recurrent_decode_timed_beside_fla(worker, b):
 
 PREFILL = [c for c in SPEC.matrix() if c.dim("T") > 1 and not is_varlen(c)]
 # the first run's best (chunk 32, 4 warps, 128 prep threads), then the data-movement options on and off
+# kda_prefill_h200_4's fastest point (split prep, recur_lean + recur_ldsm), which the later prep options vary
+LDSM = {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
+        "prep_diag": "split", "recur_lean": True, "recur_ldsm": True}
 CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 {"chunk": 32, "warps": 4, "prep_threads": 128, "stage_in": True, "u_prefetch": True, "prep_exp": "fast"},
                 {"chunk": 64, "warps": 2, "stage_in": True},
@@ -141,18 +144,12 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
                 {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
                  "recur_lean": True},
-                {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
-                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True},  # ldmatrix B fragments: bit-identical
-                {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
-                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "recur_fuse": True},  # items 0, 1 fused
-                {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
-                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4},
-                {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
-                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4,
-                 "prep_exp": "fast"},  # tf32 by one add, 64 registers, the fast exp
-                {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 128, "stage_in": True, "u_prefetch": True,
-                 "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_exp": "fast",
-                 "prep_vec": True}]  # the GA's point with the elementwise outputs vectorized
+                LDSM,  # ldmatrix B fragments: bit-identical
+                LDSM | {"recur_fuse": True},  # items 0, 1 fused
+                LDSM | {"prep_round": "add", "prep_blocks": 4},
+                LDSM | {"prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"},  # tf32 by one add, 64 registers, fast exp
+                # the GA's point (kda_prefill_h200_5) with the elementwise outputs vectorized
+                LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast", "prep_vec": True}]
 
 
 @pytest.mark.gpu

@@ -29,30 +29,22 @@ from ops.kda.spec import prefill_matrix
 
 TEMPLATE = "chunk"
 KERNELS = ("kda_chunk_prep", "kda_chunk_recur")
+# kda_prefill_h200_4's fastest point (split prep, recur_lean + recur_ldsm), which the later prep options vary
+LDSM = {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
+        "recur_lean": True, "recur_ldsm": True}
 POINTS = [{}, {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128}, {"chunk": 32, "warps": 1},
           {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128, "stage_in": True, "u_prefetch": True},
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True},
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "folded"},
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split", "recur_lean": True},
-          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-           "recur_lean": True, "recur_ldsm": True},
-          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-           "recur_lean": True, "recur_ldsm": True, "recur_fuse": True},
+          LDSM, LDSM | {"recur_fuse": True},
           # the prep's tf32 by one add and 4 CTAs an SM (experiments/results/profile_h200: 35% of issue cycles idle)
-          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-           "recur_lean": True, "recur_ldsm": True, "prep_round": "add"},
-          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-           "recur_lean": True, "recur_ldsm": True, "prep_blocks": 4},
-          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-           "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4},
-          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-           "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"},
+          LDSM | {"prep_round": "add"}, LDSM | {"prep_blocks": 4}, LDSM | {"prep_round": "add", "prep_blocks": 4},
+          LDSM | {"prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"},
           # the GA's point (kda_prefill_h200_5) and the same with the elementwise outputs vectorized
-          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 128, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-           "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_exp": "fast"},
-          {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 128, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-           "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_exp": "fast", "prep_vec": True}]
+          LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast"},
+          LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast", "prep_vec": True}]
 ARCH = 90
 REPS = 50
 WARMUP = 5
