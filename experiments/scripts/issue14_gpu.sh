@@ -30,7 +30,9 @@
 #   kdatimes OUT  KDA: each launch of the chunk template timed apart (tests/gpu/test_kda_launch_times.py),
 #               rows in kda_launch_times.json; $KDA_TIMES_K narrows the points (pytest -k), $KDA_TIMES_S bounds them (120)
 #   kdaprefill OUT  KDA: the chunked prefill GA (kda_prefill_h200.toml), then its dispatch timed against
-#               fla's chunk_kda in one process (kfactory bench --dispatch)
+#               fla's chunk_kda in one process (kfactory bench --dispatch, 300 s: ~75 s a cell)
+#   kdabench OUT  KDA: a prefill dispatch table ($KDA_BENCH_TABLE, default kda_prefill_h200_8's) timed beside
+#               fla's chunk_kda in one process within $KDA_BENCH_S seconds (400), kda_bench/peers.*
 #   profile OUT Nsight Compute (ncu --clock-control none) over experiments/profile_h200.toml's targets, each
 #               launched as the gate would: profile/NAME.csv, summary.md (experiments/scripts/profile_launches.py)
 #   fwdlong OUT the forward GA on the N >= 4096 cells with cta_row and cta_row_async (rmsnorm_h200_long.toml)
@@ -45,7 +47,7 @@
 # $GA_MAX_S, when set, is every GA's time budget in place of its config's budget.max_seconds.
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, bwdwide, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile or kdaprefill}; out=${2:?output folder}
+stages=${1:?ga, bwdga, bwdwide, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, kdaprefill or kdabench}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
@@ -201,7 +203,12 @@ case "$stage" in
     echo "kda launch times rc=$?" >> "$log" ;;
   kdaprefill)
     if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi
-    kda_ga_bench 240 experiments/kda_prefill_h200.toml /tmp/kf_kdap kda_prefill 110 ;;
+    kda_ga_bench 240 experiments/kda_prefill_h200.toml /tmp/kf_kdap kda_prefill 300 ;;
+  kdabench)
+    table=${KDA_BENCH_TABLE:-experiments/results/kda_prefill_h200_8/dispatch.json}
+    timeout "${KDA_BENCH_S:-400}" python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda \
+      --timeout-s $((${KDA_BENCH_S:-400} - 10)) --out "$out/kda_bench" >> "$log" 2>&1
+    echo "kda bench $table rc=$?" >> "$log" ;;
   export)  # the chain's forward and backward runs as one package, installed with pip, its own tests on this GPU
     fwd_id=$(basename "$(dirname "$(ls -t /tmp/kf_rms/runs/rmsnorm-h200-long-*/dispatch.json 2>/dev/null | head -1)")")
     bwd_id=$(basename "$(dirname "$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)")")

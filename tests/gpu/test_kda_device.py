@@ -150,6 +150,10 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 LDSM | {"prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"},  # tf32 by one add, 64 registers, fast exp
                 # the GA's point (kda_prefill_h200_5) with the elementwise outputs vectorized
                 LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast", "prep_vec": True}]
+# that point's prep with launch 2's K split across a value group's warps (kwarps; the one-warp-a-column
+# recurrence's options off): one warp, 4 warps a group, 3- and 4-deep rings; two groups, 3-deep
+KSPLIT = {k: v for k, v in CHUNK_POINTS[-1].items() if k not in ("u_prefetch", "recur_lean", "recur_ldsm")}
+CHUNK_POINTS += [KSPLIT | {"warps": w, "kwarps": kw, "stages": s} for w, kw, s in [(1, 4, 3), (1, 4, 4), (2, 4, 3)]]
 
 
 @pytest.mark.gpu

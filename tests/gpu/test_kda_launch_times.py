@@ -45,6 +45,15 @@ POINTS = [{}, {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128}, {"chu
           # the GA's point (kda_prefill_h200_5) and the same with the elementwise outputs vectorized
           LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast"},
           LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast", "prep_vec": True}]
+# that point's prep with launch 2's K split across the warps of a value group (kwarps): the one-warp-a-column
+# recurrence's options (u_prefetch, recur_lean, recur_ldsm) off, the ring depth and the group counts varied
+KSPLIT = {k: v for k, v in POINTS[-1].items() if k not in ("u_prefetch", "recur_lean", "recur_ldsm")}
+POINTS += [KSPLIT | {"warps": w, "kwarps": kw, "stages": s}
+           for w, kw, s in [(1, 4, 3), (1, 4, 4), (1, 4, 6), (1, 2, 3), (1, 2, 4), (2, 4, 3), (2, 2, 3), (2, 4, 6),
+                            (4, 4, 3), (4, 2, 3)]]
+# chunk 64 with the split K (half the recurrence's serial steps; a one-warp group legal there): 128 and 256 prep threads
+POINTS += [KSPLIT | {"chunk": 64, "warps": w, "kwarps": kw, "stages": 3, "prep_threads": pt}
+           for w, kw, pt in [(1, 4, 128), (1, 4, 256), (1, 2, 256), (2, 2, 256)]]
 ARCH = 90
 REPS = 50
 WARMUP = 5

@@ -71,8 +71,9 @@ def legal_points(c: Cell, n: int, seed: int = 0) -> list[dict]:
             break
         # recur_lean, recur_ldsm, recur_fuse (last in the space) left off: the draws of the other keys as before they
         # existed (their own builds: test_recur_{lean,ldsm,fuse}_points_compile_without_spills)
-        p = {k: rng.choice(v) for k, v in TDEF.space if k not in ("recur_lean", "recur_ldsm", "recur_fuse")} | {
-            "recur_lean": False, "recur_ldsm": False, "recur_fuse": False}
+        # kwarps (launch 2 with K split across warps) left at 1 too: its own tests are test_kwarps_*
+        p = {k: rng.choice(v) for k, v in TDEF.space if k not in ("recur_lean", "recur_ldsm", "recur_fuse", "kwarps")} | {
+            "recur_lean": False, "recur_ldsm": False, "recur_fuse": False, "kwarps": 1}
         if p not in out and TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             out.append(p)
     return out
@@ -142,7 +143,8 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 # ---- the options: stage_in and prep_exp (launch 1), u_prefetch (launch 2) -----------------------------
 
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
-           "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False}  # each option's off value: the code before it
+           "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
+           "kwarps": 1}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -167,13 +169,25 @@ def source(t: TemplateDef, c: Cell, p: dict) -> str:
 _LEGAL: dict[tuple, list[dict]] = {}
 
 
-def all_legal(c: Cell, t: TemplateDef = TDEF) -> list[dict]:
-    """Every legal point of t's space on c (computed once a cell and template; each call gets fresh dicts)."""
-    key = (c.label(), t.source_hash)
+def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict]:
+    """Every legal point of t's space on c (computed once a cell and template; each call gets fresh dicts), at
+    kwarps 1 (the one-warp-a-column recurrence the earlier options' tests count), with ksplit also at kwarps 2, 4.
+    Those are enumerated with the one-warp-a-column options off: every other value is refused there
+    (ksplit_is_its_own_recurrence, test_kwarps_legality), and the product stays the size it had before kwarps."""
+    key = (c.label(), t.source_hash, ksplit)
     if key not in _LEGAL:
         names = t.param_names
-        points = (dict(zip(names, vals)) for vals in product(*(t.values(n) for n in names)))
-        _LEGAL[key] = [p for p in points if t.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())]
+        fixed = [{"kwarps": 1}] if "kwarps" in names else [{}]
+        if ksplit and "kwarps" in names:
+            fixed += [{"kwarps": k} | {o: False for o in ONE_WARP_OPTIONS} for k in t.values("kwarps") if k > 1]
+        out = []
+        for f in fixed:
+            free = [n for n in names if n not in f]
+            for vals in product(*(t.values(n) for n in free)):
+                p = {n: f[n] if n in f else None for n in names} | dict(zip(free, vals))
+                if t.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
+                    out.append(p)
+        _LEGAL[key] = out
     return [dict(p) for p in _LEGAL[key]]
 
 
@@ -200,6 +214,9 @@ def test_options_off_render_the_code_from_before_the_options():
     before_vec = 2 * (2 * 1376 + 560) + 2 * 384
     assert len(legal) == before_vec + len([p for p in legal if p["stage_in"] and not p["prep_vec"]])
     assert before_vec == 7392 and len(legal) == 13128
+    # kwarps 2, 4: launch 2 of its own, the one-warp-a-column options off (test_kwarps_legality)
+    ksplit = [p for p in all_legal(c, ksplit=True) if p["kwarps"] > 1]
+    assert len(all_legal(c, ksplit=True)) == len(legal) + len(ksplit) and len(ksplit) == KSPLIT_POINTS
     assert len([p for p in legal if all(p[k] == off for k, off in OPTIONS.items())]) == 54
 
 
@@ -208,7 +225,8 @@ def prep_key(p: dict) -> tuple:  # what kda_chunk_prep's code depends on
 
 
 def recur_key(p: dict) -> tuple:  # what kda_chunk_recur's code depends on
-    return p["chunk"], p["warps"], p["stages"], p["state_split"], p["u_prefetch"], p["recur_lean"], p["recur_ldsm"], p["recur_fuse"]
+    return (p["chunk"], p["warps"], p["stages"], p["state_split"], p["u_prefetch"], p["recur_lean"], p["recur_ldsm"],
+            p["recur_fuse"], p["kwarps"])
 
 
 def test_option_points_compile_without_spills():
@@ -677,7 +695,7 @@ def test_recur_lean_legality():
     exp_space = {"chunk": [32], "stage_in": [True], "u_prefetch": [True, False], "state_split": [False], "stages": [3, 6],
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
-                 "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False]}
+                 "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -1019,11 +1037,12 @@ RENDERS_BEFORE_LDSM = "d2925910c5553051520fedae03491a6fe22696a3516e6be9f74993574
 def test_recur_ldsm_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
     # the later prep options (prep_round, prep_blocks, prep_vec) at their off values
-    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec")]
+    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
+                                                      "kwarps")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
-                                      "prep_vec": False}
+                                      "prep_vec": False, "kwarps": 1}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1203,11 +1222,12 @@ LDSM_RENDERS_BEFORE_FUSE = "7b3bb095920e2ad51d1130908b921f6cfcd5248588c5a532239f
 def test_recur_fuse_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
     # the later prep options (prep_round, prep_blocks, prep_vec) at their off values
-    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec")]
+    names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
+                                                      "kwarps")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
-                                      "prep_vec": False}
+                                      "prep_vec": False, "kwarps": 1}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -2041,3 +2061,153 @@ def test_prep_vec_builds_spill_free_in_both_calls():
             scalar = compile_point(cc, p | {"prep_vec": False})
             assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) == prep_ctas_per_sm(
                 p, dict(scalar.resources)["kda_chunk_prep"].regs), (cc.label(), p)
+
+
+# ---- kwarps: launch 2 with K split across the warps of a value group ----------------------------------------------
+
+KSPLIT_POINTS = 1256  # legal points with kwarps 2 or 4 on PREFILL_CELLS[0]: 20 recurrences x their prep points
+ONE_WARP_OPTIONS = ("state_split", "u_prefetch", "recur_lean", "recur_ldsm", "recur_fuse")
+
+
+def ksplit_point(C: int = 32, warps: int = 1, kwarps: int = 4, stages: int = 3, **kw) -> dict:
+    return TDEF.default_params() | {"chunk": C, "warps": warps, "kwarps": kwarps, "stages": stages} | kw
+
+
+def ksplit_smem(p: dict, K: int = 128) -> int:
+    """The kwarps kernel's layout: NS ring slots (-w, qg, kgT [C K bf16 each], A_qk [C C bf16], exp(G_last) [K fp32],
+    u [C][16 W fp32]) and the partials [W][2][KW][C / 8][32] float4."""
+    C, W, KW = p["chunk"], p["warps"], p["kwarps"]
+    return p["stages"] * (3 * C * K * 2 + C * C * 2 + K * 4 + C * 16 * W * 4) + W * 2 * KW * (C // 8) * 32 * 16
+
+
+def test_kwarps_legality():
+    """kwarps 2, 4 give launch 2 a kernel of its own: legal exactly where the kwarps-1 twin with the one-warp-a-column
+    options off is (or is refused only for that kernel's registers at chunk 64 or its 48 KB ring), when the plan's smem
+    (the kernel's layout) fits the opt-in limit and the block 1024 threads; each of those options refuses it."""
+    c = PREFILL_CELLS[0]
+    dt, dims = c.dtypes_dict(), c.dims_dict()
+    ks = [p for p in all_legal(c, ksplit=True) if p["kwarps"] > 1]
+    assert len(ks) == KSPLIT_POINTS and len({recur_key(p) for p in ks}) == 20
+    for p in ks:
+        assert not any(p[k] for k in ONE_WARP_OPTIONS), p
+        assert set(TDEF.violations(p | {"kwarps": 1}, ARCH, dt, dims)) <= {"one_warp_spills_at_chunk_64", "ring_fits_48KB"}
+        launches, _ = TDEF.plan(p, ARCH, dt, dims)
+        assert launches[1].smem == ksplit_smem(p) <= MAX_SMEM_PER_BLOCK, p
+        assert launches[1].block == (32 * p["warps"] * p["kwarps"], 1, 1) and launches[1].grid[0] == 128 // (16 * p["warps"])
+    twins = [p for p in all_legal(c) if not any(p[k] for k in ONE_WARP_OPTIONS)]
+    got = {str(p) for p in ks}
+    for p in twins:
+        for kw in (2, 4):
+            q = p | {"kwarps": kw}
+            assert (str(q) in got) == (ksplit_smem(q) <= MAX_SMEM_PER_BLOCK and 32 * p["warps"] * kw <= 1024), q
+    for opt in ONE_WARP_OPTIONS:  # (all_legal enumerates kwarps 2, 4 with these off: each refuses them)
+        assert "ksplit_is_its_own_recurrence" in TDEF.violations(ksplit_point(**{opt: True}), ARCH, dt, dims), opt
+    assert TDEF.violations(ksplit_point(C=64), ARCH, dt, dims) == []  # one warp at chunk 64: K / KW of the state a warp
+    assert TDEF.default_params()["kwarps"] == 1
+
+
+def test_kwarps_points_compile_without_spills():
+    """8 of the 20 kwarps recurrences (and their points' prep kernels) build for sm_90a without spills, stack or static smem,
+    at most 255 registers; their rendering declares the plan's layout and trades partials at one named barrier a chunk
+    (no scalar B-fragment loads: ldmatrix only)."""
+    c = PREFILL_CELLS[2]
+    by_key: dict = {}
+    for p in all_legal(c, ksplit=True):
+        if p["kwarps"] > 1 and p["prep_diag"] == "warp_row" and not p["stage_in"]:
+            by_key.setdefault(recur_key(p), p)
+    assert len(by_key) == 20
+    # 8 of them (the ring depth changes only NS): every (chunk, warps, kwarps) at its deepest ring but warps 2 and 4 at
+    # kwarps 2, all at stages 3 or their largest legal (all 20 built spill-free at 128-255 registers when added)
+    keep = {(32, 1, 6, 4), (32, 1, 6, 2), (32, 2, 6, 4), (32, 4, 4, 4), (32, 8, 3, 2), (64, 1, 3, 4), (64, 1, 3, 2),
+            (64, 2, 3, 2)}
+    points = [p for k, p in by_key.items() if (k[0], k[1], k[2], k[-1]) in keep]
+    assert len(points) == len(keep)
+    for p, res in zip(points, compile_clean(c, points)):
+        assert res["kda_chunk_recur"].regs <= 255, (p, res)
+    recur = recur_src(ksplit_point())
+    assert "constexpr int SLOT = OFF_U + C * 16 * W * 4;" in recur and recur.count("bar.sync") == 1
+    assert recur.count("__syncthreads()") == 1 and "word_k(" not in recur and "ldsm_x2(" in recur
+
+
+def ksplit_loads(recur: str) -> list[tuple[str, str, str, str]]:
+    """Each ldmatrix of the kwarps kernel as rendered: (x4 or x2, tile: ss, ss + OFF_Q, ..., lane offset, group offset d)."""
+    out = re.findall(r"ldsm_(x[24])\(ldsm_addr<[CK] \* 2>\((ss(?: \+ OFF_[QAK])?), (l[kc]), (.+?)\), \w+(?:\[n\])?\);",
+                     recur)
+    for *_, expr in out:
+        assert set(expr) <= set("nkpbwCKW*+() 0123456789"), expr
+    return out
+
+
+@pytest.mark.parametrize("C", [32, 64])
+@pytest.mark.parametrize("KW", [2, 4])
+def test_kwarps_ldmatrix_gives_every_lane_its_b_fragment(C: int, KW: int):
+    """Every ldmatrix of the kwarps kernel, for every warp kw of a group, k-step pair, token or K tile (odd token tiles
+    of A_qk by ldmatrix.x2 included), gives every lane exactly the m16n8k16 B fragment words (k 2 tig.., n grp),
+    (k 2 tig + 8.., n grp) of its slice, read from tiles written as issue() writes them (swz, the model of the
+    rendering): -w and qg over the warp's K columns, kgT over its K rows, A_qk's lower-triangular token tiles."""
+    K, KK = 128, 128 // KW
+    src = source(TDEF, PREFILL_CELLS[0], ksplit_point(C=C, kwarps=KW))
+    recur = src.split("kda_chunk_recur(", 1)[1]
+    swz = swz_model(src)
+    lanes = lane_offsets(recur, swz, C, K)
+    loads = ksplit_loads(recur)
+    assert [(x, t, ln) for x, t, ln, _ in loads] == [("x4", "ss", "lk"), ("x4", "ss + OFF_Q", "lk"),
+                                                    ("x2", "ss + OFF_A", "lc"), ("x4", "ss + OFF_K", "lc")]
+    d_of = {t: (x, ln, d) for x, t, ln, d in loads}
+    tiles = {"ss": (C, K), "ss + OFF_Q": (C, K), "ss + OFF_A": (C, C), "ss + OFF_K": (K, C)}
+    for kw in range(KW):
+        for name, (rows, cols) in tiles.items():
+            x, ln, expr = d_of[name]
+            rb, lane_sw = lanes[ln]
+            tile, word = ring_tile(rows, cols, swz)
+
+            def frag(n: int, kb: int):  # the words lane t must hold for B tile n, k-step kb: b0, b1
+                return [[int(tile[8 * n + (t >> 2), 16 * kb + 2 * (t & 3) + h * 8] |
+                             tile[8 * n + (t >> 2), 16 * kb + 2 * (t & 3) + h * 8 + 1].astype(np.uint32) << 16)
+                         for h in range(2)] for t in range(32)]
+
+            def load(**v):
+                d = eval(expr, {}, v | {"C": C, "K": K, "KK": KK, "kw": kw})  # noqa: S307 (checked characters)
+                r = ldsm_x4([ldsm_addr(0, lane_sw[t], d, swz, rb) for t in range(32)], word)
+                return r if x == "x4" else [row[:2] for row in r]  # x2: matrices 0, 1 (lanes 0 .. 15's addresses)
+
+            if name in ("ss", "ss + OFF_Q"):  # B (k = K column, n = token): k-steps of the warp's K columns
+                for n in range(C // 8):
+                    for kp in range(KK // 32):
+                        r = load(n=n, kp=kp)
+                        for h in range(2):
+                            want = frag(n, (KK * kw + 32 * kp) // 16 + h)
+                            assert [row[2 * h:2 * h + 2] for row in r] == want, (name, kw, n, kp, h)
+            elif name == "ss + OFF_A":  # B (k = token j, n = token i) of o's tile n, every n
+                for n in range(C // 8):
+                    for kb in range(C // 16):
+                        if 16 * kb <= 8 * n + 7:
+                            assert load(n=n, kb=kb) == frag(n, kb), (name, n, kb)
+            else:  # kgT: B (k = token, n = K row) of the warp's K rows, tiles n, n + 1
+                for n in range(0, KK // 8, 2):
+                    for kb in range(C // 16):
+                        r = load(n=n, kb=kb)
+                        nt = (KK * kw) // 8 + n
+                        assert [row[:2] for row in r] == frag(nt, kb) and [row[2:] for row in r] == frag(nt + 1, kb)
+
+
+@pytest.mark.parametrize("stages", [3, 4, 6])
+def test_kwarps_ring_reads_every_chunk_landed_and_refills_a_free_slot(stages: int):
+    """The one-item ring simulated from the rendered wait count and refill offset, for 1..7 chunks: chunk c is waited
+    for (every later commit group may still be in flight) and read from slot c % NS; the refill issued in chunk c's
+    interval goes to a slot no warp reads in that interval (chunk c - 1's, all warps past the barrier)."""
+    recur = recur_src(ksplit_point(stages=stages))
+    loop = recur.split("for (int c = 0; c < NT; ++c) {", 1)[1]
+    wait = re.search(r'cp\.async\.wait_group %0;" :: "n"\(NS - (\d)\)', loop)
+    refill = re.search(r"issue\(c \+ NS - (\d)\);", loop)
+    assert wait and refill and "for (int s = 0; s < NS - 1; ++s) issue(s);" in recur
+    lag, back = int(wait.group(1)), int(refill.group(1))
+    for NT in range(1, 8):
+        groups = list(range(stages - 1))  # commit group g carries chunk groups[g]
+        for c in range(NT):
+            landed = set(groups[:len(groups) - (stages - lag)])  # wait_group NS - lag: that many may be pending
+            assert c in landed, (stages, NT, c)
+            nxt = c + stages - back
+            assert nxt % stages != c % stages
+            groups.append(nxt)
+    assert (lag, back) == (2, 1)

@@ -27,13 +27,17 @@ WS = ("ws_qg", "ws_kg", "ws_w", "ws_aqk", "ws_u", "ws_gl")
 def expected(c, p: dict) -> tuple[list[tuple], dict[str, int]]:
     """The header's [[launch]] and [workspace] expressions, written out by hand."""
     B, T, H, HV, K, V = (c.dim(d) for d in ("B", "T", "H", "HV", "K", "V"))
-    C, warps = p["chunk"], p["warps"]
+    C, warps, kw = p["chunk"], p["warps"], p["kwarps"]
     nt = -(-T // C)
     launches = [
         # G and A in fp32; with stage_in also the chunk's q, k (bf16 [C][K]), v (bf16 [C][V]) and beta (fp32 [C])
         ("kda_chunk_prep", (nt, HV, B), (p["prep_threads"], 1, 1),
          C * (K + C) * 4 + (C * (2 * K * 2 + V * 2 + 4) if p["stage_in"] else 0)),
-        ("kda_chunk_recur", (V // (16 * warps), HV, B), (32 * warps, 1, 1), p["stages"] * C * K * 2),
+        # the ring of C K bf16 slots; with kwarps > 1 (K split across a value group's warps) one slot a chunk
+        # (-w, qg, kgT, A_qk, exp(G_last) fp32 [K], u fp32 [C][16 warps]) and the partials (float4 [warps][2][kw][C / 8][32])
+        ("kda_chunk_recur", (V // (16 * warps), HV, B), (32 * warps * kw, 1, 1),
+         p["stages"] * C * K * 2 if kw == 1 else
+         p["stages"] * (3 * C * K * 2 + C * C * 2 + K * 4 + C * 16 * warps * 4) + warps * 2 * kw * (C // 8) * 32 * 16),
     ]
     n = B * HV * nt
     ws = {"ws_qg": 2 * n * C * K, "ws_kg": 2 * n * C * K, "ws_w": 2 * n * C * K, "ws_aqk": 2 * n * C * C,
