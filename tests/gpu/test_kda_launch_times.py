@@ -50,7 +50,7 @@ POINTS = [{}, {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128}, {"chu
 KSPLIT = {k: v for k, v in POINTS[-1].items() if k not in ("u_prefetch", "recur_lean", "recur_ldsm")}
 POINTS += [KSPLIT | {"warps": w, "kwarps": kw, "stages": s}
            for w, kw, s in [(1, 4, 3), (1, 4, 4), (1, 4, 6), (1, 2, 3), (1, 2, 4), (2, 4, 3), (2, 2, 3), (2, 4, 6),
-                            (4, 4, 3), (4, 2, 3)]]
+                            (4, 4, 3), (4, 2, 3), (8, 2, 3)]]
 # chunk 64 with the split K (half the recurrence's serial steps; a one-warp group legal there): 128 and 256 prep threads
 POINTS += [KSPLIT | {"chunk": 64, "warps": w, "kwarps": kw, "stages": 3, "prep_threads": pt}
            for w, kw, pt in [(1, 4, 128), (1, 4, 256), (1, 2, 256), (2, 2, 256)]]
