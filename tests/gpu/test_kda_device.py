@@ -154,6 +154,11 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
 # recurrence's options off): one warp, 4 warps a group, 3- and 4-deep rings; two groups, 3-deep
 KSPLIT = {k: v for k, v in CHUNK_POINTS[-1].items() if k not in ("u_prefetch", "recur_lean", "recur_ldsm")}
 CHUNK_POINTS += [KSPLIT | {"warps": w, "kwarps": kw, "stages": s} for w, kw, s in [(1, 4, 3), (1, 4, 4), (2, 4, 3)]]
+# the diagonal blocks by tf32 mma (prep_diag = mma; decay_near_zero's chunks take the exact path): the one-warp
+# recurrence and kwarps 2
+CHUNK_POINTS += [CHUNK_POINTS[10] | {"prep_diag": "mma"}, KSPLIT | {"warps": 1, "kwarps": 2, "stages": 3, "prep_diag": "mma"}]
+# with (I + beta A_kk)^-1 by 16x16 blocks (prep_inv = blocked)
+CHUNK_POINTS += [CHUNK_POINTS[-1] | {"prep_inv": "blocked"}]
 
 
 @pytest.mark.gpu
@@ -189,7 +194,9 @@ def _chunk_beside_fla(worker, c, params, tag: str) -> None:
 # fla's default call on variable-length batches (B = 1, cu_seqlens): uneven sequences packed along T
 VARLEN = [cell(DType.BF16, 1, 8192, 32, n=8), cell(DType.BF16, 1, 1000, 16, n=5)]
 VARLEN_POINTS = [{"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
-                 {"chunk": 64, "warps": 2, "stage_in": True}]
+                 {"chunk": 64, "warps": 2, "stage_in": True},
+                 {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "mma",
+                  "prep_vec": True, "prep_round": "add", "prep_exp": "fast", "prep_threads": 128}]
 
 
 @pytest.mark.gpu

@@ -54,6 +54,17 @@ POINTS += [KSPLIT | {"warps": w, "kwarps": kw, "stages": s}
 # chunk 64 with the split K (half the recurrence's serial steps; a one-warp group legal there): 128 and 256 prep threads
 POINTS += [KSPLIT | {"chunk": 64, "warps": w, "kwarps": kw, "stages": 3, "prep_threads": pt}
            for w, kw, pt in [(1, 4, 128), (1, 4, 256), (1, 2, 256), (2, 2, 256)]]
+# kda_prefill_h200_10's dispatch genomes (kwarps 2 and 4 at B = 1, the one-warp recurrence at B = 4, 8) with the
+# split diagonal and with the diagonal blocks by tf32 mma (prep_diag = mma): ids start "chunk32-kwarps" (-k)
+GA10 = {"chunk": 32, "kwarps": 1, "prep_blocks": 3, "prep_diag": "split", "prep_exp": "fast", "prep_round": "add",
+        "prep_threads": 128, "prep_vec": True, "recur_fuse": False, "recur_ldsm": True, "recur_lean": True,
+        "stage_in": True, "stages": 6, "state_split": False, "u_prefetch": True, "warps": 2}
+GA10_KSPLIT = {"kwarps": 2, "recur_ldsm": False, "recur_lean": False, "stages": 3, "u_prefetch": False, "warps": 1}
+POINTS += [GA10 | over | {"prep_diag": d} for over in ({}, GA10_KSPLIT, GA10_KSPLIT | {"kwarps": 4, "stages": 6})
+           for d in ("split", "mma")]
+# and with (I + beta A_kk)^-1 by 16x16 blocks (prep_inv = blocked) on the mma prep, at 128 and 256 prep threads
+POINTS += [GA10 | over | {"prep_diag": "mma", "prep_inv": "blocked", "prep_threads": pt}
+           for over in ({}, GA10_KSPLIT) for pt in (128, 256)] + [GA10 | GA10_KSPLIT | {"prep_diag": "mma", "prep_threads": 256}]
 ARCH = 90
 REPS = 50
 WARMUP = 5

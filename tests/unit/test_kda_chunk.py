@@ -17,6 +17,7 @@ from pathlib import Path
 
 import random
 import re
+import sys
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from itertools import product
@@ -144,7 +145,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
-           "kwarps": 1}  # each option's off value: the code before it
+           "kwarps": 1, "prep_inv": "rows"}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -212,8 +213,12 @@ def test_options_off_render_the_code_from_before_the_options():
     # prep_blocks 4 adds the split prep's chunk-32, 256-thread points (384) under both roundings, and prep_vec
     # repeats every stage_in point
     before_vec = 2 * (2 * 1376 + 560) + 2 * 384
-    assert len(legal) == before_vec + len([p for p in legal if p["stage_in"] and not p["prep_vec"]])
-    assert before_vec == 7392 and len(legal) == 13128
+    # prep_diag = mma repeats the split points of the vectorized, one-add prep at prep_blocks 3, and prep_inv = blocked
+    # the mma points at chunk 32 (test_mma_diag_legality, test_blocked_inverse_legality)
+    mma = [p for p in legal if p["prep_diag"] == "mma" and p["prep_inv"] == "rows"]
+    blocked = [p for p in legal if p["prep_inv"] == "blocked"]
+    assert len(legal) == before_vec + len([p for p in legal if p["stage_in"] and not p["prep_vec"]]) + len(mma) + len(blocked)
+    assert before_vec == 7392 and len(legal) == 13128 + 828 + 768 and (len(mma), len(blocked)) == (828, 768)
     # kwarps 2, 4: launch 2 of its own, the one-warp-a-column options off (test_kwarps_legality)
     ksplit = [p for p in all_legal(c, ksplit=True) if p["kwarps"] > 1]
     assert len(all_legal(c, ksplit=True)) == len(legal) + len(ksplit) and len(ksplit) == KSPLIT_POINTS
@@ -1399,6 +1404,29 @@ def variant_prep(inputs: dict, c: Cell, lower_bound: float = LOWER_BOUND) -> dic
     return {"q": q, "k": k, "v": v, "g": g.astype(f32), "beta": beta.astype(f32)}
 
 
+DIAG_RANGE = 60.0  # prep_diag = mma's bound on |G_t - G_b0| within a diagonal block (the kernel's DIAG_RANGE)
+
+
+def diag_is_wide(G: np.ndarray) -> np.ndarray:
+    """prep_diag = mma's per-chunk flag from G [..., C, K] (fp32 sums): some channel moves by more than DIAG_RANGE from
+    a diagonal block's first token within the block (those chunks take the exact per-pair diagonal)."""
+    blocks = G.reshape(*G.shape[:-2], G.shape[-2] // 16, 16, G.shape[-1])
+    return (np.abs(blocks - blocks[..., :1, :]) > f32(DIAG_RANGE)).any(axis=(-3, -2, -1))
+
+
+def forward_substitution(akk: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """(I + diag(beta) A)^-1 for A [..., n, n] strictly lower (its upper part ignored), row by row in fp32 sums."""
+    n = akk.shape[-1]
+    tinv = np.zeros_like(akk)
+    for i in range(n):
+        acc = np.einsum("...m,...mj->...j", akk[..., i, :i], tinv[..., :i, :]).astype(f32)
+        row = -beta[..., i, None] * acc
+        row[..., i] = 1.0
+        row[..., i + 1:] = 0.0
+        tinv[..., i, :] = row
+    return tinv
+
+
 def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1,
                  lower_bound: float = LOWER_BOUND) -> dict[str, np.ndarray]:
     """Launch 1: the workspace, [B * HV * NT] chunks in the kernel's layouts (qg [C, K], kgT [K, C],
@@ -1425,6 +1453,7 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
     akk = np.zeros((*G.shape[:-1], C), f32)
     aqk = np.zeros_like(akk)
     tri = np.tril(np.ones((16, 16), bool))
+    wide = diag_is_wide(G) if p.get("prep_diag") == "mma" else None
     for blk in range(C // 16):
         rs = slice(16 * blk, 16 * blk + 16)
         gi = G[..., rs, :]
@@ -1433,6 +1462,15 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
         kd = k[..., None, rs, :] * e  # [.., i, j, c] = k_j exp(G_i - G_j)
         akk[..., rs, rs] = (np.einsum("...ic,...ijc->...ij", k[..., rs, :], kd) * np.tri(16, k=-1)).astype(f32)
         aqk[..., rs, rs] = np.einsum("...ic,...ijc->...ij", q[..., rs, :], kd).astype(f32)
+        if wide is not None:  # prep_diag = mma: tf32 products factored at the block's first token, unless wide
+            r = 16 * blk
+            with np.errstate(over="ignore", invalid="ignore"):  # only a wide chunk's factors overflow: not taken
+                fa = ex(gi - G[..., r:r + 1, :])
+                kr = np.swapaxes(tf(k[..., rs, :] * ex(G[..., r:r + 1, :] - gi)), -1, -2)
+                mk, mq = mm(tf(k[..., rs, :] * fa), kr), mm(tf(q[..., rs, :] * fa), kr)
+            w = wide[..., None, None]
+            akk[..., rs, rs] = np.where(w, akk[..., rs, rs], np.where(np.tri(16, k=-1, dtype=bool), mk, 0))
+            aqk[..., rs, rs] = np.where(w, aqk[..., rs, rs], np.where(tri, mq, 0))
         if blk:
             r = 16 * blk
             fa = ex(gi - G[..., r:r + 1, :])
@@ -1440,13 +1478,15 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
             akk[..., rs, :r] = mm(tf(k[..., rs, :] * fa), kr)
             aqk[..., rs, :r] = mm(tf(q[..., rs, :] * fa), kr)
     ws["aqk"] = bf(s * aqk)
-    tinv = np.zeros_like(akk)
-    for i in range(C):  # forward substitution in fp32
-        acc = np.einsum("...m,...mj->...j", akk[..., i, :i], tinv[..., :i, :]).astype(f32)
-        row = -beta[..., i, None] * acc
-        row[..., i] = 1.0
-        row[..., i + 1:] = 0.0
-        tinv[..., i, :] = row
+    if p.get("prep_inv") == "blocked":  # the two diagonal 16x16 blocks, then -Tinv_22 (beta_2 A_21) Tinv_11
+        assert C == 32
+        tinv = np.zeros_like(akk)
+        for b in (slice(0, 16), slice(16, 32)):
+            tinv[..., b, b] = forward_substitution(akk[..., b, b], beta[..., b])
+        pm = (beta[..., 16:, None] * mm(akk[..., 16:, :16], tinv[..., :16, :16])).astype(f32)
+        tinv[..., 16:, :16] = -mm(tinv[..., 16:, 16:], pm)
+    else:
+        tinv = forward_substitution(akk, beta)
     t32 = tf(tinv)
     ws["w"] = bf(-mm(t32, tf(beta[..., None] * k * ex(G))))
     ws["u"] = mm(t32, tf(beta[..., None] * v))
@@ -1490,13 +1530,18 @@ def emulate(inputs: dict, scal: dict, c: Cell, p: dict, exp_sign: int = 1) -> di
 
 EMU_CELLS = [cell(BF, 1, 200, 2), cell(BF, 2, 130, 1, hv=2), cell(BF, 3, 1, 2), cell(BF, 2, 3, 2), cell(BF, 1, 64, 1),
              cell(BF, 1, 97, 1)]
+MMA_DIAG = {"stage_in": True, "prep_vec": True, "prep_round": "add", "prep_diag": "mma"}
 EMU_POINTS = [{"chunk": 64, "state_split": False}, {"chunk": 32, "state_split": False},
               {"chunk": 32, "state_split": True}, {"chunk": 64, "state_split": False, "prep_exp": "fast"},
-              {"chunk": 32, "state_split": False, "prep_exp": "fast"}]
+              {"chunk": 32, "state_split": False, "prep_exp": "fast"},
+              {"chunk": 32, "state_split": False, "prep_exp": "fast"} | MMA_DIAG,
+              {"chunk": 64, "state_split": False} | MMA_DIAG,
+              {"chunk": 32, "state_split": False, "prep_exp": "fast", "prep_inv": "blocked"} | MMA_DIAG]
 
 
 def emu_id(p: dict) -> str:
-    return f"C{p['chunk']}-split{int(p['state_split'])}" + ("-fastexp" if p.get("prep_exp") == "fast" else "")
+    return (f"C{p['chunk']}-split{int(p['state_split'])}" + ("-fastexp" if p.get("prep_exp") == "fast" else "")
+            + ("-mmadiag" if p.get("prep_diag") == "mma" else "") + ("-blockedinv" if p.get("prep_inv") == "blocked" else ""))
 
 
 @pytest.mark.parametrize("fit", EMU_POINTS, ids=emu_id)
@@ -2013,7 +2058,7 @@ def test_prep_vec_is_legal_exactly_with_stage_in_and_off_renders_the_scalar_loop
     loops render as before (the digests above); on, the q exp(G) and k exp(G_last - G) stores are 16-byte and
     X is written as float4, the rest of launch 1 and all of launch 2 unchanged."""
     c = PREFILL_CELLS[0]
-    legal = all_legal(c)
+    legal = [p for p in all_legal(c) if p["prep_diag"] != "mma"]  # (mma needs prep_vec: test_mma_diag_legality)
     on = [p for p in legal if p["prep_vec"]]
     assert sorted(map(str, on)) == sorted(str(p | {"prep_vec": True}) for p in legal if p["stage_in"] and not p["prep_vec"])
     p = TDEF.default_params() | {"prep_vec": True}
@@ -2063,9 +2108,138 @@ def test_prep_vec_builds_spill_free_in_both_calls():
                 p, dict(scalar.resources)["kda_chunk_prep"].regs), (cc.label(), p)
 
 
+# ---- prep_diag = mma: the diagonal blocks by tf32 mma.sync, the exact path where a chunk's decay is wide -----------
+
+def test_mma_diag_legality():
+    """mma is offered on the vectorized prep with the one-add tf32 rounding only: one more point for each such split
+    point (prep_blocks 4 is rendered for split only), refused elsewhere by its own constraint."""
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c, ksplit=True)
+    on = [p for p in legal if p["prep_diag"] == "mma"]
+    base = [p for p in legal if p["prep_diag"] == "split" and p["prep_vec"] and p["prep_round"] == "add"
+            and p["prep_blocks"] == 3]
+    assert on and sorted(map(str, on)) == sorted(str(p | {"prep_diag": "mma"}) for p in base)
+    p = TDEF.default_params() | {"stage_in": True, "prep_diag": "mma"}
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["mma_diag_on_the_vec_prep"]
+    assert TDEF.violations(p | {"prep_vec": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["mma_diag_on_the_vec_prep"]
+    assert TDEF.violations(p | MMA_DIAG, ARCH, c.dtypes_dict(), c.dims_dict()) == []
+
+
+def test_mma_diag_renders_both_paths_and_leaves_the_rest():
+    """The rendered prep holds the flag (found at the barrier after the decay's sum), the tensor-core diagonal and
+    warp_row's exact diagonal as its fallback; launch 2 is the split point's."""
+    c = PREFILL_CELLS[0]
+    base = TDEF.default_params() | {"chunk": 32, "prep_threads": 128, "warps": 2, "stages": 6, "prep_exp": "fast"} | MMA_DIAG
+    mma, split = source(TDEF, c, base), source(TDEF, c, base | {"prep_diag": "split"})
+    assert mma.split("kda_chunk_recur(", 1)[1] == split.split("kda_chunk_recur(", 1)[1]
+    prep = mma.split("kda_chunk_recur(", 1)[0]
+    assert "const bool wide = __syncthreads_or(wide_here) != 0;" in prep and "constexpr float DIAG_RANGE = 60.f;" in prep
+    fallback, tensor = prep.split("if (wide) {", 1)[1].split("} else {", 1)
+    assert "warp_sum(skk)" in fallback and "mma_tf32(akk[n], fk, b0, b1);" in tensor
+    assert prep.count("mma_tf32(akk[n], fk, b0, b1);") == 2  # the diagonal's and the off-diagonal blocks'
+    assert f"DIAG_RANGE = {DIAG_RANGE:g}.f" in prep  # the emulator's bound is the kernel's
+
+
+def test_mma_diag_takes_the_exact_path_exactly_where_the_factors_would_overflow():
+    """On the gate's kinds: normal, decay_near_one and beta_large chunks take the tensor-core diagonal, decay_near_zero
+    chunks (log decay ~ -12 a token) the exact one; forcing the tensor-core diagonal there overflows (non-finite or out
+    of tolerance), and the emulated template with the flag stays within tolerance everywhere."""
+    c = cell(BF, 1, 200, 2)
+    scal = SPEC.scalar_values(c)
+    p = TDEF.default_params() | {"chunk": 32, "prep_exp": "fast"} | MMA_DIAG
+    seen = set()
+    for kind, src, inputs in emulation_inputs(c):
+        pre = variant_prep(inputs, c, scal["lower_bound"])
+        g = np.zeros((1, 224, 2, 128), f32)
+        g[:, :200] = pre["g"]
+        G = np.cumsum(np.moveaxis(g.reshape(1, 7, 32, 2, 128), 3, 1), axis=3, dtype=f32)
+        wide = diag_is_wide(G)
+        assert wide.all() if kind == "decay_near_zero" else not wide.any(), (kind, src, wide)
+        seen.add(bool(wide.any()))
+        want = SPEC.reference(inputs, scal)
+        got = emulate(inputs, scal, c, p, 1)
+        assert all(passes(got[n], want[n], SPEC.tolerance(c, n))[0] for n in want), (kind, src)
+        if kind == "decay_near_zero":
+            with pytest.MonkeyPatch.context() as mp:  # the flag forced off
+                mp.setattr(sys.modules[__name__], "diag_is_wide", lambda G: np.zeros(G.shape[:-2], bool))
+                forced = emulate(inputs, scal, c, p, 1)
+            assert not all(passes(forced[n], want[n], SPEC.tolerance(c, n))[0] for n in want), src
+    assert seen == {True, False}
+
+
+def test_mma_diag_builds_spill_free_at_the_split_occupancy():
+    """Every mma prep kernel (chunk 32, 64 x 128, 256 threads x prep_exp) builds for sm_90a without spills, stack or
+    static smem, in fla's default call and the model's (q/k L2 norm, beta logits, raw gate), at the split prep's CTAs
+    an SM."""
+    base = TDEF.default_params() | {"warps": 2, "stages": 3} | MMA_DIAG
+    points = [base | {"chunk": ch, "prep_threads": pt, "prep_exp": ex}
+              for ch in (32, 64) for pt in (128, 256) for ex in ("expf", "fast")]
+    for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
+        pts = points if cc is PREFILL_CELLS[0] else points[1::2]
+        for p, res in zip(pts, compile_clean(cc, pts)):
+            split = compile_point(cc, p | {"prep_diag": "split"})
+            assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) == prep_ctas_per_sm(
+                p, dict(split.resources)["kda_chunk_prep"].regs), (cc.label(), p)
+
+
+# ---- prep_inv = blocked: (I + beta A_kk)^-1 by 16x16 blocks (chunk 32) ------------------------------------------
+
+def test_blocked_inverse_legality():
+    """blocked is written for chunk 32 and offered on the mma prep: one more point for each mma point at chunk 32."""
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c, ksplit=True)
+    on = [p for p in legal if p["prep_inv"] == "blocked"]
+    base = [p for p in legal if p["prep_diag"] == "mma" and p["chunk"] == 32 and p["prep_inv"] == "rows"]
+    assert on and sorted(map(str, on)) == sorted(str(p | {"prep_inv": "blocked"}) for p in base)
+    p = TDEF.default_params() | {"chunk": 32, "prep_threads": 128} | MMA_DIAG | {"prep_inv": "blocked"}
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
+    for bad in ({"chunk": 64}, {"prep_diag": "split"}):
+        assert TDEF.violations(p | bad, ARCH, c.dtypes_dict(), c.dims_dict()) == ["blocked_inverse_at_chunk_32"]
+
+
+def test_blocked_inverse_matches_the_row_substitution():
+    """The blocked algorithm as the kernel orders it (diagonal blocks, P = beta_2 A_21 Tinv_11, -Tinv_22 P) against
+    float64 inverses of I + diag(beta) A on random strictly lower A of the prep's sizes, and the kernel renders that
+    order: 16-row chains on half-warps, P into the upper-right block, -Tinv_22 P over A_21."""
+    rng = np.random.default_rng(3)
+    akk = (rng.standard_normal((64, 32, 32)) * 0.3).astype(f32)
+    beta = rng.uniform(0, 1, (64, 32)).astype(f32)
+    tinv = np.zeros_like(akk)
+    for b in (slice(0, 16), slice(16, 32)):
+        tinv[:, b, b] = forward_substitution(akk[:, b, b], beta[:, b])
+    pm = (beta[:, 16:, None] * mm(akk[:, 16:, :16], tinv[:, :16, :16])).astype(f32)
+    tinv[:, 16:, :16] = -mm(tinv[:, 16:, 16:], pm)
+    want = np.linalg.inv(np.eye(32) + beta[..., None].astype(np.float64) * np.tril(akk.astype(np.float64), -1))
+    rows = forward_substitution(akk, beta)
+    scale = np.abs(want).max()
+    assert np.abs(tinv - want).max() < 1e-5 * scale and np.abs(rows - want).max() < 1e-5 * scale
+    assert np.abs(tinv[:, 16:, :16]).max() > 0.1  # the off-diagonal block is not trivially zero
+    src = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | {"chunk": 32, "prep_threads": 128, "warps": 2} | MMA_DIAG
+                 | {"prep_inv": "blocked"})
+    prep = " ".join(src.split("kda_chunk_recur(", 1)[0].split())
+    for line in ("const int b0 = 16 * (tid / 16), j = tid % 16;",
+                 "for (int m = 0; m < i; ++m) s = fmaf(A_AT(b0 + i, b0 + m), tc[m], s);",
+                 "s = fmaf(A_AT(16 + i, m), A_AT(m, j), s);", "A_AT(i, 16 + j) = beta_at(16 + i) * s;",
+                 "s = fmaf(A_AT(16 + i, 16 + m), A_AT(m, 16 + j), s);", "A_AT(16 + i, j) = -s;"):
+        assert line in prep, line
+    assert "float tc[C];" not in prep
+
+
+def test_blocked_inverse_builds_spill_free():
+    """The blocked inverse at 128 and 256 threads builds without spills at the row substitution's CTAs an SM."""
+    base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 3, "prep_exp": "fast"} | MMA_DIAG
+    points = [base | {"prep_threads": pt, "prep_inv": "blocked"} for pt in (128, 256)]
+    for p, res in zip(points, compile_clean(PREFILL_CELLS[0], points)):
+        rows = compile_point(PREFILL_CELLS[0], p | {"prep_inv": "rows"})
+        assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) >= prep_ctas_per_sm(
+            p, dict(rows.resources)["kda_chunk_prep"].regs), p
+
+
 # ---- kwarps: launch 2 with K split across the warps of a value group ----------------------------------------------
 
-KSPLIT_POINTS = 1256  # legal points with kwarps 2 or 4 on PREFILL_CELLS[0]: 20 recurrences x their prep points
+# legal points with kwarps 2 or 4 on PREFILL_CELLS[0]: 20 recurrences x their prep points (1256 before prep_diag = mma
+# added 80 and prep_inv = blocked 68)
+KSPLIT_POINTS = 1404
 ONE_WARP_OPTIONS = ("state_split", "u_prefetch", "recur_lean", "recur_ldsm", "recur_fuse")
 
 
