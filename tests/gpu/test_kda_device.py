@@ -159,8 +159,6 @@ CHUNK_POINTS += [KSPLIT | {"warps": w, "kwarps": kw, "stages": s} for w, kw, s i
 CHUNK_POINTS += [CHUNK_POINTS[10] | {"prep_diag": "mma"}, KSPLIT | {"warps": 1, "kwarps": 2, "stages": 3, "prep_diag": "mma"}]
 # with (I + beta A_kk)^-1 by 16x16 blocks (prep_inv = blocked)
 CHUNK_POINTS += [CHUNK_POINTS[-1] | {"prep_inv": "blocked"}]
-# with 3 CTA barriers instead of 5 and the matrix jobs first (prep_sched = lead): the one-warp recurrence and kwarps 2
-CHUNK_POINTS += [CHUNK_POINTS[-3] | {"prep_sched": "lead"}, CHUNK_POINTS[-2] | {"prep_sched": "lead"}]
 
 
 @pytest.mark.gpu
@@ -198,9 +196,7 @@ VARLEN = [cell(DType.BF16, 1, 8192, 32, n=8), cell(DType.BF16, 1, 1000, 16, n=5)
 VARLEN_POINTS = [{"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
                  {"chunk": 64, "warps": 2, "stage_in": True},
                  {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "mma",
-                  "prep_vec": True, "prep_round": "add", "prep_exp": "fast", "prep_threads": 128},
-                 {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "mma",
-                  "prep_vec": True, "prep_round": "add", "prep_exp": "fast", "prep_threads": 128, "prep_sched": "lead"}]
+                  "prep_vec": True, "prep_round": "add", "prep_exp": "fast", "prep_threads": 128}]
 
 
 @pytest.mark.gpu

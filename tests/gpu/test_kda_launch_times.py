@@ -65,11 +65,6 @@ POINTS += [GA10 | over | {"prep_diag": d} for over in ({}, GA10_KSPLIT, GA10_KSP
 # and with (I + beta A_kk)^-1 by 16x16 blocks (prep_inv = blocked) on the mma prep, at 128 and 256 prep threads
 POINTS += [GA10 | over | {"prep_diag": "mma", "prep_inv": "blocked", "prep_threads": pt}
            for over in ({}, GA10_KSPLIT) for pt in (128, 256)] + [GA10 | GA10_KSPLIT | {"prep_diag": "mma", "prep_threads": 256}]
-# the mma prep with 3 CTA barriers instead of 5 and the matrix jobs first (prep_sched = lead): kda_prefill_h200_13's three
-# dispatch genomes with and without it (ids start "chunk32-kwarps")
-GA13 = GA10 | {"prep_diag": "mma"}
-POINTS += [GA13 | over | {"prep_sched": sc} for over in ({}, GA10_KSPLIT, GA10_KSPLIT | {"kwarps": 4, "stages": 6})
-           for sc in ("even", "lead")]
 ARCH = 90
 REPS = 50
 WARMUP = 5

@@ -145,7 +145,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
-           "kwarps": 1, "prep_inv": "rows", "prep_sched": "even"}  # each option's off value: the code before it
+           "kwarps": 1, "prep_inv": "rows"}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -215,12 +215,10 @@ def test_options_off_render_the_code_from_before_the_options():
     before_vec = 2 * (2 * 1376 + 560) + 2 * 384
     # prep_diag = mma repeats the split points of the vectorized, one-add prep at prep_blocks 3, and prep_inv = blocked
     # the mma points at chunk 32 (test_mma_diag_legality, test_blocked_inverse_legality)
-    mma = [p for p in legal if p["prep_diag"] == "mma" and p["prep_inv"] == "rows" and p["prep_sched"] == "even"]
+    mma = [p for p in legal if p["prep_diag"] == "mma" and p["prep_inv"] == "rows"]
     blocked = [p for p in legal if p["prep_inv"] == "blocked"]
-    assert len(legal) == (before_vec + len([p for p in legal if p["stage_in"] and not p["prep_vec"]]) + len(mma) + len(blocked)
-                          + len([p for p in legal if p["prep_sched"] == "lead"]))
-    lead = [p for p in legal if p["prep_sched"] == "lead"]
-    assert before_vec == 7392 and len(legal) == 13128 + 828 + 768 + 768 and (len(mma), len(blocked), len(lead)) == (828, 768, 768)
+    assert len(legal) == before_vec + len([p for p in legal if p["stage_in"] and not p["prep_vec"]]) + len(mma) + len(blocked)
+    assert before_vec == 7392 and len(legal) == 13128 + 828 + 768 and (len(mma), len(blocked)) == (828, 768)
     # kwarps 2, 4: launch 2 of its own, the one-warp-a-column options off (test_kwarps_legality)
     ksplit = [p for p in all_legal(c, ksplit=True) if p["kwarps"] > 1]
     assert len(all_legal(c, ksplit=True)) == len(legal) + len(ksplit) and len(ksplit) == KSPLIT_POINTS
@@ -703,7 +701,7 @@ def test_recur_lean_legality():
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
                  "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
-                 "prep_inv": ["rows"], "prep_sched": ["even"]}
+                 "prep_inv": ["rows"]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -2238,56 +2236,11 @@ def test_blocked_inverse_builds_spill_free():
             p, dict(rows.resources)["kda_chunk_prep"].regs), p
 
 
-# ---- prep_sched = lead: fewer CTA barriers, the matrix jobs started first ------------------------------------------
-
-def test_lead_schedule_legality():
-    """lead is written for chunk 32, fla's log-space gate and the mma prep with the row inverse: one more point for each
-    such point, refused elsewhere by its own constraint (the model's raw gate included)."""
-    c = PREFILL_CELLS[0]
-    legal = all_legal(c, ksplit=True)
-    on = [p for p in legal if p["prep_sched"] == "lead"]
-    base = [p for p in legal if p["prep_diag"] == "mma" and p["chunk"] == 32 and p["prep_inv"] == "rows"
-            and p["prep_sched"] == "even"]
-    assert on and sorted(map(str, on)) == sorted(str(p | {"prep_sched": "lead"}) for p in base)
-    p = TDEF.default_params() | {"chunk": 32, "prep_threads": 128} | MMA_DIAG | {"prep_sched": "lead"}
-    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
-    for bad in ({"chunk": 64}, {"prep_diag": "split"}, {"prep_inv": "blocked"}):
-        assert "lead_schedule_where_written" in TDEF.violations(p | bad, ARCH, c.dtypes_dict(), c.dims_dict()), bad
-    assert "lead_schedule_where_written" in TDEF.violations(p, ARCH, MODEL_VARLEN.dtypes_dict(), MODEL_VARLEN.dims_dict())
-
-
-def test_lead_schedule_renders_three_barriers_and_the_same_arithmetic():
-    """Under lead the prep has 3 CTA barriers instead of 5 (no barrier before the scan, a warp barrier before Tinv goes
-    over A), the scan reads g from global memory, the elementwise outputs run on warps 3 .. and X on warps 1 ..; the
-    arithmetic lines of the outputs are those of the even schedule, and launch 2 is the same."""
-    c = PREFILL_CELLS[0]
-    base = TDEF.default_params() | {"chunk": 32, "prep_threads": 128, "warps": 2, "stages": 6, "prep_exp": "fast"} | MMA_DIAG
-    even, lead = source(TDEF, c, base), source(TDEF, c, base | {"prep_sched": "lead"})
-    assert even.split("kda_chunk_recur(", 1)[1] == lead.split("kda_chunk_recur(", 1)[1]
-    pe, pl = (x.split("kda_chunk_recur(", 1)[0] for x in (even, lead))
-    barriers = lambda src: src.count("__syncthreads()") + src.count("__syncthreads_or(")  # noqa: E731
-    assert barriers(pe) == 5 and barriers(pl) == 3 and "__syncwarp();" in pl
-    assert "col[t] = t < len ? g[((tok0 + t) * HV + hv) * K + c] : 0.f;" in pl
-    assert "if (warp >= 3) {" in pl and "for (int i = tid - 32; i >= 0 && i < C * K / 8; i += PT - 32) {" in pl
-    arith = lambda src: [ln.strip() for ln in src.splitlines() if "pack_bf16(" in ln or "x[2 * e" in ln or "mma_tf32(" in ln]  # noqa: E731
-    assert arith(pe) == arith(pl) and len(arith(pe)) > 10
-
-
-def test_lead_schedule_builds_spill_free():
-    """lead at 128 and 256 threads builds without spills; at 128 threads (the GA's) at the even schedule's CTAs an SM."""
-    base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 3, "prep_exp": "fast"} | MMA_DIAG
-    points = [base | {"prep_threads": pt, "prep_sched": "lead"} for pt in (128, 256)]
-    res = compile_clean(PREFILL_CELLS[0], points)
-    even = compile_point(PREFILL_CELLS[0], points[0] | {"prep_sched": "even"})
-    assert prep_ctas_per_sm(points[0], res[0]["kda_chunk_prep"].regs) == prep_ctas_per_sm(
-        points[0], dict(even.resources)["kda_chunk_prep"].regs)
-
-
 # ---- kwarps: launch 2 with K split across the warps of a value group ----------------------------------------------
 
 # legal points with kwarps 2 or 4 on PREFILL_CELLS[0]: 20 recurrences x their prep points (1256 before prep_diag = mma
-# added 80, prep_inv = blocked 68 and prep_sched = lead 68)
-KSPLIT_POINTS = 1472
+# added 80 and prep_inv = blocked 68)
+KSPLIT_POINTS = 1404
 ONE_WARP_OPTIONS = ("state_split", "u_prefetch", "recur_lean", "recur_ldsm", "recur_fuse")
 
 
