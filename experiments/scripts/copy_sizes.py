@@ -33,7 +33,7 @@ def state_bytes(b: int, hv: int = 32, k: int = 128, v: int = 128) -> int:
     return b * hv * k * v * 4
 
 
-def gpu_name() -> dict[str, str]:
+def gpu_fingerprint() -> dict[str, str]:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         r["share_of_2GiB_ceiling"] = r["gbps"] / ceiling
         print(f"{r['name']}: {r['bytes_one_way'] / 1e6:.1f} MB one way, {r['median_us']:.1f} us, "
               f"{r['gbps']:.0f} GB/s = {r['share_of_2GiB_ceiling']:.1%} of the 2 GiB copy")
-    out = {"fingerprint": gpu_name() | {"torch": torch.__version__, "cuda": str(torch.version.cuda)},
+    out = {"fingerprint": gpu_fingerprint() | {"torch": torch.__version__, "cuda": str(torch.version.cuda)},
            "method": "torch copy_ (a device copy), CUDA events, L2 flushed by a 256 MiB fill before each sample, "
                      f"median of {REPS} after {WARMUP}", "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
