@@ -182,7 +182,7 @@ case "$stage" in
     echo "fwd quack.autotuned rc=$?" >> "$log" ;;
   kda)
     python3 -c "import fla.ops.kda; print('fla import')" >> "$log" 2>&1
-    ga 150 experiments/kda_decode_h200.toml /tmp/kf_kda kda_decode ;;
+    ga 200 experiments/kda_decode_h200.toml /tmp/kf_kda kda_decode ;;
   kdacheck)
     timeout "${KDA_CHECK_S:-300}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k "${KDA_CHECK_K:-chunk}" \
       > "$out/kdacheck.log" 2>&1

@@ -1,5 +1,6 @@
 """On a GPU: KDA's float64 device reference against the numpy reference for every input kind (device
-fills included), and the recurrent decode template through the real gate, timed beside fla."""
+fills included), and the recurrent decode templates (per-CTA tiles, and the bulk-copy ring) through the real
+gate, timed beside fla."""
 
 from __future__ import annotations
 
@@ -111,8 +112,29 @@ def test_recurrent_template_passes_the_gate_on_every_decode_cell(worker, c):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("c", DECODE, ids=lambda c: f"B{c.dim('B')}")
+@pytest.mark.parametrize("params", [{}, {"v_tile": 64, "vec": 2, "threads": 256, "rows_per_copy": 1, "stages": 3,
+                                         "ctas": 264, "store_policy": "evict_first"},
+                                    {"v_tile": 32, "vec": 1, "threads": 128, "rows_per_copy": 1, "stages": 4,
+                                     "ctas": 396, "load_policy": "none"},
+                                    {"store": "st", "store_policy": "evict_first"}],
+                         ids=["bulk-default", "bulk-v64", "bulk-v32", "bulk-st"])
+def test_recurrent_bulk_template_passes_the_gate_on_every_decode_cell(worker, c, params):
+    """The bulk-copy ring (persistent grid, mbarriers, bulk stores) through the real gate and its gate cells."""
+    from evo.core.status import Status
+    from evo.measure.verify import judge
+
+    g, build, job = _job(c, params, template="recurrent_bulk")
+    assert {"A_log", "dt_bias", "cu_seqlens"} <= set(job.left_out) and job.gate
+    res = worker.run(job)
+    out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
+    assert out.status is Status.OK, (out.status, out.error, res.checks[-3:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("template", ["recurrent", "recurrent_bulk"])
 @pytest.mark.parametrize("b", [b for b in DECODE_B if b >= 64])
-def test_recurrent_decode_timed_beside_fla(worker, b):
+def test_recurrent_decode_timed_beside_fla(worker, b, template):
     """Timed with fla's fused_recurrent_kda in the same process (or fla reported absent): prints the
     state traffic's share of the copy ceiling, the issue's decode target (>= 90% at B >= 64)."""
     from evo.core.status import Status
@@ -120,14 +142,15 @@ def test_recurrent_decode_timed_beside_fla(worker, b):
     from evo.measure.verify import judge
 
     c = next(x for x in DECODE if x.dim("B") == b)
-    g, build, job = _job(c, timing=Timing(min_samples=100, max_samples=200), baselines=("fla.fused_recurrent_kda",))
+    g, build, job = _job(c, timing=Timing(min_samples=100, max_samples=200), baselines=("fla.fused_recurrent_kda",),
+                         template=template)
     res = worker.run(job)
     out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
     assert out.status is Status.OK, (out.status, out.error)
     med = float(np.median(res.times_us))
     gbps = SPEC.bytes_moved(c) / (med * 1e-6) / 1e9
     peer = dict(res.peers).get("fla.fused_recurrent_kda")
-    print(f"\nkda decode B={b}: {med:.1f} us, {gbps:.0f} GB/s = {gbps / res.ceiling_gbps:.0%} of the copy ceiling; "
+    print(f"\nkda decode {template} B={b}: {med:.1f} us, {gbps:.0f} GB/s = {gbps / res.ceiling_gbps:.0%} of the copy ceiling; "
           + (f"fla {np.median(peer):.1f} us" if peer else f"fla absent: {dict(res.absent)}"))
     assert peer or "fla.fused_recurrent_kda" in dict(res.absent)
 
