@@ -98,13 +98,17 @@ def _job(c, params=None, timing=None, baselines=(), template="recurrent"):
     return g, build, job
 
 
+STAGED = {"qkg": "smem", "k_lanes": 4, "v_tile": 32, "vec": 2, "min_blocks": 8}  # q, k, exp(g) in shared memory
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", DECODE, ids=lambda c: f"B{c.dim('B')}")
-def test_recurrent_template_passes_the_gate_on_every_decode_cell(worker, c):
+@pytest.mark.parametrize("params", [{}, STAGED], ids=["default", "qkg-smem"])
+def test_recurrent_template_passes_the_gate_on_every_decode_cell(worker, c, params):
     from evo.core.status import Status
     from evo.measure.verify import judge
 
-    g, build, job = _job(c)
+    g, build, job = _job(c, params)
     assert {"A_log", "dt_bias", "cu_seqlens"} <= set(job.left_out) and job.gate
     res = worker.run(job)
     out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
@@ -232,13 +236,14 @@ def test_chunk_template_passes_the_gate_on_varlen_batches_beside_fla(worker, c, 
 
 
 @pytest.mark.gpu
-def test_recurrent_template_passes_the_gate_on_a_short_varlen_batch(worker):
+@pytest.mark.parametrize("params", [{}, STAGED], ids=["default", "qkg-smem"])
+def test_recurrent_template_passes_the_gate_on_a_short_varlen_batch(worker, params):
     """The decode template's cu_seqlens path (sequence n = tokens cu[n]..cu[n+1]) through the real gate."""
     from evo.core.status import Status
     from evo.measure.verify import judge
 
     c = cell(DType.BF16, 1, 40, 32, n=6)
-    g, build, job = _job(c)
+    g, build, job = _job(c, params)
     res = worker.run(job)
     out = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, build.build_key)
     print(f"\nkda varlen recurrent {c.label()}: {out.status.name} {out.error or ''}")

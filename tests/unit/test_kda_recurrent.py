@@ -75,6 +75,31 @@ def test_legal_points_compile_without_spills_on_a_decode_cell():
         assert r.spill_stores == 0, (p, r.regs, r.spill_stores)
 
 
+@pytest.mark.parametrize("point", [{"k_lanes": 4, "v_tile": 32, "vec": 2}, {"k_lanes": 8, "v_tile": 32, "vec": 2}],
+                         ids=["kl4", "kl8"])
+def test_staging_q_k_g_in_shared_memory_frees_registers(point: dict):
+    """qkg = smem: the same point needs fewer registers than qkg = regs (what it is for), builds without
+    spills, and reads the staged rows through the padded layout (no per-thread q/k/g arrays left)."""
+    c = DECODE[2]
+    r = {q: compile_point(c, TDEF.default_params() | point | {"qkg": q}) for q in ("regs", "smem")}
+    assert all(x.status.ok and x.spill_stores == 0 for x in r.values()), {q: x.error for q, x in r.items()}
+    assert r["smem"].regs < r["regs"].regs, (r["smem"].regs, r["regs"].regs)
+    g = Genome.make("kda", "recurrent", TDEF.source_hash, TDEF.default_params() | point | {"qkg": "smem"})
+    src = prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()).source
+    R = 128 // point["k_lanes"]
+    assert f"qkg_s[1][kl * {R + 1} + r]" in src and "float qr[R]" not in src
+
+
+def test_staging_in_shared_memory_is_refused_where_it_would_spill():
+    """The register constraint counts the staged point's state and addressing: 16 rows x 2 columns at 8
+    blocks of 128 threads (64 registers) spills, so it is illegal."""
+    c = DECODE[2]
+    p = TDEF.default_params() | {"k_lanes": 8, "v_tile": 32, "vec": 2, "min_blocks": 8, "qkg": "smem"}
+    assert "register_budget" in TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict())
+    r = compile_point(c, p)
+    assert r.status.ok and r.spill_stores > 0
+
+
 def admitted_edge_cells() -> list[Cell]:
     """Edge cells and the decode cells' gate cells the default point admits (what the gate runs it on)."""
     cells = [*SPEC.edge_cells(), *(g for c in DECODE for g in gate_cells(c))]
@@ -255,10 +280,12 @@ def lanes_sum(x: np.ndarray, kl: int) -> np.ndarray:
 
 def emulate(inputs: dict, scal: dict, c: Cell, p: dict) -> dict[str, np.ndarray]:
     """templates/kda/recurrent.cu.j2 in numpy, fp32: every CTA and thread of the grid at once, the same
-    flat offsets and per-thread loops; outputs start as NaN, so an element no thread writes fails."""
+    flat offsets and per-thread loops (qkg = smem: the staged path's order); outputs start as NaN, so an
+    element no thread writes fails."""
     f = np.float32
     K, V, T, H, HV, N = (c.dim(d) for d in ("K", "V", "T", "H", "HV", "N"))
     vt, vec, KL = p["v_tile"], p["vec"], p["k_lanes"]
+    staged = p.get("qkg") == "smem"  # q, k, exp(g) staged unnormalized: the norms and scale applied to the sums
     R, threads = K // KL, (vt // vec) * KL
     var = variant_of(c)
     q, k, v, g, beta = (np.asarray(inputs[n], f).reshape(-1) for n in ("q", "k", "v", "g", "beta"))
@@ -297,19 +324,28 @@ def emulate(inputs: dict, scal: dict, c: Cell, p: dict) -> dict[str, np.ndarray]
                 sq, sk = sq + qr[..., r] * qr[..., r], sk + kr[..., r] * kr[..., r]
             nq = scale / np.sqrt(lanes_sum(sq, KL) + f(1e-6))
             nk = f(1) / np.sqrt(lanes_sum(sk, KL) + f(1e-6))
-            qr, kr = qr * nq[..., None], kr * nk[..., None]
-        else:
+            if not staged:
+                qr, kr = qr * nq[..., None], kr * nk[..., None]
+        elif not staged:
             qr = qr * scale
+        else:
+            nq = np.full(t.shape, scale, f)
         acc = np.zeros((*t.shape, vec), f)
         for r in range(R):
             s[..., r, :] = s[..., r, :] * np.exp(gr[..., r])[..., None]
             acc = acc + kr[..., r, None] * s[..., r, :]
-        u = b[..., None] * (vp - np.moveaxis(lanes_sum(np.moveaxis(acc, -1, 0), KL), 0, -1))
+        ks = np.moveaxis(lanes_sum(np.moveaxis(acc, -1, 0), KL), 0, -1)
+        if staged and var.qk_l2norm:  # (k / |k|) u with k unnormalized in the update
+            u = b[..., None] * (vp - nk[..., None] * ks) * nk[..., None]
+        else:
+            u = b[..., None] * (vp - ks)
         acc = np.zeros((*t.shape, vec), f)
         for r in range(R):
             s[..., r, :] = s[..., r, :] + kr[..., r, None] * u
             acc = acc + qr[..., r, None] * s[..., r, :]
         out = np.moveaxis(lanes_sum(np.moveaxis(acc, -1, 0), KL), 0, -1)
+        if staged:
+            out = nq[..., None] * out
         first = (kl == 0) & live
         o[(((tok * HV + hv_) * V + col)[..., None] + js)[first]] = out[first]
         s = np.where(live[..., None, None], s, s_before)
@@ -345,6 +381,9 @@ EMU_CASES = [
     (cell(BF, 1, 7, 2, 16, 16, n=3), {"v_tile": 16, "vec": 2, "k_lanes": 4}),
     (cell(BF, 1, 40, 1, 32, 16, n=5, hv=2, variant=Variant(qk_l2norm=True)), {"v_tile": 16, "vec": 4, "k_lanes": 8}),
     (cell(BF, 1, 16, 2, 128, 128, n=4), {}),
+    (cell(BF, 1, 40, 1, 32, 16, n=5, hv=2, variant=Variant(qk_l2norm=True)),
+     {"v_tile": 16, "vec": 4, "k_lanes": 8, "qkg": "smem"}),
+    (cell(BF, 2, 1, 4, 128, 128), {"qkg": "smem"}),
 ]
 
 
