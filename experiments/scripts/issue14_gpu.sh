@@ -16,6 +16,7 @@
 #   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
 #               against every peer in one process (kfactory bench --dispatch)
 #   kda OUT     KDA: the decode GA (kda_decode_h200.toml) with fla's fused_recurrent_kda beside it
+#   kdafocus OUT  KDA: the decode GA on B = 64 and 256 only, qkg = smem (kda_decode_h200_focus.toml), no peer
 #               (fla-core from experiments/fla_wheels.txt in .whl/)
 #   export OUT  the chain's fwdlong, residual (when run) and bwdall runs (one store) as one package (kfactory export), installed
 #               with pip into a folder of its own, its tests run on this GPU (export/tests.log)
@@ -183,6 +184,8 @@ case "$stage" in
   kda)
     python3 -c "import fla.ops.kda; print('fla import')" >> "$log" 2>&1
     ga 200 experiments/kda_decode_h200.toml /tmp/kf_kda kda_decode ;;
+  kdafocus)  # the decode GA on B = 64 and 256 only, recurrent with qkg = smem (kda_decode_h200_focus.toml)
+    ga 200 experiments/kda_decode_h200_focus.toml /tmp/kf_kdaf kda_decode_focus ;;
   kdacheck)
     timeout "${KDA_CHECK_S:-300}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k "${KDA_CHECK_K:-chunk}" \
       > "$out/kdacheck.log" 2>&1
