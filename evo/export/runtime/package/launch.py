@@ -1,4 +1,6 @@
 """Launch a choice's plan (one or more kernels, with workspaces) on torch tensors, on torch's stream.
+The module, kernel handles, shared-memory attributes and launch configs of a choice are made ready on its
+first call on a device and kept: a decode call is microseconds of GPU work, so the host's share matters.
 
 Workspaces (the template's `[workspace]` sizes for the shape, e.g. the backward's fp32 dw partials)
 are allocated here per call from torch's caching allocator, on the call's device and stream; the
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -41,12 +44,26 @@ def _allow_smem(kernel: Any, nbytes: int, device: int) -> None:
         raise RuntimeError(f"cannot allow {nbytes} B of dynamic shared memory: {err}")
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A choice's plan made ready on one device once: each launch with its kernel handle and LaunchConfig
+    (dynamic shared memory allowed), and the workspace sizes. Per call only the args are bound."""
+
+    launches: tuple[tuple[Launch, Any, Any], ...]  # (launch, kernel, LaunchConfig)
+    workspaces: tuple[tuple[str, int], ...]
+
+
 class Launcher:
-    """Binds a plan's args to tensors, dims and scalars and launches it."""
+    """Binds a plan's args to tensors, dims and scalars and launches it. What does not change between calls
+    of one choice on one device (the module, the kernels, their shared-memory attribute, the launch configs,
+    the grid check) is done on the first call and kept; a call binds the args and launches."""
 
     def __init__(self) -> None:
         self.modules = Modules()
         self._local = threading.local()  # the devices made current in this thread
+        self._prepared: dict[tuple[Choice, int], _Prepared] = {}
+        self._streams: dict[tuple[int, int], Any] = {}  # (device, torch stream handle) -> cuda.core Stream
+        self._lock = threading.Lock()
 
     def _current(self, index: int) -> None:
         done = getattr(self._local, "devices", None)
@@ -58,25 +75,44 @@ class Launcher:
             Device(index).set_current()  # torch's primary context: the same one
             done.add(index)
 
-    def run(self, c: Choice, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, float]) -> None:
-        from cuda.core import LaunchConfig, Stream, launch
+    def _prepare(self, c: Choice, index: int) -> _Prepared:
+        from cuda.core import LaunchConfig
 
-        table = tables()[c.op]
         launches, workspaces = plan(c)
-        device = next(iter(tensors.values())).device
-        bufs = dict(tensors)
-        bufs.update({n: torch.empty(max(1, b), dtype=torch.uint8, device=device) for n, b in workspaces.items()})
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        self._current(index)
-        loaded = self.modules.get(table, c)
+        loaded = self.modules.get(tables()[c.op], c)
         for ln in launches:  # before the first launch: a plan is launched whole or not at all
             check_grid(ln, loaded.clusters)
-        stream = Stream.from_handle(torch.cuda.current_stream(device).cuda_stream)
-        dims, kinds = dict(c.dims), dict(table.scalars)
-        ptrs = {n: b.data_ptr() for n, b in bufs.items()}
+        ready = []
         for ln in launches:
-            args = bind_args(ln.args, ptrs, dims, scalars, kinds, f"{c.template} ({c.op})")
             kernel = loaded.module.get_kernel(ln.kernel)
             if ln.smem > 0:
                 _allow_smem(kernel, ln.smem, index)
-            launch(stream, LaunchConfig(grid=ln.grid, block=ln.block, shmem_size=ln.smem), kernel, *args)
+            ready.append((ln, kernel, LaunchConfig(grid=ln.grid, block=ln.block, shmem_size=ln.smem)))
+        return _Prepared(tuple(ready), tuple(workspaces.items()))
+
+    def _stream(self, index: int, handle: int) -> Any:
+        s = self._streams.get((index, handle))
+        if s is None:
+            from cuda.core import Stream
+
+            s = self._streams.setdefault((index, handle), Stream.from_handle(handle))
+        return s
+
+    def run(self, c: Choice, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, float]) -> None:
+        from cuda.core import launch
+
+        device = next(iter(tensors.values())).device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._current(index)
+        ready = self._prepared.get((c, index))
+        if ready is None:
+            ready = self._prepare(c, index)  # raises CompileError / PlanError: nothing kept, nothing launched
+            with self._lock:
+                ready = self._prepared.setdefault((c, index), ready)
+        ptrs = {n: b.data_ptr() for n, b in tensors.items()}
+        keep = [torch.empty(max(1, b), dtype=torch.uint8, device=device) for _, b in ready.workspaces]
+        ptrs.update((n, w.data_ptr()) for (n, _), w in zip(ready.workspaces, keep))
+        stream = self._stream(index, torch.cuda.current_stream(device).cuda_stream)
+        dims, kinds = dict(c.dims), dict(tables()[c.op].scalars)
+        for ln, kernel, config in ready.launches:
+            launch(stream, config, kernel, *bind_args(ln.args, ptrs, dims, scalars, kinds, f"{c.template} ({c.op})"))
