@@ -94,3 +94,30 @@ def write_run(store: Store, built: Built, run_id: str = RUN) -> None:
                                fp=FP, fp_class=FP_CLASS, arch=ARCH)
     store.write(rows)
     store.finish_run(run_id, "done", "fixture")
+
+
+# A second run, of the chunked prefill template on one small prefill cell: exported together with RUN, one
+# package serves both entry points (ops/kda/export MERGE).
+PREFILL_RUN = "kda-p1"
+_CHUNK_PATH = TEMPLATES_ROOT / "kda" / "chunk.cu.j2"
+CHUNK = parse_template(_CHUNK_PATH.read_text(), str(_CHUNK_PATH), trusted=True)
+PREFILL_CELL = cell("bf16", 1, 256, 2)
+
+
+def write_prefill_run(store: Store, run_id: str = PREFILL_RUN) -> Genome:
+    """PREFILL_RUN in the store, finished: the chunk template's default point on PREFILL_CELL (a real sm_90a
+    build); the genome."""
+    g = Genome.make("kda", "chunk", CHUNK.source_hash, CHUNK.default_params())
+    bi = prepare(CHUNK, g, ARCH, PREFILL_CELL.dtypes_dict(), PREFILL_CELL.dims_dict())
+    with Builder(1) as b:
+        (r,) = b.build([bi])
+    assert r.status.ok, r.error
+    rows: list[Any] = [RunRow(run_id=run_id, op="kda", arch=ARCH, config_toml="# kda prefill export fixture\n",
+                              config_hash=f"h-{run_id}", seed=0, status="running"),
+                       SourceRow.of(CHUNK.text, op="kda", template="chunk", origin="file")]
+    rows += entry_rows(set(), run_id, "kda", "chunk", g, bi, r, PREFILL_CELL, 50.0, "fla.chunk_kda", base=90.0,
+                       fp=FP, fp_class=FP_CLASS, arch=ARCH)
+    store.write(rows)
+    store.finish_run(run_id, "done", "fixture")
+    return g
+

@@ -136,6 +136,55 @@ def test_a_kda_run_and_a_rmsnorm_run_are_refused_together(store, tmp_path, capsy
     assert "different exporters" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
+_BOTH = """
+import json
+import kf_kda_both as kf
+d = dict(__import__("json").loads(%r))
+out = {}
+for entry, dims in d.items():
+    c = kf.explain(entry=entry, arch=90, **dims)
+    out[entry] = {"path": c.path, "template": c.template, "line": str(c)}
+print(json.dumps(out))
+"""
+
+
+def test_a_decode_run_and_a_prefill_run_export_into_one_package(store, tmp_path):
+    """ops/kda/export MERGE: the decode run and a prefill run (no cell in common) become one package whose
+    fused_recurrent_kda and chunk_kda both take their run's kernels, with both runs in its provenance."""
+    path = tmp_path / "s.duckdb"
+    with Store.open(path) as s:
+        kx.write_run(s, kx.build_all())
+        g = kx.write_prefill_run(s)
+    out = tmp_path / "kf_kda_both"
+    assert main(["export", kx.RUN, kx.PREFILL_RUN, "--store", str(path), "--out", str(out), "--name", "kf_kda_both"]) == 0
+    doc = json.loads((out / "kf_kda_both" / "data" / "dispatch.json").read_text())
+    entries = {e["cell"]: e for e in doc["ops"]["kda"]["entries"]}
+    assert entries[kx.PREFILL_CELL.label()]["genome_key"] == g.key()
+    assert {c.label() for c in kx.PLAN} < set(entries)
+    assert {t["name"] for t in doc["ops"]["kda"]["templates"].values()} == {"recurrent", "chunk"}
+    prov = json.loads((out / "kf_kda_both" / "data" / "provenance.json").read_text())
+    assert kx.RUN in json.dumps(prov) and kx.PREFILL_RUN in json.dumps(prov)
+    site = pip_install(out, tmp_path / "pip")
+    pd_, dd = kx.PREFILL_CELL.dims_dict(), kx.decode(64).dims_dict()
+    shapes = {"chunk_kda": {"q_shape": [pd_["B"], pd_["T"], pd_["H"], pd_["K"]],
+                            "v_shape": [pd_["B"], pd_["T"], pd_["HV"], pd_["V"]]},
+              "fused_recurrent_kda": {"q_shape": [dd["B"], dd["T"], dd["H"], dd["K"]],
+                                      "v_shape": [dd["B"], dd["T"], dd["HV"], dd["V"]]}}
+    r = subprocess.run([sys.executable, "-c", _BOTH % json.dumps(shapes)], capture_output=True, text=True,
+                       timeout=300, cwd=site, check=False, env={**CHILD_ENV, "PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["chunk_kda"]["path"] == "table" and got["chunk_kda"]["template"].startswith("chunk-"), got
+    assert got["fused_recurrent_kda"]["path"] == "table", got
+    assert got["fused_recurrent_kda"]["template"].startswith("recurrent-"), got
+    text = (out / "README.md").read_text()
+    assert "**This export has none**" not in text
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(out / "tests")],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False,
+                       env={**CHILD_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(site), TORCH_SITE) if p)})
+    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
+
+
 def test_the_readme_says_which_entry_points_have_kernels(exported):
     text = (exported / "README.md").read_text()
     assert "**This export has none**" in text and "recurrent" in text
