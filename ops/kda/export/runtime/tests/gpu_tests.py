@@ -47,6 +47,36 @@ def test_searched_decode_cells(e):
     assert not problem and path == "table", (problem, path)
 
 
+@pytest.mark.skipif(not DECODE, reason="no decode cell exported")
+def test_a_decode_call_is_captured_in_a_cuda_graph_and_replays_right():
+    """A decode step captured once in a CUDA graph (after an eager call, as serving code warms up) replays
+    the table's kernel on new data written into the captured inputs, within the tolerances."""
+    e = DECODE[0]
+    dims, dt = dict(e.dims), dict(e.dtypes)
+    t, kw = bench.inputs(dims, dt, 0)
+    kf.fused_recurrent_kda(**t, **kw)  # eager first: a kernel the gate never ran is checked here, not in capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kf.fused_recurrent_kda(**t, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    before = dict(kf.stats()["fused_recurrent_kda"])
+    with torch.cuda.graph(graph):
+        o, final = kf.fused_recurrent_kda(**t, **kw)
+    after = kf.stats()["fused_recurrent_kda"]
+    assert after.get("table", 0) == before.get("table", 0) + 1, (before, after)  # captured the kernel, not torch
+    t2, kw2 = bench.inputs(dims, dt, 1)
+    for name, x in t.items():
+        x.copy_(t2[name])
+    kw["initial_state"].copy_(kw2["initial_state"])
+    o.fill_(float("nan"))
+    final.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not bench.check(dims, t2, kw2, o, final)
+
+
 def _near(**over) -> tuple[dict, dict]:
     e = DECODE[0]
     dims, dt = dict(e.dims), dict(e.dtypes)
