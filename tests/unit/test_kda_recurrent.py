@@ -91,13 +91,17 @@ def test_staging_q_k_g_in_shared_memory_frees_registers(point: dict):
 
 
 def test_staging_in_shared_memory_is_refused_where_it_would_spill():
-    """The register constraint counts the staged point's state and addressing: 16 rows x 2 columns at 8
-    blocks of 128 threads (64 registers) spills, so it is illegal."""
+    """The register constraint counts the staged point's state and addressing: 16 rows x 4 columns at 8
+    blocks of 128 threads (64 registers) spills, so it is illegal; at 4 blocks (128) it builds clean."""
     c = DECODE[2]
-    p = TDEF.default_params() | {"k_lanes": 8, "v_tile": 32, "vec": 2, "min_blocks": 8, "qkg": "smem"}
+    p = TDEF.default_params() | {"k_lanes": 8, "v_tile": 64, "vec": 4, "min_blocks": 8, "qkg": "smem"}
     assert "register_budget" in TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict())
     r = compile_point(c, p)
     assert r.status.ok and r.spill_stores > 0
+    p4 = p | {"min_blocks": 4}
+    assert TDEF.violations(p4, ARCH, c.dtypes_dict(), c.dims_dict()) == []
+    r4 = compile_point(c, p4)
+    assert r4.status.ok and r4.spill_stores == 0
 
 
 def admitted_edge_cells() -> list[Cell]:
