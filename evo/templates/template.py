@@ -229,6 +229,60 @@ class TemplateDef:
     ) -> bool:
         return not self.violations(params, arch, dtypes, dims)
 
+    def legal_points(
+        self, arch: int, dtypes: Mapping[str, Any], dims: Mapping[str, int] | None = None,
+        fixed: Mapping[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every point of the space (the params in `fixed` pinned to those values) that no constraint
+        refuses: the points of the full product `is_valid` accepts, in the product's order, found by
+        backtracking. Each constraint is checked as soon as every param it reads has a value, so a refused
+        prefix is never extended (and a constraint that cannot be evaluated raises only where no earlier
+        one refused the point)."""
+        fixed = dict(fixed or {})
+        unknown = sorted(set(fixed) - set(self.param_names))
+        if unknown:
+            raise TemplateError(f"{self.name}: cannot pin unknown params {unknown}")
+        outside = {k: v for k, v in fixed.items() if v not in self.values(k)}
+        if outside:
+            raise TemplateError(f"{self.name}: pinned values outside the space: {outside}")
+        names = self.param_names
+        base = self.context({}, arch, dtypes, dims)
+        known = set(base) | set(sandbox_env().globals)
+        pnames = set(names)
+        checks: list[list[tuple[str, Expr]]] = [[] for _ in names]
+        for cname, e in self.constraints:
+            reads = e.names & pnames
+            if not e.names - pnames <= known:
+                continue  # reads a dim and no cell was given (violations skips it too)
+            last = max((names.index(n) for n in reads), default=0)
+            checks[last].append((cname, e))
+        choices = [(fixed[n],) if n in fixed else self.values(n) for n in names]
+        out: list[dict[str, Any]] = []
+        ctx = dict(base)
+
+        def holds(depth: int) -> bool:
+            for cname, e in checks[depth]:
+                try:
+                    if not e.eval(ctx):
+                        return False
+                except TemplateError as err:
+                    raise TemplateError(f"template {self.name}: constraint {cname}: {err}") from None
+            return True
+
+        def walk(depth: int) -> None:
+            if depth == len(names):
+                out.append({n: ctx[n] for n in names})
+                return
+            for v in choices[depth]:
+                ctx[names[depth]] = v
+                if holds(depth):
+                    walk(depth + 1)
+            del ctx[names[depth]]
+
+        if names:
+            walk(0)
+        return out
+
     def plan(
         self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, Any], dims: Mapping[str, int]
     ) -> tuple[tuple[Launch, ...], dict[str, int]]:

@@ -182,12 +182,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
         if ksplit and "kwarps" in names:
             fixed += [{"kwarps": k} | {o: False for o in ONE_WARP_OPTIONS} for k in t.values("kwarps") if k > 1]
         out = []
-        for f in fixed:
-            free = [n for n in names if n not in f]
-            for vals in product(*(t.values(n) for n in free)):
-                p = {n: f[n] if n in f else None for n in names} | dict(zip(free, vals))
-                if t.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
-                    out.append(p)
+        for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
+            out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
         _LEGAL[key] = out
     return [dict(p) for p in _LEGAL[key]]
 
