@@ -279,8 +279,7 @@ class TemplateDef:
                     walk(depth + 1)
             del ctx[names[depth]]
 
-        if names:
-            walk(0)
+        walk(0)  # parse_template refuses a space without params: names is never empty
         return out
 
     def plan(
