@@ -20,6 +20,7 @@ from evo.core.outcome import Outcome
 from evo.core.status import Status
 from evo.loop.pipeline import arch_number
 from evo.measure.evaluators import EvalItem, GpuEvaluator
+from evo.measure.flush import FLUSH_HOW
 from evo.measure.gate import HOLD_US, PEER_TOL_FACTOR
 from evo.measure.jobs import Timing
 from evo.measure.run import GpuRunner, gpu_available
@@ -165,8 +166,8 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
                           "cells_at_or_above_best_peer": sum(r.speedup_vs_best_peer >= 1.0 for r in ok),
                           "geomean_pct_ceiling": geomean(r.pct_ceiling for r in ok)}
     meta = {"fingerprint": fingerprint, "copy_ceiling_gbps": ceiling, "summary": summary,
-            "method": "the gate (evo/measure/gate.py): median of >=100 samples, L2 flushed and persisting lines reset before "
-                      "each, CUDA graph of one launch per input set when the cell's bytes take < 5 us at the copy "
+            "method": "the gate (evo/measure/gate.py): median of >=100 samples, persisting L2 lines reset and the L2 "
+                      f"flushed before each (by {FLUSH_HOW.get(fingerprint.get('l2_flush', 'write'), '?')}), CUDA graph of one launch per input set when the cell's bytes take < 5 us at the copy "
                       "ceiling, every named peer timed beside the candidate on the same inputs, interleaved in "
                       "one process, both orders (launch by launch, each timed call, ours too, queued behind a "
                       f"{HOLD_US:g} us spin kernel so a peer's host-side dispatch is not timed); a peer is timed "

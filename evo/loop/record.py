@@ -23,9 +23,13 @@ def eval_id(run_id: str, genome_key: str, cell: str) -> str:
 
 
 def fingerprint_class(fp: dict[str, str]) -> str:
-    """Measurements are comparable within a class: same GPU, arch, driver, compiler of the cubins, and
-    gate (a result an older gate accepted is not evidence under a stricter one)."""
-    return "|".join(fp.get(k, "?") for k in ("gpu", "arch", "driver", "nvrtc_build", "gate"))
+    """Measurements are comparable within a class: same GPU, arch, driver, compiler of the cubins, gate (a
+    result an older gate accepted is not evidence under a stricter one) and L2 flush before each sample.
+    Every measurement before the flush was recorded used a memset ("write"): that mode keeps the classes
+    those rows were stored with; another mode ("read", evo/measure/worker.py) adds itself."""
+    base = "|".join(fp.get(k, "?") for k in ("gpu", "arch", "driver", "nvrtc_build", "gate"))
+    flush = fp.get("l2_flush", "write")
+    return base if flush == "write" else f"{base}|l2 {flush}"
 
 
 def _finite(x: float) -> float | None:

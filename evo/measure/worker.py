@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from evo.measure.flush import l2_flush_mode
 from evo.measure.gate import GATE_VERSION, SLOTS, Gate
 from evo.measure.jobs import CheckStats, EvalJob, JobResult
 from ops.spec import TRANSFORMS
@@ -130,7 +131,9 @@ class Worker:
         # ObjectCode is alive, so ids are not reused. Set before the first (checked) launch, never in a capture.
         self.smem_allowed: dict[tuple[int, str], int] = {}
         self._numel = [0] * SLOTS  # elements compared in each scratch slot
+        self.l2_flush = l2_flush_mode()
         self.flush_buf = self.dev.allocate(FLUSH_BYTES, stream=self.stream)
+        self.memset8(int(self.flush_buf.handle), 0, FLUSH_BYTES)
         # compare stats (SLOT bytes per slot), then checksums and guard counts (AUDIT_AT on)
         self.scratch = DeviceBuffer(self.dev, self.stream, AUDIT_AT + 16 * MAX_AUDIT)
         self.ceiling_gbps = self._copy_ceiling()
@@ -277,9 +280,19 @@ class Worker:
         self.launch(self.support, "kf_hold", (1, 1, 1), (32, 1, 1), 0, (("u64", int(us * 1000)),))
 
     def reset_l2(self) -> None:
-        """Persisting L2 lines back to normal, then every line evicted by a 256 MB memset."""
+        """Persisting L2 lines back to normal, then every line evicted (flush_l2)."""
         check(_drv().cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
-        check(_drv().cuMemsetD32Async(int(self.flush_buf.handle), 0, FLUSH_BYTES // 4, int(self.stream.handle)), "flush")
+        self.flush_l2()
+
+    def flush_l2(self) -> None:
+        """Every L2 line evicted by 256 MiB of reads (kf_read_flush: no dirty line left for the timed call to
+        write back) or of writes (a memset), as self.l2_flush says."""
+        if self.l2_flush == "read":
+            self.launch(self.support, "kf_read_flush", (132 * 4, 1, 1), (512, 1, 1), 0,
+                        (("ptr", int(self.flush_buf.handle)), ("i64", FLUSH_BYTES // 16)))
+        else:
+            check(_drv().cuMemsetD32Async(int(self.flush_buf.handle), 0, FLUSH_BYTES // 4, int(self.stream.handle)),
+                  "flush")
 
     def _events(self, n: int) -> list:
         from cuda.core import EventOptions
@@ -417,6 +430,7 @@ class Worker:
             "torch": getattr(self.torch, "__version__", "absent"),
             "python": sys.version.split()[0],
             "gate": GATE_VERSION,
+            "l2_flush": self.l2_flush,
         }
         for dist in ("triton", "liger-kernel", "quack-kernels", "nvidia-cutlass-dsl", "fla-core"):  # the peers' versions
             fp[dist.replace("-", "_")] = _version(dist)

@@ -3,10 +3,13 @@ gate's copy ceiling (which the gate measures with cuMemcpyDtoDAsync), with one t
 bytes reaches (issue 15's decode target is >= 90% of the ceiling at B >= 64).
 
 Each size: two buffers of `n` bytes (the cell's fp32 state read and written: n = N HV K V 4), the source filled
-with ones (never zeros), torch's copy_ (a device-to-device copy) timed by CUDA events, the L2 flushed (a 256 MiB write) before every
+with ones (never zeros), torch's copy_ (a device-to-device copy) timed by CUDA events, the L2 flushed before every
 sample, median of REPS after WARMUP. Bandwidth = 2 n / time (bytes read + written, as the ceiling counts them).
+The flush (--flush, one or both, default both, each timed over every size): `read`, a reduction reading 256 MiB
+(clean lines only: the gate's default, evo/measure/worker.py KF_L2_FLUSH), or `write`, a 256 MiB fill (the
+gate's flush before 2026-12-04; it leaves dirty lines whose write-back falls in the timed copy).
 
-    python experiments/scripts/copy_sizes.py OUT.json
+    python experiments/scripts/copy_sizes.py OUT.json [--flush read write]
 
 Needs a CUDA device and torch (the GPU machine's image).
 """
@@ -43,14 +46,22 @@ def gpu_fingerprint() -> dict[str, str]:
     return dict(zip(keys, (x.strip() for x in out.split(","))))
 
 
-def measure(n: int, torch) -> float:
-    """Median microseconds of one n-byte device copy, L2 flushed before each sample."""
+FLUSHES = ("read", "write")
+
+
+def measure(n: int, torch, flush_mode: str = "read") -> float:
+    """Median microseconds of one n-byte device copy, L2 flushed (by writes or reads) before each sample."""
+    if flush_mode not in FLUSHES:
+        raise ValueError(f"flush {flush_mode!r}: expected one of {', '.join(FLUSHES)}")
     a = torch.ones(n // 4, dtype=torch.float32, device="cuda")
     b = torch.empty_like(a)
-    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+    flush = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
     times = []
     for i in range(WARMUP + REPS):
-        flush.fill_(float(i + 1))
+        if flush_mode == "write":
+            flush.fill_(float(i + 1))
+        else:
+            flush.sum()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         b.copy_(a)
@@ -68,6 +79,8 @@ def measure(n: int, torch) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
+    p.add_argument("--flush", nargs="+", choices=FLUSHES, default=list(FLUSHES),
+                   help="how the L2 is flushed before each sample (each mode timed over every size)")
     args = p.parse_args(argv)
     import torch
 
@@ -76,17 +89,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = {f"decode_B{b}": state_bytes(b) for b in DECODE_B} | {"ceiling_2GiB": CEILING_BYTES}
     rows = []
-    for name, n in sizes.items():
-        us = measure(n, torch)
-        rows.append({"name": name, "bytes_one_way": n, "median_us": us, "gbps": 2 * n / (us * 1e-6) / 1e9})
-    ceiling = next(r["gbps"] for r in rows if r["name"] == "ceiling_2GiB")
-    for r in rows:
-        r["share_of_2GiB_ceiling"] = r["gbps"] / ceiling
-        print(f"{r['name']}: {r['bytes_one_way'] / 1e6:.1f} MB one way, {r['median_us']:.1f} us, "
-              f"{r['gbps']:.0f} GB/s = {r['share_of_2GiB_ceiling']:.1%} of the 2 GiB copy")
+    for mode in args.flush:
+        part = []
+        for name, n in sizes.items():
+            us = measure(n, torch, mode)
+            part.append({"name": name, "flush": mode, "bytes_one_way": n, "median_us": us,
+                         "gbps": 2 * n / (us * 1e-6) / 1e9})
+        ceiling = next(r["gbps"] for r in part if r["name"] == "ceiling_2GiB")
+        for r in part:
+            r["share_of_2GiB_ceiling"] = r["gbps"] / ceiling  # against the same flush's 2 GiB copy
+            print(f"{r['name']} ({mode} flush): {r['bytes_one_way'] / 1e6:.1f} MB one way, {r['median_us']:.1f} us, "
+                  f"{r['gbps']:.0f} GB/s = {r['share_of_2GiB_ceiling']:.1%} of the 2 GiB copy")
+        rows += part
     out = {"fingerprint": gpu_fingerprint() | {"torch": torch.__version__, "cuda": str(torch.version.cuda)},
-           "method": "torch copy_ (a device copy), CUDA events, L2 flushed by a 256 MiB fill before each sample, "
-                     f"median of {REPS} after {WARMUP}", "rows": rows}
+           "method": "torch copy_ (a device copy), CUDA events, L2 flushed before each sample by a 256 MiB fill "
+                     "(flush = write) or a sum over 256 MiB (flush = read), "
+                     f"median of {REPS} after {WARMUP}; shares against the same flush's 2 GiB copy", "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -40,10 +40,7 @@ class _FlushOnly:
         return getattr(self._w, name)
 
     def reset_l2(self) -> None:
-        from evo.measure.worker import FLUSH_BYTES, _drv, check
-
-        w = self._w
-        check(_drv().cuMemsetD32Async(int(w.flush_buf.handle), 0, FLUSH_BYTES // 4, int(w.stream.handle)), "flush")
+        self._w.flush_l2()  # the worker's flush (its KF_L2_FLUSH mode), no persisting-line reset
 
 
 class BareTiming(Gate):

@@ -20,6 +20,10 @@
 #               (fla-core from experiments/fla_wheels.txt in .whl/)
 #   export OUT  the chain's fwdlong, residual (when run) and bwdall runs (one store) as one package (kfactory export), installed
 #               with pip into a folder of its own, its tests run on this GPU (export/tests.log)
+#   kdaflush OUT  KDA: both L2 flushes (read, then write) compared: copy_sizes.py under each, then the decode table
+#               ($KDA_FLUSH_TABLE, default: the fastest per cell of this call's kdafocus run, if any, and
+#               kda_decode_h200_5's) timed beside fla's fused_recurrent_kda under each (KF_L2_FLUSH), kdaflush/
+#               (kda_decode_h200_8 is its output after kdafocus)
 #   kdacheck OUT  KDA: the chunk template at three points through the real gate on every prefill cell,
 #               timed beside fla's chunk_kda (tests/gpu/test_kda_device.py -k chunk); when none passes,
 #               a later kdaprefill stage of the call is skipped; $KDA_CHECK_K narrows the tests (pytest -k,
@@ -186,6 +190,19 @@ case "$stage" in
     ga 200 experiments/kda_decode_h200.toml /tmp/kf_kda kda_decode ;;
   kdafocus)  # the decode GA on B = 64 and 256 only, recurrent with qkg = smem (kda_decode_h200_focus.toml)
     ga 200 experiments/kda_decode_h200_focus.toml /tmp/kf_kdaf kda_decode_focus ;;
+  kdaflush)
+    mkdir -p "$out/kdaflush"
+    python3 experiments/scripts/copy_sizes.py "$out/kdaflush/copy_sizes.json" > "$out/kdaflush/copy_sizes.log" 2>&1
+    table=${KDA_FLUSH_TABLE:-$out/kdaflush/dispatch_bench.json}
+    if [ -z "${KDA_FLUSH_TABLE:-}" ]; then
+      python3 experiments/scripts/merge_dispatch.py --fastest "$table" $(ls -t /tmp/kf_kdaf/runs/*/dispatch.json 2>/dev/null | head -1) \
+        experiments/results/kda_decode_h200_5/dispatch.json >> "$log" 2>&1
+    fi
+    for m in read write; do
+      KF_L2_FLUSH=$m timeout 200 python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.fused_recurrent_kda \
+        --timeout-s 180 --out "$out/kdaflush/bench_$m" > "$out/kdaflush/bench_$m.log" 2>&1
+      echo "kda decode bench, $m flush, rc=$?" >> "$log"
+    done ;;
   kdacheck)
     timeout "${KDA_CHECK_S:-300}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k "${KDA_CHECK_K:-chunk}" \
       > "$out/kdacheck.log" 2>&1

@@ -18,7 +18,7 @@ from typing import Any
 from .loader import PACKAGE
 from .table import provenance
 
-TIMER = "CUDA events, 256 MiB L2 flush before each launch, sides interleaved in both orders, median"
+TIMER = "CUDA events, L2 flushed by reading 256 MiB before each launch, sides interleaved in both orders, median"
 # what a family's measure(args) gives: the rows (one per cell), its own fields of the document (after
 # the header, before "cells"), and the summary line's middle ("geomean speedup over torch eager: 1.2")
 Measured = tuple[list[dict[str, Any]], dict[str, Any], str]

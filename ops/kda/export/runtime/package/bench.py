@@ -1,8 +1,8 @@
 """fla (when installed) against the exported kernels on every searched cell, in one process, on the same
 inputs.
 
-Each launch is timed with CUDA events after a 256 MiB write that flushes the L2; the sides take turns
-(both orders), and the median of all samples is kept. Outputs are checked against a float64 reference
+Each launch is timed with CUDA events after a 256 MiB read that flushes the L2 (clean lines only); the
+sides take turns (both orders), and the median of all samples is kept. Outputs are checked against a float64 reference
 (first and last sequence) before timing. A decode cell is timed against fla's fused_recurrent_kda, a
 prefill one against chunk_kda; without fla only the exported kernels are timed.
 

@@ -1,7 +1,7 @@
 """Torch eager against the exported kernels on every searched cell, in one process, on the same inputs.
 
-Each launch is timed with CUDA events after a 256 MiB write that flushes the L2; the two sides take
-turns (both orders), and the median of all samples is kept. Outputs are checked against a float64
+Each launch is timed with CUDA events after a 256 MiB read that flushes the L2 (clean lines only); the
+two sides take turns (both orders), and the median of all samples is kept. Outputs are checked against a float64
 reference before timing. Forward: torch.nn.functional.rms_norm against `rmsnorm`; backward (when a
 backward run was exported): torch's autograd backward of rms_norm against `rmsnorm_bwd`.
 
