@@ -167,9 +167,10 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
                           "geomean_pct_ceiling": geomean(r.pct_ceiling for r in ok)}
     meta = {"fingerprint": fingerprint, "copy_ceiling_gbps": ceiling, "summary": summary,
             "method": "the gate (evo/measure/gate.py): median of >=100 samples, persisting L2 lines reset and the L2 "
-                      f"flushed before each (by {FLUSH_HOW.get(fingerprint.get('l2_flush', 'write'), '?')}), CUDA graph of one launch per input set when the cell's bytes take < 5 us at the copy "
-                      "ceiling, every named peer timed beside the candidate on the same inputs, interleaved in "
-                      "one process, both orders (launch by launch, each timed call, ours too, queued behind a "
+                      f"flushed before each (by {FLUSH_HOW.get(fingerprint.get('l2_flush', 'write'), '?')}), CUDA "
+                      "graph of one launch per input set when the cell's bytes take < 5 us at the copy ceiling, "
+                      "every named peer timed beside the candidate on the same inputs, interleaved in one process, "
+                      "both orders (launch by launch, each timed call, ours too, queued behind a "
                       f"{HOLD_US:g} us spin kernel so a peer's host-side dispatch is not timed); a peer is timed "
                       "only if its outputs matched the float64 reference "
                       f"({PEER_TOL_FACTOR:g} x the op's tolerances; else absent, 'wrong: ...'), column peers_checked"}

@@ -24,6 +24,12 @@
 #               ($KDA_FLUSH_TABLE, default: the fastest per cell of this call's kdafocus run, if any, and
 #               kda_decode_h200_5's) timed beside fla's fused_recurrent_kda under each (KF_L2_FLUSH), kdaflush/
 #               (kda_decode_h200_8 is its output after kdafocus)
+#   kdaexport OUT  KDA: a decode run and a prefill run exported as one package (kfactory export, MERGE): a short prefill GA
+#               ($KDA_EXPORT_GA_S seconds, 90) into a copy of a decode GA's store ($KDA_DECODE_STORE, default
+#               build/kda_decode_store.duckdb, carried in build/), or $KDA_EXPORT_STORE holding both runs already; the
+#               latest run of each exported, installed with pip into a folder of its own, its tests (kdaexport/tests.log;
+#               $KDA_EXPORT_TESTS_S, 220, 0 skips them) and its bench (kdaexport/bench.json, fla beside, $KDA_EXPORT_BENCH_N
+#               samples, 50, within $KDA_EXPORT_BENCH_S seconds, 400) on this GPU
 #   kdacheck OUT  KDA: the chunk template at three points through the real gate on every prefill cell,
 #               timed beside fla's chunk_kda (tests/gpu/test_kda_device.py -k chunk); when none passes,
 #               a later kdaprefill stage of the call is skipped; $KDA_CHECK_K narrows the tests (pytest -k,
@@ -203,6 +209,30 @@ case "$stage" in
         --timeout-s 180 --out "$out/kdaflush/bench_$m" > "$out/kdaflush/bench_$m.log" 2>&1
       echo "kda decode bench, $m flush, rc=$?" >> "$log"
     done ;;
+  kdaexport)
+    rm -rf /tmp/kf_kdax /tmp/kf_kpkg /tmp/kf_kpkg_site && mkdir -p /tmp/kf_kdax "$out/kdaexport"
+    if [ -n "${KDA_EXPORT_STORE:-}" ]; then  # a store that holds both runs already (a kdaexport call's kda_prefill_x/)
+      cp "$KDA_EXPORT_STORE" /tmp/kf_kdax/store.duckdb || { echo "kdaexport: no store $KDA_EXPORT_STORE" >> "$log"; continue; }
+    else
+      cp "${KDA_DECODE_STORE:-build/kda_decode_store.duckdb}" /tmp/kf_kdax/store.duckdb \
+        || { echo "kdaexport: no decode store" >> "$log"; continue; }
+      GA_MAX_S=${KDA_EXPORT_GA_S:-90} ga 150 experiments/kda_prefill_h200.toml /tmp/kf_kdax kda_prefill_x
+    fi
+    ids=$(python3 -c "import duckdb; c = duckdb.connect('/tmp/kf_kdax/store.duckdb', read_only=True); q = \"SELECT max(run_id) FROM runs WHERE run_id LIKE 'kda-%s%%'\"; print(*(c.execute(q % k).fetchone()[0] for k in ('decode', 'prefill')))")
+    python3 -m evo.cli.main export $ids --store /tmp/kf_kdax/store.duckdb --out /tmp/kf_kpkg >> "$log" 2>&1
+    echo "export $ids rc=$?" >> "$log"
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/kf_kpkg_site /tmp/kf_kpkg >> "$log" 2>&1
+    echo "package pip install rc=$?" >> "$log"
+    if [ "${KDA_EXPORT_TESTS_S:-220}" != 0 ]; then
+      (cd /tmp/kf_kpkg && PYTHONPATH=/tmp/kf_kpkg_site timeout "${KDA_EXPORT_TESTS_S:-220}" python3 -m pytest -q -rs tests) \
+        > "$out/kdaexport/tests.log" 2>&1
+      echo "package tests rc=$?" >> "$log"
+    fi
+    (cd /tmp && PYTHONPATH=/tmp/kf_kpkg_site:/tmp/site timeout "${KDA_EXPORT_BENCH_S:-400}" python3 -m kf_kda.bench \
+      --samples "${KDA_EXPORT_BENCH_N:-50}" --out "$out/kdaexport/bench.json") > "$out/kdaexport/bench.log" 2>&1
+    echo "package bench rc=$?" >> "$log"
+    cp /tmp/kf_kpkg/README.md "$out/kdaexport/" 2>/dev/null
+    cp /tmp/kf_kpkg/kf_kda/data/dispatch.json /tmp/kf_kpkg/kf_kda/data/provenance.json "$out/kdaexport/" 2>/dev/null ;;
   kdacheck)
     timeout "${KDA_CHECK_S:-300}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k "${KDA_CHECK_K:-chunk}" \
       > "$out/kdacheck.log" 2>&1

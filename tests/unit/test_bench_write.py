@@ -78,3 +78,12 @@ def test_bench_times_through_the_evaluator_with_every_peer(tmp_path):
     (job,) = runner.jobs
     assert job.baselines == op.baselines  # every declared peer asked for
     assert job.gate and all(dict(gc.dims)["N"] == 1024 for gc in job.gate)  # the evaluator's gate cells came along
+
+
+def test_bench_method_names_the_l2_flush_its_fingerprint_records(tmp_path):
+    rows = [row(64, 10.0, {"torch.rms_norm": 20.0}, {})]
+    for fp, words in (({"gpu": "H200", "l2_flush": "read"}, "reading 256 MiB"),
+                      ({"gpu": "H200", "l2_flush": "write"}, "a 256 MiB memset"),
+                      ({"gpu": "H200"}, "a 256 MiB memset")):  # a fingerprint from before the key: the memset
+        write(rows, tmp_path / "b", fp, 4200.0)
+        assert f"flushed before each (by {words}" in json.loads((tmp_path / "b.json").read_text())["method"]

@@ -148,6 +148,10 @@ def test_the_benchmark_writes_its_document_and_fails_on_a_wrong_cell(monkeypatch
     doc = json.loads(out.read_text())
     assert list(doc) == ["package", "device", "torch", "cuda", "python", "peer", "timer", "runs", "geomean", "cells"]
     assert doc["device"] == "Fake GPU" and doc["runs"] == {"op1": "r1"} and doc["timer"] == benchmark.TIMER
+    # merged runs (KDA's decode and prefill in one package) are all named
+    monkeypatch.setattr(benchmark, "provenance", lambda: {"ops": {"op1": {"run": {"run_id": "r1"}, "runs": [
+        {"run": {"run_id": "r1"}}, {"run": {"run_id": "r2"}}]}}})
+    assert benchmark.header({})["runs"] == {"op1": "r1+r2"}
     cap = capsys.readouterr()
     assert cap.out.strip() == f"2 cells; geomean speedup over peer: 1.5; wrote {out}"
     assert ("WRONG on 1 cells: c2" in cap.err) == wrong

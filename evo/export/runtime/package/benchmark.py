@@ -32,12 +32,14 @@ def geomean(values: Iterable[float]) -> float | None:
 
 def header(versions: Mapping[str, Any]) -> dict[str, Any]:
     """The document's first fields: package, GPU, torch, CUDA and Python versions, `versions` (a family's
-    peers, e.g. fla), the timer and the exported run of each op."""
+    peers, e.g. fla), the timer and the exported runs of each op ("a+b" where runs were merged, e.g. KDA's decode
+    and prefill runs)."""
     import torch
 
     return {"package": PACKAGE, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "python": platform.python_version(), **versions, "timer": TIMER,
-            "runs": {op: d["run"]["run_id"] for op, d in provenance()["ops"].items()}}
+            "runs": {op: "+".join(r["run"]["run_id"] for r in d.get("runs") or [d])
+                     for op, d in provenance()["ops"].items()}}
 
 
 def parser(description: str, quick: str) -> argparse.ArgumentParser:

@@ -47,10 +47,13 @@ def _allow_smem(kernel: Any, nbytes: int, device: int) -> None:
 @dataclass(frozen=True)
 class _Prepared:
     """A choice's plan made ready on one device once: each launch with its kernel handle and LaunchConfig
-    (dynamic shared memory allowed), and the workspace sizes. Per call only the args are bound."""
+    (dynamic shared memory allowed), the workspace sizes, and the shape's dims and the op's scalar kinds that
+    binding reads. Per call only the args are bound."""
 
     launches: tuple[tuple[Launch, Any, Any], ...]  # (launch, kernel, LaunchConfig)
     workspaces: tuple[tuple[str, int], ...]
+    dims: Mapping[str, int]
+    kinds: Mapping[str, str]
 
 
 class Launcher:
@@ -88,7 +91,7 @@ class Launcher:
             if ln.smem > 0:
                 _allow_smem(kernel, ln.smem, index)
             ready.append((ln, kernel, LaunchConfig(grid=ln.grid, block=ln.block, shmem_size=ln.smem)))
-        return _Prepared(tuple(ready), tuple(workspaces.items()))
+        return _Prepared(tuple(ready), tuple(workspaces.items()), dict(c.dims), dict(tables()[c.op].scalars))
 
     def _stream(self, index: int, handle: int) -> Any:
         s = self._streams.get((index, handle))
@@ -113,6 +116,6 @@ class Launcher:
         keep = [torch.empty(max(1, b), dtype=torch.uint8, device=device) for _, b in ready.workspaces]
         ptrs.update((n, w.data_ptr()) for (n, _), w in zip(ready.workspaces, keep))
         stream = self._stream(index, torch.cuda.current_stream(device).cuda_stream)
-        dims, kinds = dict(c.dims), dict(tables()[c.op].scalars)
         for ln, kernel, config in ready.launches:
-            launch(stream, config, kernel, *bind_args(ln.args, ptrs, dims, scalars, kinds, f"{c.template} ({c.op})"))
+            launch(stream, config, kernel,
+                   *bind_args(ln.args, ptrs, ready.dims, scalars, ready.kinds, f"{c.template} ({c.op})"))

@@ -123,12 +123,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fla_version() -> str | None:
-    try:
-        from importlib.metadata import version
+    """fla's version from whichever distribution installed it (fla-core holds the kernels; the full
+    flash-linear-attention depends on it)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-        return version("flash-linear-attention")
-    except ImportError:  # importlib.metadata.PackageNotFoundError is one
-        return None
+    for dist in ("fla-core", "flash-linear-attention"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 if __name__ == "__main__":
