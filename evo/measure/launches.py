@@ -4,8 +4,8 @@ and all together, or simply run for a profiler. Everything but the loop is the g
 InputSet, the op's fills, never zeros), and the outputs are checked against the float64 device reference
 before and after, so a launch that is wrong alone, or a workspace the loop left stale, fails loudly.
 
-Used by tests/gpu/test_kda_launch_times.py (which KDA launch dominates) and
-experiments/scripts/profile_launches.py (Nsight Compute over the same launches)."""
+Used by tests/gpu/test_kda_launch_times.py (which KDA launch dominates, and what running the recurrence beside
+the prep could save) and experiments/scripts/profile_launches.py (Nsight Compute over the same launches)."""
 
 from __future__ import annotations
 
@@ -108,6 +108,73 @@ def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps
     return {"launches": launches, "together": tog, "sum_us": sum(ln["median_us"] for ln in launches),
             "total_us": tog["median_us"], "reps": reps, "kind": kind,
             "workspace_bytes": sum(b.numel for b in job_workspaces(job))}
+
+
+def overlap_fns(dev: Any, obj: Any, bound: list, side: Any) -> tuple[Callable[[int], None], Callable[[int], None]]:
+    """(sequential, overlapped) callables over a plan's bound launches: sequential launches them in order on the
+    device's stream; overlapped starts the last launch first on the stream `side`, then the others on the
+    device's stream, both waiting for what the device's stream held before (the hold) and joined on the
+    device's stream after, so one pair of events on it brackets either."""
+    *firsts, last = bound
+
+    def sequential(i: int) -> None:
+        for lj, args in bound:
+            dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
+
+    def overlapped(i: int) -> None:
+        side.wait(dev.stream)
+        lj, args = last
+        dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args, stream=side)
+        for lj, args in firsts:
+            dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
+        dev.stream.wait(side)
+
+    return sequential, overlapped
+
+
+def _high_priority_stream(dev: Any) -> Any:
+    """A second stream on the worker's device at the context's greatest priority: where both streams have CTAs
+    waiting, the block scheduler takes the side stream's first, so the last launch's few CTAs become resident
+    beside the first launches' many instead of queueing behind them."""
+    from cuda.bindings import driver
+    from cuda.core import StreamOptions
+
+    err, _least, greatest = driver.cuCtxGetStreamPriorityRange()
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuCtxGetStreamPriorityRange: {err}")
+    return dev.dev.create_stream(options=StreamOptions(priority=greatest))
+
+
+def time_overlap(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps: int, warmup: int,
+                 kind: str = "normal", seed: int = 0) -> dict[str, Any]:
+    """What running a plan's last launch beside the others could save, at most: each launch alone, the plan in
+    order, and the plan with its last launch started first on a second stream (overlap_fns), each sample after
+    an L2 flush and a hold. Overlapped, the last launch reads a workspace the first launches are rewriting
+    unsynchronized; they write the same bits every sample (the same inputs), so what it reads is right, and the
+    outputs are checked after timing, but a real overlapped plan must make it wait for each piece it reads:
+    this bounds what such a plan can reach. Raises AssertionError when the outputs are wrong before or after."""
+    from evo.measure.gate import HOLD_US
+
+    side = _high_priority_stream(dev)
+
+    def body(geo: Any, bound: list) -> list:
+        singles = [(lambda lj, args: lambda i: dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args))(lj, a)
+                   for lj, a in bound]
+
+        def prep(i: int) -> None:
+            dev.reset_l2()
+            dev.hold(HOLD_US)
+
+        fns = [*singles, *overlap_fns(dev, obj, bound, side)]
+        dev.time(fns, [prep] * len(fns), warmup, 1, lambda i: None)
+        return bound, dev.time(fns, [prep] * len(fns), reps, 1, lambda i: None)
+
+    bound, samples = _with_set(dev, obj, ref_obj, ref_mod, job, kind, seed, body)
+    launches = [{"kernel": lj.kernel, "grid": list(lj.grid), "block": list(lj.block), "smem": lj.smem,
+                 "ctas": lj.grid[0] * lj.grid[1] * lj.grid[2], **_stats(xs)}
+                for (lj, _), xs in zip(bound, samples)]
+    return {"launches": launches, "sequential": _stats(samples[-2]), "overlapped": _stats(samples[-1]),
+            "reps": reps, "kind": kind}
 
 
 def run_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, times: int, kind: str = "normal",

@@ -154,8 +154,10 @@ class Worker:
             self.op_modules[op] = (mod, self._compile(mod.SOURCE.read_text()))
         return self.op_modules[op]
 
-    def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple) -> None:
-        """Launch with bound args: (kind, value) pairs, ("ptr", address) for buffers."""
+    def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple,
+               stream: Any = None) -> None:
+        """Launch with bound args: (kind, value) pairs, ("ptr", address) for buffers; on the worker's stream
+        unless another is given (evo/measure/launches.py's overlap timing)."""
         from cuda.core import LaunchConfig, launch
         from cuda.core._utils.cuda_utils import CUDAError
 
@@ -165,7 +167,8 @@ class Worker:
             if smem > 0 and self.smem_allowed.get((id(obj), kernel), 0) < smem:
                 allow_smem(k, int(smem), self.dev.device_id)
                 self.smem_allowed[(id(obj), kernel)] = int(smem)
-            launch(self.stream, LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem)), k, *vals)
+            launch(stream or self.stream, LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem)), k,
+                   *vals)
         except CUDAError as e:
             sticky = _sticky_error()
             raise (CudaFault if sticky else LaunchFault)(f"{kernel}: {e}") from None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -172,3 +173,41 @@ def test_chunk_launches_timed_one_by_one(worker, c, params):
     write_rows()
     print("\n" + describe(row))
     check_row(row)
+
+
+# The recurrence beside the prep: the committed prefill dispatch's genomes (kda_export_h200_3's prefill run) with
+# launch 2 started first on a second, higher-priority stream, then launch 1, unsynchronized
+# (evo.measure.launches.time_overlap: what an overlapped plan could save at most; the outputs still checked).
+# Run: KF_LAUNCH_TIMES_OUT=kda_overlap.json pytest -s tests/gpu/test_kda_launch_times.py -k beside
+OVERLAP_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_export_h200_3/prefill_run/dispatch.json"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
+def test_chunk_recurrence_beside_the_prep(worker, c):
+    from cuda.core import ObjectCode
+
+    from evo.measure.launches import time_overlap
+
+    params = json.loads(OVERLAP_TABLE.read_text())["dispatch"][c.label()]["params"]
+    build = build_for(c, params)
+    g, job = plan_job(c, params, build)
+    mod, ref_obj = worker._op("kda")
+    obj = ObjectCode.from_cubin(build.cubin)
+    worker.smem_allowed.clear()
+    res = time_overlap(worker, obj, ref_obj, mod, job, REPS, WARMUP)
+    row = {"cell": c.label(), "B": c.dim("B"), "T": c.dim("T"), "H": c.dim("H"), "HV": c.dim("HV"), "test": "beside",
+           "point": point_id(params), "params": g.params_dict(),
+           "regs": dict((k, r.regs) for k, r in build.resources), **res}
+    ROWS.append(row)
+    write_rows()
+    prep, recur = res["launches"]
+    seq, over = res["sequential"]["median_us"], res["overlapped"]["median_us"]
+    print(f"\nkda beside {c.label()}: prep {prep['median_us']:.1f} us ({prep['ctas']} CTAs), recur "
+          f"{recur['median_us']:.1f} us ({recur['ctas']} CTAs), in order {seq:.1f} us, recur beside prep {over:.1f} us "
+          f"({over / seq:.2f}x)")
+    assert [ln["kernel"] for ln in res["launches"]] == list(KERNELS)
+    for t in (prep["median_us"], recur["median_us"], seq, over):
+        assert math.isfinite(t) and t > 0, res
+    # both launches must finish: no schedule beats the longer one alone (10% for the timer's spread)
+    assert over >= 0.9 * max(prep["median_us"], recur["median_us"]), res
