@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from evo.core.genome import Genome
 from evo.templates.render import render
 from evo.core.status import Status
-from evo.templates.template import TemplateDef
+from evo.templates.template import TemplateDef, TemplateError
 
 # Hopper and Blackwell datacenter limits: 64K registers per SM, 255 per thread, 227 KB smem per block.
 REGS_PER_SM = 65536
@@ -176,11 +176,15 @@ def prepare(
             return replace(bi, render_error="unsafe rendered CUDA: " + "; ".join(problems))
     # The register check needs the block size; one that reads a dim is checked per cell at launch.
     ctx = tdef.context(genome.params_dict(), arch_n, dict(dt), consts)
+    try:  # a launch's `when` is decided by what the build knows (params, arch, dtypes, specialized dims)
+        kernels = tdef.kernel_names(ctx)
+    except TemplateError as e:
+        return replace(bi, render_error=f"a launch's `when` cannot be decided at build time: {e}")
     per: dict[str, int] = {}
     for d in tdef.launches:
-        if all(e.names <= set(ctx) for e in d.block):
+        if d.kernel in kernels and all(e.names <= set(ctx) for e in d.block):
             per[d.kernel] = max(per.get(d.kernel, 0), _product(e.eval(ctx) for e in d.block))
-    return replace(bi, source=r.source, kernels=tdef.kernel_names(), threads=max(per.values(), default=0),
+    return replace(bi, source=r.source, kernels=kernels, threads=max(per.values(), default=0),
                    kernel_threads=tuple(sorted(per.items())))
 
 

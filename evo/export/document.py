@@ -13,7 +13,7 @@ from typing import Any
 
 from evo.export.kernels import Kernel, sha256, template_id
 from evo.export.runs import Entry, RunTable
-from evo.templates.template import TemplateDef
+from evo.templates.template import LaunchDecl, TemplateDef
 from ops import get_op
 
 FORMAT = 1
@@ -32,9 +32,20 @@ def template_doc(op: str, t: TemplateDef) -> dict[str, Any]:
     return {"name": t.name, "source_hash": t.source_hash, "file": template_file(op, t), "description": t.description,
             "specialize": list(t.specialize), "space": {k: list(v) for k, v in t.space}, "defaults": dict(t.defaults),
             "constraints": {name: e.text for name, e in t.constraints},
-            "launches": [{"kernel": d.kernel, "grid": [e.text for e in d.grid], "block": [e.text for e in d.block],
-                          "smem": d.smem.text, "args": list(d.args)} for d in t.launches],
+            "launches": [_launch_doc(d) for d in t.launches],
             "workspaces": {name: e.text for name, e in t.workspaces}}
+
+
+def _launch_doc(d: LaunchDecl) -> dict[str, Any]:
+    """A declared launch as the package's table reads it; `when`, `stream` and `fork_after` only where set, so
+    a plan without them exports as before."""
+    doc: dict[str, Any] = {"kernel": d.kernel, "grid": [e.text for e in d.grid], "block": [e.text for e in d.block],
+                           "smem": d.smem.text, "args": list(d.args)}
+    if d.when is not None:
+        doc["when"] = d.when.text
+    if d.stream != "main":
+        doc |= {"stream": d.stream, "fork_after": d.fork_after}
+    return doc
 
 
 def _entry_doc(e: Entry, kid: str) -> dict[str, Any]:

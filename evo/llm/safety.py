@@ -143,7 +143,7 @@ def expression_problems(exprs: Iterable[str], what: str = "header expression") -
 def _header_exprs(tdef: TemplateDef) -> list[str]:
     out = [e.text for _, e in tdef.constraints] + [e.text for _, e in tdef.workspaces]
     for d in tdef.launches:
-        out += [e.text for e in d.grid + d.block] + [d.smem.text]
+        out += [e.text for e in d.grid + d.block] + [d.smem.text] + ([d.when.text] if d.when else [])
     return out
 
 

@@ -86,27 +86,42 @@ class Expr:
             raise TemplateError(f"expression {self.text!r} failed: {type(e).__name__}: {e}") from None
 
 
+STREAMS = ("main", "side")
+LAUNCH_KEYS = frozenset({"kernel", "grid", "block", "smem", "args", "when", "stream", "fork_after"})
+
+
 @dataclass(frozen=True)
 class LaunchDecl:
     """One kernel launch of a plan; args name tensors, dims, scalars or workspaces (`name:type`), or an
-    optional tensor conditionally (`name?`: bound on the cells the op says use it, else a null pointer)."""
+    optional tensor conditionally (`name?`: bound on the cells the op says use it, else a null pointer).
+
+    `when` (an expression over params, arch, dtypes and the specialized dims): the launch is in the plan only
+    where it holds. `stream = "side"`: the launch runs on a second stream beside the main one, after the main
+    stream's launch of kernel `fork_after` (declared before it; its work only, not what the main stream queues
+    after it), and the main stream waits for the side stream at the plan's end. The plan is issued in its
+    declared order on the host, so run one kernel at a time it is the plan in order."""
 
     kernel: str
     grid: tuple[Expr, ...]
     block: tuple[Expr, ...]
     smem: Expr
     args: tuple[str, ...]
+    when: Expr | None = None
+    stream: str = "main"
+    fork_after: str = ""
 
 
 @dataclass(frozen=True)
 class Launch:
-    """A launch with every expression evaluated for one cell."""
+    """A launch with every expression evaluated for one cell (`stream`, `fork_after`: LaunchDecl's)."""
 
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int
     args: tuple[str, ...]
+    stream: str = "main"
+    fork_after: str = ""
 
     @property
     def threads(self) -> int:
@@ -147,8 +162,10 @@ class TemplateDef:
     def default_params(self) -> dict[str, Any]:
         return dict(self.defaults)
 
-    def kernel_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(d.kernel for d in self.launches))
+    def kernel_names(self, ctx: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+        """The kernels the plan launches: all it declares, or with `ctx` (a build's context) those whose
+        `when` holds there."""
+        return tuple(dict.fromkeys(d.kernel for d in self.launches if ctx is None or _launched(d, ctx)))
 
     def restrict(self, space: Mapping[str, Any]) -> "TemplateDef":
         """The same template with some params limited to a subset of their declared values.
@@ -293,9 +310,22 @@ class TemplateDef:
             return (vals[0], vals[1], vals[2])
 
         launches = tuple(
-            Launch(d.kernel, dim3(d.grid), dim3(d.block), int(d.smem.eval(ctx)), d.args) for d in self.launches
+            Launch(d.kernel, dim3(d.grid), dim3(d.block), int(d.smem.eval(ctx)), d.args, d.stream, d.fork_after)
+            for d in self.launches if _launched(d, ctx)
         )
+        main: set[str] = set()
+        for ln in launches:
+            if ln.stream == "side" and ln.fork_after not in main:
+                raise TemplateError(f"{self.name}: side launch {ln.kernel} forks after {ln.fork_after!r}, which no "
+                                    f"main launch before it in this plan runs (launches: {[x.kernel for x in launches]})")
+            if ln.stream == "main":
+                main.add(ln.kernel)
         return launches, {name: int(e.eval(ctx)) for name, e in self.workspaces}
+
+
+def _launched(d: LaunchDecl, ctx: Mapping[str, Any]) -> bool:
+    """Whether a declared launch is in the plan over ctx (no `when`: always)."""
+    return d.when is None or bool(d.when.eval(ctx))
 
 
 def _exprs(value: Any, where: str) -> tuple[Expr, ...]:
@@ -342,9 +372,20 @@ def parse_template(text: str, origin: str = "<string>", trusted: bool = False) -
         for key in ("kernel", "grid", "block", "args"):
             if key not in ld:
                 raise TemplateError(f"{where} is missing {key!r}")
+        unknown_keys = sorted(set(ld) - LAUNCH_KEYS)
+        if unknown_keys:
+            raise TemplateError(f"{where}: unknown key(s) {unknown_keys} (known: {sorted(LAUNCH_KEYS)})")
         for a in ld["args"]:
             if ":" in a and a.split(":", 1)[1] not in ARG_TYPES:
                 raise TemplateError(f"{where}: arg {a!r} has a type not in {ARG_TYPES}")
+        stream, fork_after = ld.get("stream", "main"), ld.get("fork_after", "")
+        if stream not in STREAMS:
+            raise TemplateError(f"{where}: stream {stream!r} is not one of {STREAMS}")
+        if (stream == "side") != bool(fork_after):
+            raise TemplateError(f"{where}: a side launch names the main launch it forks after (fork_after), and "
+                                "only a side launch does")
+        if fork_after and fork_after not in {d.kernel for d in launches if d.stream == "main"}:
+            raise TemplateError(f"{where}: fork_after {fork_after!r} is not a main launch declared before it")
         launches.append(
             LaunchDecl(
                 kernel=ld["kernel"],
@@ -352,6 +393,9 @@ def parse_template(text: str, origin: str = "<string>", trusted: bool = False) -
                 block=_exprs(ld["block"], f"{where}.block"),
                 smem=Expr(str(ld.get("smem", "0"))),
                 args=tuple(ld["args"]),
+                when=Expr(str(ld["when"])) if "when" in ld else None,
+                stream=stream,
+                fork_after=fork_after,
             )
         )
     if not launches:

@@ -15,24 +15,31 @@ from .expr import DATA
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch with every expression evaluated for one shape."""
+    """One kernel launch with every expression evaluated for one shape; a `side` launch runs on a second stream
+    after the main stream's launch of `fork_after` (the factory's plan language, evo/templates/template.py)."""
 
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int
     args: tuple[str, ...]
+    stream: str = "main"
+    fork_after: str = ""
 
 
 @dataclass(frozen=True)
 class LaunchDecl:
-    """One launch of a template's plan: Jinja expressions over params, dtypes, arch and dims."""
+    """One launch of a template's plan: Jinja expressions over params, dtypes, arch and dims; in the plan only
+    where `when` holds (no `when`: always)."""
 
     kernel: str
     grid: tuple[str, ...]
     block: tuple[str, ...]
     smem: str
     args: tuple[str, ...]
+    when: str = ""
+    stream: str = "main"
+    fork_after: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,8 +87,9 @@ class Template:
             v = [int(expr.evaluate(t, ctx)) for t in texts] + [1, 1]
             return (v[0], v[1], v[2])
 
-        launches = tuple(Launch(d.kernel, dim3(d.grid), dim3(d.block), int(expr.evaluate(d.smem, ctx)), d.args)
-                         for d in self.launches)
+        launches = tuple(Launch(d.kernel, dim3(d.grid), dim3(d.block), int(expr.evaluate(d.smem, ctx)), d.args,
+                                d.stream, d.fork_after)
+                         for d in self.launches if not d.when or expr.evaluate(d.when, ctx))
         return launches, {name: int(expr.evaluate(text, ctx)) for name, text in self.workspaces}
 
     def render(self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, str],
@@ -162,7 +170,8 @@ def _items(d: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 def _template(tid: str, t: Mapping[str, Any], defaults: Mapping[str, int]) -> Template:
-    launches = tuple(LaunchDecl(d["kernel"], tuple(d["grid"]), tuple(d["block"]), d["smem"], tuple(d["args"]))
+    launches = tuple(LaunchDecl(d["kernel"], tuple(d["grid"]), tuple(d["block"]), d["smem"], tuple(d["args"]),
+                                d.get("when", ""), d.get("stream", "main"), d.get("fork_after", ""))
                      for d in t["launches"])
     return Template(tid, t["name"], t["file"], tuple(t["specialize"]),
                     tuple((k, tuple(v)) for k, v in t["space"].items()), tuple(t["constraints"].items()),
