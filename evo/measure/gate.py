@@ -73,7 +73,15 @@ class GateDevice(Protocol):
     def copy(self, dst: Any, src: Any) -> None: ...
     def audit(self, bufs: Sequence[Any], key: int) -> list[tuple[int, int]]:
         """(keyed checksum, guard-zone bytes hit) of each buffer, with one read-back."""
-    def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple) -> None: ...
+    def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple,
+               side: bool = False) -> None:
+        """Launch on the device's stream, or with side=True on its side stream (launch_plan)."""
+    def mark(self) -> Any:
+        """A point on the device's stream: what its work so far has reached (an event)."""
+    def fork(self, mark: Any) -> None:
+        """The side stream waits for a mark of the device's stream."""
+    def join(self) -> None:
+        """The device's stream waits for everything queued on the side stream."""
     def compare(self, out: Any, ref: Any, dtype: str, numel: int, row_len: int, tail: int, atol: float,
                 rtol: float, slot: int) -> None:
         """Enqueue the comparison of `out` (and its guard zones) with a float64 reference into a slot."""
@@ -93,6 +101,31 @@ class GateDevice(Protocol):
     def peer_view(self, tensor: Any) -> tuple[Any, str]:
         """A peer's output tensor as a buffer `compare` reads (`.ptr`, `.nbytes`), and its dtype name."""
     def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]: ...
+
+
+def launch_plan(dev: GateDevice, obj: Any, bound: Sequence[tuple[LaunchJob, tuple]]) -> None:
+    """A plan's launches with their bound args, issued in declared order: a main launch on the device's stream
+    (marked when a side launch forks after it), a side launch on the side stream once the main stream reaches
+    the mark of its fork_after, and the device's stream joined to the side stream at the end. Host order is the
+    declared order, so where kernels run one at a time (CUDA_LAUNCH_BLOCKING, a profiler's replay) a side launch
+    still runs after every launch declared before it."""
+    forks = {lj.fork_after for lj, _ in bound if lj.stream == "side"}
+    marks: dict[str, Any] = {}
+    side = False
+    for lj, args in bound:
+        if lj.stream == "side":
+            if lj.fork_after not in marks:
+                raise ValueError(f"side launch {lj.kernel} forks after {lj.fork_after!r}, which no main launch "
+                                 "before it ran")
+            dev.fork(marks[lj.fork_after])
+            dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args, side=True)
+            side = True
+        else:
+            dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
+            if lj.kernel in forks:
+                marks[lj.kernel] = dev.mark()
+    if side:
+        dev.join()
 
 
 @dataclass
@@ -383,8 +416,7 @@ class Gate:
 
     def _launch(self, g: Geometry, s: InputSet) -> None:
         bufs = {**s.ins, **s.outs, **s.ws}
-        for lj in g.launches:
-            self.dev.launch(self.obj, lj.kernel, lj.grid, lj.block, lj.smem, self._bind(lj.args, bufs))
+        launch_plan(self.dev, self.obj, [(lj, self._bind(lj.args, bufs)) for lj in g.launches])
 
     def _launch_and_check(self, g: Geometry, s: InputSet, where: str) -> None:
         self._poison(s)

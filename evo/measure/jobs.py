@@ -19,6 +19,8 @@ class LaunchJob:
     block: tuple[int, int, int]
     smem: int
     args: tuple[ArgBind, ...]
+    stream: str = "main"  # "side": beside the main stream, after its launch of fork_after (evo.measure.gate.launch_plan)
+    fork_after: str = ""
 
 
 @dataclass(frozen=True)

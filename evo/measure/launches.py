@@ -79,7 +79,7 @@ def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps
     before every sample, so the host's launch work falls outside the events): the medians and spreads in
     us, and each launch's geometry. Raises AssertionError with the gate's checks when the outputs are wrong
     before or after timing."""
-    from evo.measure.gate import HOLD_US
+    from evo.measure.gate import HOLD_US, launch_plan
 
     def body(geo: Any, bound: list) -> list:
         def one(lj: Any, args: tuple):
@@ -87,9 +87,8 @@ def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps
 
         singles = [one(lj, args) for lj, args in bound]
 
-        def together(i: int) -> None:
-            for f in singles:
-                f(i)
+        def together(i: int) -> None:  # the plan as the gate launches it (side launches beside)
+            launch_plan(dev, obj, bound)
 
         def prep(i: int) -> None:  # cold L2; the stream busy while the host launches what is timed
             dev.reset_l2()
@@ -110,11 +109,12 @@ def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps
             "workspace_bytes": sum(b.numel for b in job_workspaces(job))}
 
 
-def overlap_fns(dev: Any, obj: Any, bound: list, side: Any) -> tuple[Callable[[int], None], Callable[[int], None]]:
+def overlap_fns(dev: Any, obj: Any, bound: list) -> tuple[Callable[[int], None], Callable[[int], None]]:
     """(sequential, overlapped) callables over a plan's bound launches: sequential launches them in order on the
-    device's stream; overlapped starts the last launch first on the stream `side`, then the others on the
-    device's stream, both waiting for what the device's stream held before (the hold) and joined on the
-    device's stream after, so one pair of events on it brackets either."""
+    device's stream; overlapped starts the last launch first on the device's side stream (at the device's
+    greatest priority, Worker.side_stream), after what the device's stream held before (the hold), then the
+    others on the device's stream, and joins the two, so one pair of events on the device's stream brackets
+    either."""
     *firsts, last = bound
 
     def sequential(i: int) -> None:
@@ -122,27 +122,14 @@ def overlap_fns(dev: Any, obj: Any, bound: list, side: Any) -> tuple[Callable[[i
             dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
 
     def overlapped(i: int) -> None:
-        side.wait(dev.stream)
+        dev.fork(dev.mark())
         lj, args = last
-        dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args, stream=side)
+        dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args, side=True)
         for lj, args in firsts:
             dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
-        dev.stream.wait(side)
+        dev.join()
 
     return sequential, overlapped
-
-
-def _high_priority_stream(dev: Any) -> Any:
-    """A second stream on the worker's device at the context's greatest priority: where both streams have CTAs
-    waiting, the block scheduler takes the side stream's first, so the last launch's few CTAs become resident
-    beside the first launches' many instead of queueing behind them."""
-    from cuda.bindings import driver
-    from cuda.core import StreamOptions
-
-    err, _least, greatest = driver.cuCtxGetStreamPriorityRange()
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuCtxGetStreamPriorityRange: {err}")
-    return dev.dev.create_stream(options=StreamOptions(priority=greatest))
 
 
 def time_overlap(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps: int, warmup: int,
@@ -155,8 +142,6 @@ def time_overlap(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps:
     this bounds what such a plan can reach. Raises AssertionError when the outputs are wrong before or after."""
     from evo.measure.gate import HOLD_US
 
-    side = _high_priority_stream(dev)
-
     def body(geo: Any, bound: list) -> list:
         singles = [(lambda lj, args: lambda i: dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args))(lj, a)
                    for lj, a in bound]
@@ -165,7 +150,7 @@ def time_overlap(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps:
             dev.reset_l2()
             dev.hold(HOLD_US)
 
-        fns = [*singles, *overlap_fns(dev, obj, bound, side)]
+        fns = [*singles, *overlap_fns(dev, obj, bound)]
         dev.time(fns, [prep] * len(fns), warmup, 1, lambda i: None)
         return bound, dev.time(fns, [prep] * len(fns), reps, 1, lambda i: None)
 
@@ -181,11 +166,12 @@ def run_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, times
                  seed: int = 0) -> list[dict[str, Any]]:
     """The job's launches `times` times in order on one checked input set, L2 flushed before each round,
     nothing timed (for a profiler that replays each kernel itself); the launches' geometry."""
+    from evo.measure.gate import launch_plan
+
     def body(geo: Any, bound: list) -> list:
         for _ in range(times):
             dev.reset_l2()
-            for lj, args in bound:
-                dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
+            launch_plan(dev, obj, bound)
         return bound
 
     bound = _with_set(dev, obj, ref_obj, ref_mod, job, kind, seed, body)

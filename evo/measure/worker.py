@@ -131,6 +131,7 @@ class Worker:
         # ObjectCode is alive, so ids are not reused. Set before the first (checked) launch, never in a capture.
         self.smem_allowed: dict[tuple[int, str], int] = {}
         self._numel = [0] * SLOTS  # elements compared in each scratch slot
+        self._side: Any = None  # side_stream()
         self.l2_flush = l2_flush_mode()
         self.flush_buf = self.dev.allocate(FLUSH_BYTES, stream=self.stream)
         self.memset8(int(self.flush_buf.handle), 0, FLUSH_BYTES)
@@ -155,9 +156,9 @@ class Worker:
         return self.op_modules[op]
 
     def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple,
-               stream: Any = None) -> None:
-        """Launch with bound args: (kind, value) pairs, ("ptr", address) for buffers; on the worker's stream
-        unless another is given (evo/measure/launches.py's overlap timing)."""
+               side: bool = False) -> None:
+        """Launch with bound args: (kind, value) pairs, ("ptr", address) for buffers; on the worker's stream,
+        or with side=True on its side stream (evo.measure.gate.launch_plan)."""
         from cuda.core import LaunchConfig, launch
         from cuda.core._utils.cuda_utils import CUDAError
 
@@ -167,11 +168,31 @@ class Worker:
             if smem > 0 and self.smem_allowed.get((id(obj), kernel), 0) < smem:
                 allow_smem(k, int(smem), self.dev.device_id)
                 self.smem_allowed[(id(obj), kernel)] = int(smem)
-            launch(stream or self.stream, LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem)), k,
-                   *vals)
+            launch(self.side_stream() if side else self.stream,
+                   LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem)), k, *vals)
         except CUDAError as e:
             sticky = _sticky_error()
             raise (CudaFault if sticky else LaunchFault)(f"{kernel}: {e}") from None
+
+    def side_stream(self) -> Any:
+        """The stream a plan's side launches run on, made on first use at the context's greatest priority: where
+        both streams have CTAs waiting, the block scheduler takes the side stream's first, so a side launch's
+        few CTAs become resident beside a main launch's many instead of queueing behind them."""
+        if self._side is None:
+            from cuda.core import StreamOptions
+
+            _least, greatest = check(_drv().cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+            self._side = self.dev.create_stream(options=StreamOptions(priority=greatest))
+        return self._side
+
+    def mark(self) -> Any:
+        return self.stream.record()
+
+    def fork(self, mark: Any) -> None:
+        self.side_stream().wait(mark)
+
+    def join(self) -> None:
+        self.stream.wait(self.side_stream())
 
     def sync(self, what: str) -> None:
         sticky = _sticky_error()

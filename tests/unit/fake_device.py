@@ -149,7 +149,17 @@ class FakeDevice:
     def _guard_hits(self, buf: FakeBuf) -> int:
         return int(np.count_nonzero(buf.mem[:GUARD] != CANARY) + np.count_nonzero(buf.mem[GUARD + buf.nbytes:] != CANARY))
 
-    def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple) -> None:
+    def mark(self) -> None:  # one stream here: a plan's side launches run in its declared order
+        return None
+
+    def fork(self, mark: Any) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+    def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple,
+               side: bool = False) -> None:
         if self._capturing is not None:
             self._capturing.append((obj, kernel, grid, block, smem, args))
             return

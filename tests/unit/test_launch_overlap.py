@@ -1,58 +1,82 @@
-"""evo.measure.launches.overlap_fns: the plan in order on the device's stream, or its last launch started first on a
-side stream (after the device's stream's earlier work) and joined back before anything after it on the device's
-stream, so one pair of events on that stream brackets either schedule."""
+"""Side launches on a device: evo.measure.gate.launch_plan (a plan's side launch after its fork point's mark, the
+streams joined at the end, host order the declared order) and evo.measure.launches.overlap_fns (the plan in order,
+or its last launch started first on the side stream)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
+from evo.measure.gate import launch_plan
 from evo.measure.launches import overlap_fns
 
 
-class _Stream:
-    def __init__(self, name: str, log: list) -> None:
-        self.name, self.log = name, log
-
-    def wait(self, other: "_Stream") -> None:
-        self.log.append(("wait", self.name, other.name))
-
-
 class _Dev:
+    """Logs what a plan asks of the device, in order."""
+
     def __init__(self) -> None:
         self.log: list = []
-        self.stream = _Stream("main", self.log)
+        self.marks = 0
 
-    def launch(self, obj, kernel, grid, block, smem, args, stream=None) -> None:
-        self.log.append(("launch", kernel, (stream or self.stream).name, args))
+    def launch(self, obj, kernel, grid, block, smem, args, side=False) -> None:
+        self.log.append(("launch", kernel, "side" if side else "main"))
+
+    def mark(self):
+        self.marks += 1
+        self.log.append(("mark", self.marks))
+        return self.marks
+
+    def fork(self, mark) -> None:
+        self.log.append(("fork", mark))
+
+    def join(self) -> None:
+        self.log.append(("join",))
 
 
-def _bound():
-    ln = lambda name: SimpleNamespace(kernel=name, grid=(4, 2, 1), block=(128, 1, 1), smem=0)  # noqa: E731
-    return [(ln("prep"), (("ptr", 1),)), (ln("recur"), (("ptr", 2),))]
+def ln(kernel: str, stream: str = "main", fork_after: str = ""):
+    return SimpleNamespace(kernel=kernel, grid=(4, 2, 1), block=(128, 1, 1), smem=0, args=(), stream=stream,
+                           fork_after=fork_after)
+
+
+def test_a_plan_without_side_launches_is_the_launches_in_order():
+    dev = _Dev()
+    launch_plan(dev, None, [(ln("a"), ()), (ln("b"), ())])
+    assert dev.log == [("launch", "a", "main"), ("launch", "b", "main")]
+
+
+def test_a_side_launch_waits_for_its_fork_point_only_and_the_streams_join_at_the_end():
+    dev = _Dev()
+    launch_plan(dev, None, [(ln("zero"), ()), (ln("prep"), ()), (ln("recur", "side", "zero"), ())])
+    assert dev.log == [("launch", "zero", "main"), ("mark", 1),  # marked: the side launch forks after it
+                       ("launch", "prep", "main"),               # not marked: nothing forks after it
+                       ("fork", 1), ("launch", "recur", "side"),  # issued after prep on the host
+                       ("join",)]
+
+
+def test_a_side_launch_before_its_fork_point_is_refused():
+    with pytest.raises(ValueError, match="forks after 'zero', which no main launch before it ran"):
+        launch_plan(_Dev(), None, [(ln("recur", "side", "zero"), ()), (ln("zero"), ())])
 
 
 def test_in_order_every_launch_on_the_device_stream():
     dev = _Dev()
-    seq, _ = overlap_fns(dev, None, _bound(), _Stream("side", dev.log))
+    seq, _ = overlap_fns(dev, None, [(ln("prep"), ()), (ln("recur"), ())])
     seq(0)
-    assert dev.log == [("launch", "prep", "main", (("ptr", 1),)), ("launch", "recur", "main", (("ptr", 2),))]
+    assert dev.log == [("launch", "prep", "main"), ("launch", "recur", "main")]
 
 
 def test_overlapped_the_last_launch_goes_first_on_the_side_stream_and_is_joined_back():
     dev = _Dev()
-    side = _Stream("side", dev.log)
-    _, over = overlap_fns(dev, None, _bound(), side)
+    _, over = overlap_fns(dev, None, [(ln("prep"), ()), (ln("recur"), ())])
     over(0)
-    assert dev.log == [("wait", "side", "main"),  # after what the device's stream held (the flush, the hold)
-                       ("launch", "recur", "side", (("ptr", 2),)),
-                       ("launch", "prep", "main", (("ptr", 1),)),
-                       ("wait", "main", "side")]  # the end event on the device's stream waits for both
+    assert dev.log == [("mark", 1), ("fork", 1),  # after what the device's stream held (the flush, the hold)
+                       ("launch", "recur", "side"), ("launch", "prep", "main"),
+                       ("join",)]  # the end event on the device's stream waits for both
 
 
 def test_a_three_launch_plan_keeps_its_first_launches_in_order():
     dev = _Dev()
-    bound = _bound()
-    bound.insert(1, (SimpleNamespace(kernel="mid", grid=(1, 1, 1), block=(32, 1, 1), smem=0), ()))
-    _, over = overlap_fns(dev, None, bound, _Stream("side", dev.log))
+    _, over = overlap_fns(dev, None, [(ln("prep"), ()), (ln("mid"), ()), (ln("recur"), ())])
     over(0)
     assert [e[1] for e in dev.log if e[0] == "launch"] == ["recur", "prep", "mid"]

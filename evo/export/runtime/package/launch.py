@@ -54,6 +54,7 @@ class _Prepared:
     workspaces: tuple[tuple[str, int], ...]
     dims: Mapping[str, int]
     kinds: Mapping[str, str]
+    forks: frozenset[str] = frozenset()  # the main launches a side launch forks after (marked by an event)
 
 
 class Launcher:
@@ -66,6 +67,7 @@ class Launcher:
         self._local = threading.local()  # the devices made current in this thread
         self._prepared: dict[tuple[Choice, int], _Prepared] = {}
         self._streams: dict[tuple[int, int], Any] = {}  # (device, torch stream handle) -> cuda.core Stream
+        self._sides: dict[int, torch.cuda.Stream] = {}  # device -> the side stream of plans with side launches
         self._lock = threading.Lock()
 
     def _current(self, index: int) -> None:
@@ -91,7 +93,8 @@ class Launcher:
             if ln.smem > 0:
                 _allow_smem(kernel, ln.smem, index)
             ready.append((ln, kernel, LaunchConfig(grid=ln.grid, block=ln.block, shmem_size=ln.smem)))
-        return _Prepared(tuple(ready), tuple(workspaces.items()), dict(c.dims), dict(tables()[c.op].scalars))
+        forks = frozenset(ln.fork_after for ln in launches if ln.stream == "side")
+        return _Prepared(tuple(ready), tuple(workspaces.items()), dict(c.dims), dict(tables()[c.op].scalars), forks)
 
     def _stream(self, index: int, handle: int) -> Any:
         s = self._streams.get((index, handle))
@@ -115,7 +118,32 @@ class Launcher:
         ptrs = {n: b.data_ptr() for n, b in tensors.items()}
         keep = [torch.empty(max(1, b), dtype=torch.uint8, device=device) for _, b in ready.workspaces]
         ptrs.update((n, w.data_ptr()) for (n, _), w in zip(ready.workspaces, keep))
-        stream = self._stream(index, torch.cuda.current_stream(device).cuda_stream)
+        main = torch.cuda.current_stream(device)
+        stream = self._stream(index, main.cuda_stream)
+        marks: dict[str, Any] = {}
+        side = None
         for ln, kernel, config in ready.launches:
-            launch(stream, config, kernel,
-                   *bind_args(ln.args, ptrs, ready.dims, scalars, ready.kinds, f"{c.template} ({c.op})"))
+            args = bind_args(ln.args, ptrs, ready.dims, scalars, ready.kinds, f"{c.template} ({c.op})")
+            if ln.stream == "side":  # beside the main stream, after its launch of fork_after (the plan language)
+                side = self._side(index, device)
+                side.wait_event(marks[ln.fork_after])
+                launch(self._stream(index, side.cuda_stream), config, kernel, *args)
+            else:
+                launch(stream, config, kernel, *args)
+                if ln.kernel in ready.forks:
+                    marks[ln.kernel] = torch.cuda.Event()
+                    marks[ln.kernel].record(main)
+        if side is not None:
+            # the caller's stream waits for the side stream, so whatever it queues next (freeing this call's
+            # workspaces to the caching allocator included) comes after the side launches
+            main.wait_stream(side)
+
+    def _side(self, index: int, device: torch.device) -> torch.cuda.Stream:
+        """The side stream of a device at the greatest stream priority (a side launch's few CTAs are dispatched
+        ahead of the main launch's pending ones), made once."""
+        s = self._sides.get(index)
+        if s is None:
+            with self._lock:
+                _least, greatest = torch.cuda.Stream.priority_range()
+                s = self._sides.setdefault(index, torch.cuda.Stream(device=device, priority=greatest))
+        return s
