@@ -218,6 +218,22 @@ def _chunk_beside_fla(worker, c, params, tag: str) -> None:
     assert peer or "fla.chunk_kda" in dict(res.absent)
 
 
+# overlap (docs/kda_prefill_overlap.md): the recurrence on a side stream beside a chunk-major prep, each chunk's ring
+# item copied once the prep's CTA published its flag; legal at B = 1 only (tests/unit/test_kda_chunk.py). The mma prep
+# with kwarps 2 at the warps the CTA-count rule admits (2 at H = 32, 1 at H = 16), then its twin in order.
+OVERLAP = KSPLIT | {"kwarps": 2, "stages": 3, "prep_diag": "mma", "overlap": True}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "in-order"])
+@pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
+def test_chunk_recurrence_beside_the_prep_passes_the_gate_beside_fla(worker, c, overlap):
+    """The overlapped plan through the real gate (the gate poisons the flags' workspace before every launch: the
+    zeroing launch must hold) and timed beside fla, with its in-order twin in the same process."""
+    params = OVERLAP | {"warps": 2 if c.dim("HV") == 32 else 1, "overlap": overlap}
+    _chunk_beside_fla(worker, c, params, "kda overlap" if overlap else "kda in order")
+
+
 # fla's default call on variable-length batches (B = 1, cu_seqlens): uneven sequences packed along T
 VARLEN = [cell(DType.BF16, 1, 8192, 32, n=8), cell(DType.BF16, 1, 1000, 16, n=5)]
 VARLEN_POINTS = [{"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},

@@ -98,7 +98,10 @@ def test_default_point_compiles_without_spills(chunk: int):
     assert r.status.ok, r.error + r.log
     assert r.cubin[:4] == b"\x7fELF" and "sm_90a" in r.log
     assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0
-    for kernel in TDEF.kernel_names():
+    plan, _ = TDEF.plan(TDEF.default_params() | {"chunk": chunk}, 90, PREFILL_CELLS[0].dtypes_dict(),
+                        PREFILL_CELLS[0].dims_dict())
+    assert [ln.kernel for ln in plan] == ["kda_chunk_prep", "kda_chunk_recur"]  # overlap off: the two launches
+    for kernel in ("kda_chunk_prep", "kda_chunk_recur"):
         assert kernel in r.log
 
 
@@ -145,7 +148,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
-           "kwarps": 1, "prep_inv": "rows"}  # each option's off value: the code before it
+           "kwarps": 1, "prep_inv": "rows", "overlap": False}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -181,6 +184,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
         fixed = [{"kwarps": 1}] if "kwarps" in names else [{}]
         if ksplit and "kwarps" in names:
             fixed += [{"kwarps": k} | {o: False for o in ONE_WARP_OPTIONS} for k in t.values("kwarps") if k > 1]
+        if "overlap" in names:  # the launches in order (the overlap's points: test_overlap_legality)
+            fixed = [f | {"overlap": False} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
             out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
@@ -697,7 +702,7 @@ def test_recur_lean_legality():
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
                  "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
-                 "prep_inv": ["rows"]}
+                 "prep_inv": ["rows"], "overlap": [False]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -2382,3 +2387,115 @@ def test_kwarps_ring_reads_every_chunk_landed_and_refills_a_free_slot(stages: in
             assert nxt % stages != c % stages
             groups.append(nxt)
     assert (lag, back) == (2, 1)
+
+
+# ---- overlap: launch 2 on a side stream beside launch 1 (docs/kda_prefill_overlap.md) ------------------------------
+def overlap_point(c: Cell, warps: int) -> dict:
+    """The GA's split-K recurrence shape with the recurrence beside the prep (kda_export_h200_3's prefill run at B = 1)."""
+    return ksplit_point(warps=warps, kwarps=2, stage_in=True, prep_vec=True, prep_round="add", prep_exp="fast",
+                        prep_diag="mma", prep_threads=128, overlap=True)
+
+
+def overlap_rules(p: dict, c: Cell) -> bool:
+    """What overlap asks beyond its twin in order: equal lengths, the split-K recurrence, its CTAs one an SM (132), at
+    most 256 threads (rendered to hold at most half the registers), and one recurrence CTA with one prep CTA in an SM's
+    shared memory."""
+    plan, _ = TDEF.plan(p | {"overlap": False}, ARCH, c.dtypes_dict(), c.dims_dict())
+    prep, recur = plan
+    ctas = recur.grid[0] * recur.grid[1] * recur.grid[2]
+    return (c.dim("N") == c.dim("B") and p["kwarps"] > 1 and ctas <= 132 and recur.threads <= 256
+            and prep.smem + recur.smem <= MAX_SMEM_PER_BLOCK)
+
+
+@pytest.mark.parametrize("c", PREFILL_CELLS, ids=lambda c: c.label())
+def test_overlap_legality(c: Cell):
+    """Overlap adds rules only: a point is legal with it exactly where its twin in order is and overlap_rules hold."""
+    dt, dims = c.dtypes_dict(), c.dims_dict()
+    twins = [p for p in all_legal(c, ksplit=True)]
+    on = [p | {"overlap": True} for p in twins if overlap_rules(p, c)]
+    assert all(TDEF.is_valid(p, ARCH, dt, dims) for p in on)
+    off = [p | {"overlap": True} for p in twins if not overlap_rules(p, c)]
+    assert not any(TDEF.is_valid(p, ARCH, dt, dims) for p in off[:400])
+    # B = 1 cells keep split-K points (warps 2 at H = 32: 4 tiles x 32 heads; warps 1 at H = 16: 8 x 16); at B = 4 and
+    # 8 only the widest tile (warps 8) has 128 CTAs, and its split-K block (512 threads and more) is too wide
+    assert (len(on) > 0) == (c.dim("B") == 1), (c.label(), len(on))
+
+
+def test_overlap_is_refused_on_a_varlen_batch():
+    p = overlap_point(VARLEN, warps=2)
+    assert "overlap_equal_lengths" in TDEF.violations(p, ARCH, VARLEN.dtypes_dict(), VARLEN.dims_dict())
+
+
+def test_overlap_plan_zeroes_the_flags_then_runs_the_recurrence_beside_a_chunk_major_prep():
+    from evo.measure.evaluate import make_job
+    from evo.measure.launches import _NoBuild
+
+    c = PREFILL_CELLS[0]  # B1-T8192-H32
+    p = overlap_point(c, warps=2)
+    assert TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()), TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict())
+    plan, ws = TDEF.plan(p, ARCH, c.dtypes_dict(), c.dims_dict())
+    nc = -(-c.dim("T") // 32)
+    assert [(ln.kernel, ln.stream, ln.fork_after) for ln in plan] == [
+        ("kda_chunk_flags", "main", ""), ("kda_chunk_prep", "main", ""), ("kda_chunk_recur", "side", "kda_chunk_flags")]
+    flags, prep, recur = plan
+    assert flags.grid[0] * flags.block[0] >= c.dim("B") * c.dim("HV") * nc
+    assert prep.grid == (c.dim("HV"), c.dim("B"), nc) and recur.grid == (4, c.dim("HV"), 1)
+    assert prep.args[-1] == recur.args[-1] == "ws_flag" and ws["ws_flag"] == 4 * c.dim("B") * c.dim("HV") * nc
+    in_order, _ = TDEF.plan(p | {"overlap": False}, ARCH, c.dtypes_dict(), c.dims_dict())
+    assert in_order[0].grid == (nc, c.dim("HV"), c.dim("B")) and in_order[1].smem == recur.smem
+    job = make_job(SPEC, TDEF, Genome.make("kda", "chunk", TDEF.source_hash, p), _NoBuild(), c, ARCH, seed=1,
+                   timing=None, baseline=False)
+    assert [(lj.kernel, lj.stream, lj.fork_after) for lj in job.launches] == [
+        (ln.kernel, ln.stream, ln.fork_after) for ln in plan]
+
+
+def _c_expr(src: str, pattern: str) -> str:
+    m = re.search(pattern, src)
+    assert m, pattern
+    return m.group(1).replace("(long long)", "").replace("/", "//")
+
+
+def test_overlap_flag_indices_agree_between_the_prep_and_the_recurrence():
+    """From the rendered code: the prep CTA (blockIdx = (hv, b, ci)) publishes the flag the recurrence of (b, hv)
+    waits for before copying chunk ci, every flag of the zeroed range exactly once."""
+    c = cell(BF, 2, 100, 3)  # B = 2, 4 chunks of 32 (the last partial), H = 3
+    p = overlap_point(c, warps=2)
+    src = source(TDEF, c, p)
+    prep_src = src[src.index("kda_chunk_prep("):src.index("kda_chunk_recur(")]
+    recur_src = src[src.index("kda_chunk_recur("):]
+    assert "const int hv = blockIdx.x, b = blockIdx.y, ci = blockIdx.z;" in prep_src
+    cidx = _c_expr(prep_src, r"const long long cidx = (.*);")
+    cb = _c_expr(recur_src, r"cb = (.*);")
+    assert "ws_flag + cidx" in prep_src and "wait_chunk(ws_flag, cb + c + NS - 1)" in recur_src
+    B, HV, T, C = c.dim("B"), c.dim("HV"), c.dim("T"), 32
+    published = {eval(cidx, {"b": b, "hv": hv, "ci": ci, "HV": HV, "T": T, "C": C})
+                 for b in range(B) for hv in range(HV) for ci in range(-(-T // C))}
+    awaited = {eval(cb, {"b": b, "hv": hv, "HV": HV, "T": T, "C": C}) + ch
+               for b in range(B) for hv in range(HV) for ch in range(-(-T // C))}
+    assert published == awaited == set(range(B * HV * (-(-T // C))))
+
+
+def test_overlap_recurrence_reads_the_workspace_only_by_cp_async_cg():
+    """Launch 2 reads chunks launch 1 is still writing: never through the non-coherent read-only path (no
+    ld.global.nc, no __ldg, no C++ load of a workspace pointer), only by cp.async.cg after the flag's acquire."""
+    c = PREFILL_CELLS[0]
+    src = source(TDEF, c, overlap_point(c, warps=2))
+    recur = src[src.index("kda_chunk_recur("):]
+    recur = recur[recur.index("{"):]  # the body: the signature declares the pointers
+    assert "cp.async.cg.shared.global" in recur and "ld.acquire.gpu.global.b32" in src
+    assert "ld.global.nc" not in recur and "__ldg" not in recur
+    assert not re.search(r"\bws_\w+\s*\[", recur), "a workspace indexed by a C++ load"
+    assert not re.search(r"\*\s*\(?\s*ws_\w+", recur), "a workspace dereferenced by a C++ load"
+
+
+def test_overlap_point_builds_without_spills_with_its_three_kernels():
+    c = PREFILL_CELLS[0]
+    r = compile_point(c, overlap_point(c, warps=2))
+    assert r.status.ok, r.error + r.log
+    assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0
+    res = dict(r.resources)
+    assert set(res) == {"kda_chunk_flags", "kda_chunk_prep", "kda_chunk_recur"}
+    # one recurrence CTA (128 threads) and one prep CTA (128) fit an SM's registers together
+    assert res["kda_chunk_recur"].regs * 128 + res["kda_chunk_prep"].regs * 128 <= 65536, res
+    off = compile_point(c, overlap_point(c, warps=2) | {"overlap": False})
+    assert {k for k, _ in off.resources} == {"kda_chunk_prep", "kda_chunk_recur"}

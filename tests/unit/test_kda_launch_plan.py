@@ -41,7 +41,8 @@ def expected(c, p: dict) -> tuple[list[tuple], dict[str, int]]:
     ]
     n = B * HV * nt
     ws = {"ws_qg": 2 * n * C * K, "ws_kg": 2 * n * C * K, "ws_w": 2 * n * C * K, "ws_aqk": 2 * n * C * C,
-          "ws_u": 4 * n * C * V, "ws_gl": 4 * n * K}
+          "ws_u": 4 * n * C * V, "ws_gl": 4 * n * K,
+          "ws_flag": 4 * n if p.get("overlap") else 0}  # a flag a chunk with overlap (test_kda_chunk -k overlap)
     return launches, ws
 
 
@@ -55,11 +56,11 @@ def test_plan_has_the_headers_two_launches_and_workspaces(c, params):
     got = [(lj.kernel, lj.grid, lj.block, lj.smem) for lj in job.launches]
     assert got == want_launches
     assert tuple(lj.kernel for lj in job.launches) == KERNELS
-    assert {name for name, _ in TDEF.workspaces} == set(WS) == set(want_ws)
+    assert {name for name, _ in TDEF.workspaces} == set(WS) | {"ws_flag"} == set(want_ws)
 
     geo = Geometry("", dict(job.dims), job.buffers, job.launches, dict(job.scalars))
     assert {b.name: (b.dtype, b.shape) for b in geo.ws} == {k: ("uint8", (v,)) for k, v in want_ws.items()}
-    assert {b.name: _nbytes(b) for b in geo.ws} == want_ws
+    assert {b.name: _nbytes(b) for b in geo.ws} == {k: max(1, v) for k, v in want_ws.items()}
     assert {b.name for b in geo.ins} == {"q", "k", "v", "g", "beta", "initial_state"}
     assert {b.name for b in geo.outs} == {"o", "final_state"}
     assert set(job.left_out) == {"A_log", "dt_bias", "cu_seqlens"}

@@ -20,7 +20,7 @@ import torch
 
 from .args import bind_args
 from .choice import Choice
-from .loader import Modules, check_grid
+from .loader import Modules, PlanError, check_grid
 from .table import Launch, tables
 
 
@@ -42,6 +42,21 @@ def _allow_smem(kernel: Any, nbytes: int, device: int) -> None:
         (err,) = driver.cuFuncSetAttribute(h, attr, nbytes)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cannot allow {nbytes} B of dynamic shared memory: {err}")
+
+
+def _check_side_residency(launches: tuple[Launch, ...], index: int) -> None:
+    """PlanError where a side launch has more CTAs than the device has SMs: its CTAs wait for the main launch's
+    work, and the template's rule that they fit one an SM beside it was checked for the GPU it was searched on
+    (docs/kda_prefill_overlap.md). Such a call takes the torch path, with a warning saying why."""
+    side = [ln for ln in launches if ln.stream == "side"]
+    if not side:
+        return
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    for ln in side:
+        ctas = ln.grid[0] * ln.grid[1] * ln.grid[2]
+        if ctas > sms:
+            raise PlanError(f"{ln.kernel}: {ctas} CTAs beside the main stream's launches need one an SM, and this GPU "
+                            f"has {sms} SMs")
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,7 @@ class Launcher:
         loaded = self.modules.get(tables()[c.op], c)
         for ln in launches:  # before the first launch: a plan is launched whole or not at all
             check_grid(ln, loaded.clusters)
+        _check_side_residency(launches, index)
         ready = []
         for ln in launches:
             kernel = loaded.module.get_kernel(ln.kernel)
