@@ -1,0 +1,109 @@
+"""The exported launcher's side launches (evo/export/runtime/package/launch.py) without torch or a GPU: a fake torch
+and a recording cuda.core launch. A plan's side launch runs on the device's side stream (made once, at the greatest
+priority) after an event recorded on the caller's stream right after its fork point, the caller's stream waits for
+the side stream at the end, and a side launch with more CTAs than the device has SMs is refused (PlanError)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from evo.export.runtime.package.choice import Choice
+from evo.export.runtime.package.table import Launch
+
+
+class _Log(list):
+    pass
+
+
+def _fake_torch(log: _Log, sms: int = 132) -> SimpleNamespace:
+    class Stream:
+        def __init__(self, device=None, priority=0, handle=2):
+            self.cuda_stream, self.priority = handle, priority
+            log.append(("side stream", priority)) if handle == 2 else None
+
+        @staticmethod
+        def priority_range():
+            return (0, -5)
+
+        def wait_event(self, e):
+            log.append(("side waits", e.name))
+
+        def wait_stream(self, s):
+            log.append(("main waits for", s.cuda_stream))
+
+    class Event:
+        n = 0
+
+        def __init__(self):
+            Event.n += 1
+            self.name = f"e{Event.n}"
+
+        def record(self, stream):
+            log.append(("record", self.name, stream.cuda_stream))
+
+    main = Stream(handle=1)
+    cuda = SimpleNamespace(Stream=Stream, Event=Event, current_stream=lambda device: main, current_device=lambda: 0,
+                           get_device_properties=lambda i: SimpleNamespace(multi_processor_count=sms))
+    return SimpleNamespace(cuda=cuda, uint8="uint8", Tensor=object,
+                           empty=lambda n, dtype, device: SimpleNamespace(data_ptr=lambda: 4096))
+
+
+@pytest.fixture
+def launch_mod(monkeypatch):
+    log = _Log()
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
+    monkeypatch.delitem(sys.modules, "evo.export.runtime.package.launch", raising=False)
+    mod = importlib.import_module("evo.export.runtime.package.launch")
+    import cuda.core
+
+    monkeypatch.setattr(cuda.core, "launch", lambda stream, config, kernel, *args: log.append(
+        ("launch", kernel, stream)), raising=False)
+    yield mod, log
+    sys.modules.pop("evo.export.runtime.package.launch", None)
+
+
+def _ln(kernel: str, grid=(4, 32, 1), stream: str = "main", fork_after: str = "") -> Launch:
+    return Launch(kernel, grid, (128, 1, 1), 0, ("ws_flag",), stream, fork_after)
+
+
+def _run(mod, launches):
+    c = Choice("kda", "kernel", (), (), 90, "")
+    launcher = mod.Launcher()
+    launcher._current = lambda index: None
+    launcher._stream = lambda index, handle: f"stream{handle}"
+    launcher._prepared[(c, 0)] = mod._Prepared(tuple((ln, ln.kernel, None) for ln in launches), (("ws_flag", 64),),
+                                               {}, {}, frozenset(ln.fork_after for ln in launches if ln.stream == "side"))
+    t = SimpleNamespace(device=SimpleNamespace(index=0), data_ptr=lambda: 8192)
+    launcher.run(c, {"q": t}, {})
+    return launcher
+
+
+def test_a_side_launch_forks_after_its_mark_and_the_callers_stream_joins_it(launch_mod):
+    mod, log = launch_mod
+    _run(mod, [_ln("kda_chunk_flags"), _ln("kda_chunk_prep"), _ln("kda_chunk_recur", stream="side",
+                                                                  fork_after="kda_chunk_flags")])
+    assert [e for e in log if e[0] != "side stream"] == [
+        ("launch", "kda_chunk_flags", "stream1"), ("record", "e1", 1),  # marked right after the fork point
+        ("launch", "kda_chunk_prep", "stream1"),                        # not marked
+        ("side waits", "e1"), ("launch", "kda_chunk_recur", "stream2"),
+        ("main waits for", 2)]
+    assert ("side stream", -5) in log  # made at the greatest priority
+
+
+def test_a_plan_without_side_launches_records_nothing(launch_mod):
+    mod, log = launch_mod
+    _run(mod, [_ln("prep"), _ln("recur")])
+    assert log == [("launch", "prep", "stream1"), ("launch", "recur", "stream1")]
+
+
+def test_a_side_launch_with_more_ctas_than_sms_is_refused(launch_mod):
+    mod, _ = launch_mod
+    plan = (_ln("kda_chunk_flags"), _ln("kda_chunk_recur", grid=(8, 32, 1), stream="side", fork_after="kda_chunk_flags"))
+    with pytest.raises(mod.PlanError, match="256 CTAs beside the main stream's launches need one an SM, and this GPU "
+                                            "has 132 SMs"):
+        mod._check_side_residency(plan, 0)
+    mod._check_side_residency((plan[0], _ln("kda_chunk_recur", stream="side", fork_after="kda_chunk_flags")), 0)
