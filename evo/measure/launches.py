@@ -73,13 +73,41 @@ def _with_set(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, kind: st
         gate.close()
 
 
+ORDERS = ("declared", "side_first")
+
+
+def side_first(bound: list) -> list:
+    """A plan's bound launches with each side launch moved up to just after the main launch it forks after: the
+    host then issues it before the main launches declared between (its CTAs queued before theirs), where the
+    declared order issues it last. The streams, marks and joins are launch_plan's either way. Raises ValueError
+    for a side launch whose fork_after names no main launch before it."""
+    out: list = []
+    for item in bound:
+        lj = item[0]
+        if lj.stream != "side":
+            out.append(item)
+            continue
+        at = [i for i, (m, _) in enumerate(out) if m.stream != "side" and m.kernel == lj.fork_after]
+        if not at:
+            raise ValueError(f"side launch {lj.kernel} forks after {lj.fork_after!r}, which no main launch before it ran")
+        i = at[-1] + 1
+        while i < len(out) and out[i][0].stream == "side":  # after the side launches already moved there
+            i += 1
+        out.insert(i, item)
+    return out
+
+
 def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps: int, warmup: int,
-                  kind: str = "normal", seed: int = 0) -> dict[str, Any]:
+                  kind: str = "normal", seed: int = 0, order: str = "declared") -> dict[str, Any]:
     """Each launch of the job's plan timed alone, then all together (L2 flushed and the stream held busy
     before every sample, so the host's launch work falls outside the events): the medians and spreads in
-    us, and each launch's geometry. Raises AssertionError with the gate's checks when the outputs are wrong
-    before or after timing."""
+    us, and each launch's geometry. `order` is the host's order of the launches together: "declared" (the
+    gate's), or "side_first" (side_first). Raises AssertionError with the gate's checks when the outputs are
+    wrong before or after timing."""
     from evo.measure.gate import HOLD_US, launch_plan
+
+    if order not in ORDERS:
+        raise ValueError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
 
     def body(geo: Any, bound: list) -> list:
         def one(lj: Any, args: tuple):
@@ -87,8 +115,10 @@ def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps
 
         singles = [one(lj, args) for lj, args in bound]
 
+        plan = side_first(bound) if order == "side_first" else bound
+
         def together(i: int) -> None:  # the plan as the gate launches it (side launches beside)
-            launch_plan(dev, obj, bound)
+            launch_plan(dev, obj, plan)
 
         def prep(i: int) -> None:  # cold L2; the stream busy while the host launches what is timed
             dev.reset_l2()
@@ -105,7 +135,7 @@ def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps
                 for (lj, _), xs in zip(bound, samples)]
     tog = _stats(samples[-1])
     return {"launches": launches, "together": tog, "sum_us": sum(ln["median_us"] for ln in launches),
-            "total_us": tog["median_us"], "reps": reps, "kind": kind,
+            "total_us": tog["median_us"], "reps": reps, "kind": kind, "order": order,
             "workspace_bytes": sum(b.numel for b in job_workspaces(job))}
 
 

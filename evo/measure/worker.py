@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from evo.measure.carveout import smem_carveout
 from evo.measure.flush import l2_flush_mode
 from evo.measure.gate import GATE_VERSION, SLOTS, Gate
 from evo.measure.jobs import CheckStats, EvalJob, JobResult
@@ -67,16 +68,26 @@ def check(result: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
 
 
+def _set_attribute(kernel: Any, attr: Any, value: int, device: int, what: str) -> None:
+    drv = _drv()
+    h = kernel.handle
+    if isinstance(h, drv.CUkernel):  # cuda.core loads cubins as libraries: a context-free kernel handle
+        check(drv.cuKernelSetAttribute(attr, value, h, drv.CUdevice(device)), what)
+    else:
+        check(drv.cuFuncSetAttribute(h, attr, value), what)
+
+
 def allow_smem(kernel: Any, nbytes: int, device: int) -> None:
     """Opt a kernel in to `nbytes` of dynamic shared memory (the driver refuses a launch whose static plus
     dynamic bytes pass STATIC_SMEM without it); a refusal (more than the device has) is a LaunchFault."""
-    drv = _drv()
-    attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    h = kernel.handle
-    if isinstance(h, drv.CUkernel):  # cuda.core loads cubins as libraries: a context-free kernel handle
-        check(drv.cuKernelSetAttribute(attr, nbytes, h, drv.CUdevice(device)), f"allow {nbytes} B of dynamic smem")
-    else:
-        check(drv.cuFuncSetAttribute(h, attr, nbytes), f"allow {nbytes} B of dynamic smem")
+    attr = _drv().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    _set_attribute(kernel, attr, nbytes, device, f"allow {nbytes} B of dynamic smem")
+
+
+def prefer_carveout(kernel: Any, pct: int, device: int) -> None:
+    """Ask for `pct` percent of the maximum shared memory as the kernel's L1/shared split (evo/measure/carveout.py)."""
+    attr = _drv().CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    _set_attribute(kernel, attr, pct, device, f"prefer a {pct}% shared memory carveout")
 
 
 def _sticky_error() -> str:
@@ -130,6 +141,8 @@ class Worker:
         # (id of the job's ObjectCode, kernel) -> dynamic smem bytes allowed; cleared per job, while its
         # ObjectCode is alive, so ids are not reused. Set before the first (checked) launch, never in a capture.
         self.smem_allowed: dict[tuple[int, str], int] = {}
+        self.carveout = smem_carveout()  # None: the driver's choice
+        self.carved: set[tuple[int, str]] = set()  # (id of the ObjectCode, kernel) given the carveout; cleared with smem_allowed
         self._numel = [0] * SLOTS  # elements compared in each scratch slot
         self._side: Any = None  # side_stream()
         self.l2_flush = l2_flush_mode()
@@ -168,6 +181,9 @@ class Worker:
             if smem > 0 and self.smem_allowed.get((id(obj), kernel), 0) < smem:
                 allow_smem(k, int(smem), self.dev.device_id)
                 self.smem_allowed[(id(obj), kernel)] = int(smem)
+            if self.carveout is not None and (id(obj), kernel) not in self.carved:
+                prefer_carveout(k, self.carveout, self.dev.device_id)
+                self.carved.add((id(obj), kernel))
             launch(self.side_stream() if side else self.stream,
                    LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem)), k, *vals)
         except CUDAError as e:
@@ -456,6 +472,8 @@ class Worker:
             "gate": GATE_VERSION,
             "l2_flush": self.l2_flush,
         }
+        if self.carveout is not None:
+            fp["smem_carveout"] = str(self.carveout)
         for dist in ("triton", "liger-kernel", "quack-kernels", "nvidia-cutlass-dsl", "fla-core"):  # the peers' versions
             fp[dist.replace("-", "_")] = _version(dist)
         try:
@@ -474,6 +492,7 @@ class Worker:
 
         mod, ref_obj = self._op(job.op)
         self.smem_allowed.clear()
+        self.carved.clear()
         try:
             obj = ObjectCode.from_cubin(job.cubin)
         except Exception as e:  # a cubin the driver rejects (wrong arch) is a launch error

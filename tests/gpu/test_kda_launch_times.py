@@ -88,11 +88,11 @@ def plan_job(c, params: dict, build: Any = None):
 
 
 def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps: int = REPS, warmup: int = WARMUP,
-                  kind: str = "normal", seed: int = 0) -> dict[str, Any]:
+                  kind: str = "normal", seed: int = 0, order: str = "declared") -> dict[str, Any]:
     """Each launch timed alone, then all together (evo.measure.launches.time_launches)."""
     from evo.measure.launches import time_launches as timed
 
-    return timed(dev, obj, ref_obj, ref_mod, job, reps, warmup, kind, seed)
+    return timed(dev, obj, ref_obj, ref_mod, job, reps, warmup, kind, seed, order)
 
 
 def check_row(row: dict[str, Any]) -> None:
@@ -211,3 +211,52 @@ def test_chunk_recurrence_beside_the_prep(worker, c):
         assert math.isfinite(t) and t > 0, res
     # both launches must finish: no schedule beats the longer one alone (10% for the timer's spread)
     assert over >= 0.9 * max(prep["median_us"], recur["median_us"]), res
+
+
+# The overlapped plan's schedules (docs/kda_prefill_overlap.md): kda_chunk_flags, the chunk-major prep, the recurrence
+# on the side stream, each timed alone and together, issued by the host in the declared order (the recurrence last)
+# or side first (the recurrence right after the flags, its CTAs queued before the prep's), under the driver's
+# shared-memory carveout or 100% (every SM in the split both kernels' CTAs can share; evo/measure/carveout.py).
+# recur alone runs after prep alone, its flags set: no waits. The gate's first run (kda_overlap_h200_1) had the
+# overlapped plan at 720 us against 733 us in order at B1-T8192, and 22 ms against 1.65 ms at B1-T32768.
+# Run: KF_LAUNCH_TIMES_OUT=kda_overlap.json pytest -s tests/gpu/test_kda_launch_times.py -k schedules
+OVERLAP = {"chunk": 32, "stages": 3, "prep_threads": 128, "stage_in": True, "prep_diag": "mma", "prep_round": "add",
+           "prep_exp": "fast", "prep_vec": True, "kwarps": 2, "overlap": True}
+OVERLAP_KERNELS = ("kda_chunk_flags", "kda_chunk_prep", "kda_chunk_recur")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("carveout", [None, 100], ids=["carveout-driver", "carveout-100"])
+@pytest.mark.parametrize("order", ["declared", "side_first"])
+@pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
+def test_overlap_schedules(worker, c, order, carveout):
+    from cuda.core import ObjectCode
+
+    params = OVERLAP | {"warps": 2 if c.dim("HV") == 32 else 1}
+    build = build_for(c, params)
+    g, job = plan_job(c, params, build)
+    mod, ref_obj = worker._op("kda")
+    obj = ObjectCode.from_cubin(build.cubin)  # a module of its own: no attribute of an earlier test's kernels
+    worker.smem_allowed.clear()
+    worker.carved.clear()
+    before, worker.carveout = worker.carveout, carveout
+    try:
+        res = time_launches(worker, obj, ref_obj, mod, job, order=order)
+    finally:
+        worker.carveout = before
+    row = {"cell": c.label(), "B": c.dim("B"), "T": c.dim("T"), "H": c.dim("H"), "HV": c.dim("HV"), "test": "schedules",
+           "carveout": carveout, "point": point_id(params), "params": g.params_dict(),
+           "regs": dict((k, r.regs) for k, r in build.resources), **res}
+    ROWS.append(row)
+    write_rows()
+    flags, prep, recur = res["launches"]
+    tog = res["total_us"]
+    print(f"\nkda schedules {c.label()} order {order} carveout {carveout}: prep {prep['median_us']:.1f} us "
+          f"({prep['ctas']} CTAs), recur {recur['median_us']:.1f} us ({recur['ctas']} CTAs), flags "
+          f"{flags['median_us']:.1f} us, sum {res['sum_us']:.1f} us, together {tog:.1f} us "
+          f"({tog / res['sum_us']:.2f} of the sum, {tog / max(prep['median_us'], recur['median_us']):.2f} of the longer)")
+    assert [ln["kernel"] for ln in res["launches"]] == list(OVERLAP_KERNELS)
+    for t in [*(ln["median_us"] for ln in res["launches"]), tog]:
+        assert math.isfinite(t) and t > 0, res
+    # both launches must finish: no schedule beats the longer one alone (10% for the timer's spread)
+    assert tog >= 0.9 * max(prep["median_us"], recur["median_us"]), res

@@ -80,3 +80,53 @@ def test_a_three_launch_plan_keeps_its_first_launches_in_order():
     _, over = overlap_fns(dev, None, [(ln("prep"), ()), (ln("mid"), ()), (ln("recur"), ())])
     over(0)
     assert [e[1] for e in dev.log if e[0] == "launch"] == ["recur", "prep", "mid"]
+
+
+def test_side_first_issues_the_side_launch_right_after_its_fork_point():
+    from evo.measure.launches import side_first
+
+    plan = [(ln("zero"), ()), (ln("prep"), ()), (ln("recur", "side", "zero"), ())]
+    dev = _Dev()
+    launch_plan(dev, None, side_first(plan))
+    assert dev.log == [("launch", "zero", "main"), ("mark", 1), ("fork", 1), ("launch", "recur", "side"),
+                       ("launch", "prep", "main"), ("join",)]
+    assert [lj.kernel for lj, _ in plan] == ["zero", "prep", "recur"]  # the plan itself untouched
+
+
+def test_side_first_keeps_two_side_launches_of_one_fork_point_in_their_order():
+    from evo.measure.launches import side_first
+
+    plan = [(ln("zero"), ()), (ln("prep"), ()), (ln("r1", "side", "zero"), ()), (ln("post"), ()),
+            (ln("r2", "side", "zero"), ())]
+    assert [lj.kernel for lj, _ in side_first(plan)] == ["zero", "r1", "r2", "prep", "post"]
+
+
+def test_side_first_refuses_a_side_launch_without_its_fork_point():
+    from evo.measure.launches import side_first
+
+    with pytest.raises(ValueError, match="forks after 'zero'"):
+        side_first([(ln("recur", "side", "zero"), ()), (ln("zero"), ())])
+
+
+def test_time_launches_refuses_an_unknown_order():
+    from evo.measure.launches import time_launches
+
+    with pytest.raises(ValueError, match="order 'backwards': expected one of declared, side_first"):
+        time_launches(_Dev(), None, None, None, None, 1, 1, order="backwards")
+
+
+@pytest.mark.parametrize("raw, pct", [("", None), ("100", 100), (" 0 ", 0), ("37", 37)])
+def test_the_carveout_knob_reads_a_percentage(monkeypatch, raw, pct):
+    from evo.measure.carveout import smem_carveout
+
+    monkeypatch.setenv("KF_SMEM_CARVEOUT", raw)
+    assert smem_carveout() == pct
+
+
+@pytest.mark.parametrize("raw", ["101", "-1", "max", "50%"])
+def test_the_carveout_knob_refuses_anything_else_by_name(monkeypatch, raw):
+    from evo.measure.carveout import smem_carveout
+
+    monkeypatch.setenv("KF_SMEM_CARVEOUT", raw)
+    with pytest.raises(ValueError, match="KF_SMEM_CARVEOUT="):
+        smem_carveout()
