@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from evo.build.cubin import CubinError, cubin_regcounts
 from evo.core.genome import Genome
 from evo.templates.render import render
 from evo.core.status import Status
@@ -50,25 +51,37 @@ class KernelResources:
     smem_bytes: int = 0
 
 
+_PROPS = re.compile(r"Function properties for (?P<f>\S+)")
+
+
 def parse_ptxas(log: str) -> dict[str, KernelResources]:
-    """Per-kernel resources from a `ptxas -v` report."""
+    """Per-kernel resources from a `ptxas -v` report. A "Function properties" line names the function its frame line
+    belongs to: an entry's own frame sets its stack and spills. A device function ptxas kept out of line (its
+    properties printed inside an entry's block) is not an entry; its spills are added to every entry of the
+    program, which may call it (the report has no call graph), so a spill anywhere is never hidden."""
     out: dict[str, KernelResources] = {}
-    current = None
+    current = props = None
+    callee_st = callee_ld = 0
     for line in log.splitlines():
         if m := _ENTRY.search(line):
-            current = m.group("k")
+            current = props = m.group("k")
             out[current] = KernelResources()
-        elif current and (m := _FRAME.search(line)):
-            out[current] = replace(
-                out[current],
-                stack_bytes=int(m.group("stack")),
-                spill_stores=int(m.group("st")),
-                spill_loads=int(m.group("ld")),
-            )
+        elif m := _PROPS.search(line):
+            props = m.group("f")
+        elif m := _FRAME.search(line):
+            if current is not None and props == current:
+                out[current] = replace(out[current], stack_bytes=int(m.group("stack")),
+                                       spill_stores=int(m.group("st")), spill_loads=int(m.group("ld")))
+            else:
+                callee_st += int(m.group("st"))
+                callee_ld += int(m.group("ld"))
         elif current and (m := _USED.search(line)):
             out[current] = replace(
                 out[current], regs=int(m.group("regs")), smem_bytes=int(m.group("smem") or 0)
             )
+    if callee_st or callee_ld:
+        out = {k: replace(r, spill_stores=r.spill_stores + callee_st, spill_loads=r.spill_loads + callee_ld)
+               for k, r in out.items()}
     return out
 
 
@@ -195,6 +208,20 @@ def _product(vals: Iterable[Any]) -> int:
     return p
 
 
+def resources_of(log: str, cubin: bytes) -> dict[str, KernelResources]:
+    """Per-kernel resources from ptxas's report, or where there is none, the registers from the cubin itself.
+    Some cuda.core releases hand back no report on success (cuda.core 1.2.0 with NVRTC 13.0 on the H200 image,
+    for some programs), and a build read back from the store has only its log: evo/build/cubin.py reads each
+    kernel's register count from the cubin's .nv.info. Spills and stack then stay unknown (0)."""
+    res = parse_ptxas(log)
+    if not res and cubin:
+        try:
+            res = {k: KernelResources(regs=n) for k, n in cubin_regcounts(cubin).items()}
+        except CubinError:  # bytes that are not a cubin: unknown, and the driver will say so at load
+            return {}
+    return res
+
+
 def compile_one(bi: BuildInput) -> BuildResult:
     """Compile one prepared input; runs in a compile process (or a Ray task)."""
     key = bi.key()
@@ -215,9 +242,7 @@ def compile_one(bi: BuildInput) -> BuildResult:
         return BuildResult(key, Status.COMPILE_ERROR, log=log, error=_first_error(log), compile_ms=ms, compiler=version)
     ms = (time.perf_counter() - t0) * 1e3
     log = buf.getvalue().replace("\x00", "")
-    res = parse_ptxas(log)
-    # Some cuda.core releases hand back no ptxas report on success; then resources stay unknown (0)
-    # and a missing kernel surfaces as a LAUNCH_ERROR on the GPU instead.
+    res = resources_of(log, obj.code)
     missing = [k for k in bi.kernels if k not in res] if res else []
     if missing:
         return BuildResult(

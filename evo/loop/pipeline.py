@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from evo.build.nvrtc import Builder, BuildInput, BuildResult, parse_ptxas, prepare
+from evo.build.nvrtc import Builder, BuildInput, BuildResult, prepare, resources_of
 from evo.core.config import Config, ConfigError
 from evo.core.genome import Genome
 from evo.core.status import Status
@@ -50,7 +50,8 @@ def stored_builds(store: Store, keys: Sequence[str]) -> list[BuildResult]:
         cubin = bytes(r.cubin) if isinstance(r.cubin, (bytes, bytearray, memoryview)) else b""
         if r.status == Status.OK.value and not cubin:
             continue  # nothing to launch
-        out.append(BuildResult(r.build_key, Status(r.status), tuple(sorted(parse_ptxas(log).items())), cubin, log,
+        resources = tuple(sorted(resources_of(log, cubin).items()))
+        out.append(BuildResult(r.build_key, Status(r.status), resources, cubin, log,
                                r.error if isinstance(r.error, str) else "",
                                float(r.compile_ms) if r.compile_ms == r.compile_ms else 0.0,
                                r.compiler if isinstance(r.compiler, str) else ""))

@@ -24,14 +24,15 @@ class _NoBuild:
 
 
 def plan_job(op: OpSpec, template: str, c: Cell, params: dict, arch: int, build: Any = None,
-             seed: int = 17) -> tuple[Genome, Any]:
+             seed: int = 17, tdef: Any = None) -> tuple[Genome, Any]:
     """(genome, EvalJob) of `template` at `params` (over its defaults) on cell c, as the gate gets it from
     make_job: the launches resolved, the workspaces declared, the args bound; no gate cells, no timing.
-    `build` only supplies the cubin. Raises ValueError naming the violated constraints of an illegal point."""
+    `build` only supplies the cubin; `tdef`, a TemplateDef in place of today's file (an A/B of two texts).
+    Raises ValueError naming the violated constraints of an illegal point."""
     from evo.measure.evaluate import make_job
     from evo.templates.template import load_templates
 
-    tdef = load_templates(op.name)[template]
+    tdef = tdef or load_templates(op.name)[template]
     g = Genome.make(op.name, template, tdef.source_hash, tdef.default_params() | params)
     bad = tdef.violations(g.params_dict(), arch, c.dtypes_dict(), c.dims_dict())
     if bad:

@@ -260,3 +260,57 @@ def test_overlap_schedules(worker, c, order, carveout):
         assert math.isfinite(t) and t > 0, res
     # both launches must finish: no schedule beats the longer one alone (10% for the timer's spread)
     assert tog >= 0.9 * max(prep["median_us"], recur["median_us"]), res
+
+
+# The split-K recurrence's own partials of o (2026-12-04): it read po[n] with n = kw + KW m, a run-time index that put
+# po in local memory (a 64-byte stack frame); it now reads its own partials back from shared memory like the other
+# warps' (the same bits). A/B in one process at the B = 1 cells' dispatch genomes (kda_prefill_h200_13, kwarps 2 and
+# 4): today's template, and the same text with that one line as it was (LOCAL_PO). Rows: test "own_partials".
+# Compiled (NVRTC 13.5): kwarps 2 from 244 registers and a 64-byte stack to 214 and none; kwarps 4, 128 -> 133
+# registers, no stack either way.
+# Run: KF_LAUNCH_TIMES_OUT=kda_po.json pytest -s tests/gpu/test_kda_launch_times.py -k own_partials
+PO_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h200_13/dispatch.json"
+SHARED_PO = "const float4 p = xo[(j * (C / 8) + n) * 32 + lane];"
+LOCAL_PO = ("const float4 p = j == kw ? make_float4(po[n][0], po[n][1], po[n][2], po[n][3]) : "
+            "xo[(j * (C / 8) + n) * 32 + lane];")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
+def test_split_k_recurrence_own_partials_from_shared_against_local(worker, c):
+    from cuda.core import ObjectCode
+
+    from evo.build.nvrtc import compile_one, prepare
+    from evo.core.genome import Genome
+    from evo.measure.launches import plan_job as plan
+    from evo.templates.template import load_templates, parse_template
+
+    params = json.loads(PO_TABLE.read_text())["dispatch"][c.label()]["params"]
+    assert params["kwarps"] > 1, params
+    today = load_templates("kda")[TEMPLATE]
+    assert today.text.count(SHARED_PO) == 1
+    before = parse_template(today.text.replace(SHARED_PO, LOCAL_PO), "chunk with po indexed at run time", trusted=True)
+    mod, ref_obj = worker._op("kda")
+    out = {}
+    for variant, tdef in (("shared", today), ("local", before)):
+        g = Genome.make("kda", TEMPLATE, tdef.source_hash, tdef.default_params() | params)
+        build = compile_one(prepare(tdef, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
+        assert build.status.ok, build.error
+        recur = dict(build.resources)["kda_chunk_recur"]
+        # what the change is about: today's has no stack; as it was, 64 bytes at kwarps 2 (at kwarps 4 ptxas kept
+        # po in registers: one token tile a warp, NVRTC 13.5)
+        assert variant == "local" or recur.stack_bytes == 0, recur
+        _, job = plan(SPEC, TEMPLATE, c, params, ARCH, build, tdef=tdef)
+        obj = ObjectCode.from_cubin(build.cubin)
+        worker.smem_allowed.clear()
+        worker.carved.clear()
+        res = time_launches(worker, obj, ref_obj, mod, job)
+        row = {"cell": c.label(), "B": c.dim("B"), "T": c.dim("T"), "H": c.dim("H"), "HV": c.dim("HV"),
+               "test": "own_partials", "variant": variant, "point": point_id(params), "params": g.params_dict(),
+               "regs": {k: r.regs for k, r in build.resources}, "stack_bytes": recur.stack_bytes, **res}
+        ROWS.append(row)
+        write_rows()
+        out[variant] = res["launches"][1]["median_us"]
+    print(f"\nkda own partials {c.label()}: recur from shared {out['shared']:.1f} us, from local memory "
+          f"{out['local']:.1f} us ({out['local'] / out['shared']:.3f}x)")
+    assert all(math.isfinite(t) and t > 0 for t in out.values()), out
