@@ -122,9 +122,12 @@ class BuildInput:
     render_error: str = ""
 
     def key(self) -> str:
-        """Cache key: genome key + arch + dtypes + consts + compiler version + flags."""
+        """Cache key: genome key + arch + dtypes + consts + compiler version + flags + the rendered source. The
+        genome key hashes the template's own text only; the rendering also holds its includes (templates/_macros),
+        so an edited include gives new build keys: no stored cubin or measurement of the old code is reused."""
         payload = json.dumps(
-            [self.genome.key(), self.arch, list(self.dtypes), list(self.consts), compiler_version(), NVRTC_STD],
+            [self.genome.key(), self.arch, list(self.dtypes), list(self.consts), compiler_version(), NVRTC_STD,
+             hashlib.sha256(self.source.encode()).hexdigest()],
             sort_keys=True,
         )
         return hashlib.sha256(payload.encode()).hexdigest()

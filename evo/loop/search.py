@@ -16,7 +16,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -107,13 +107,14 @@ def load_llm_templates(session: Session) -> list:
 
 
 # An evaluations row read back as an Outcome (with its candidate's template and params).
-_STORED = ("SELECT e.genome_key, e.cell, e.status, e.median_us, e.p10_us, e.p90_us, e.samples, e.baseline_us, "
-           "e.error, coalesce(e.reused_from, e.run_id) AS measured_in, c.template, c.params_json "
+_STORED = ("SELECT e.genome_key, e.build_key, e.cell, e.status, e.median_us, e.p10_us, e.p90_us, e.samples, "
+           "e.baseline_us, e.error, coalesce(e.reused_from, e.run_id) AS measured_in, c.template, c.params_json "
            "FROM evaluations e JOIN candidates c USING (genome_key) ")
 
 
 def _stored_outcome(g: Genome, cell: Cell, r: Any, reused_from: str = "") -> Outcome:
-    return Outcome(g, cell, Status(r.status), "", r.error if isinstance(r.error, str) else "",
+    return Outcome(g, cell, Status(r.status), r.build_key if isinstance(r.build_key, str) else "",
+                   r.error if isinstance(r.error, str) else "",
                    median_us=_f(r.median_us), p10_us=_f(r.p10_us), p90_us=_f(r.p90_us), samples=0 if pd.isna(r.samples) else int(r.samples),
                    baseline_us=_f(r.baseline_us), reused_from=reused_from)
 
@@ -136,23 +137,25 @@ def stored_history(session: Session) -> tuple[list[Observation], list[Outcome]]:
     return observations(session, outcomes, list(genomes.values())), outcomes
 
 
-def reusable(session: Session, evaluator: Evaluator) -> dict[tuple[str, str], Outcome]:
+def reusable(session: Session, evaluator: Evaluator) -> dict[tuple[str, str, str], Outcome]:
     """Results other runs measured under the same fingerprint class and source (reused_from names the run
-    that measured each): never measured twice."""
+    that measured each): never measured twice. Search.measure reuses one only for the same build key (the same
+    rendered source, compiler and specialization)."""
     df = session.store.sql(
         _STORED + "WHERE e.fingerprint_class = ? AND e.source = ? AND e.run_id != ? "
         "AND e.status NOT IN ('REJECTED', 'UNKNOWN', 'TIMEOUT', 'CRASH') ORDER BY e.created_at, e.eval_id",
         [fingerprint_class(evaluator.fingerprint), evaluator.source, session.run_id])
     by_label = {c.label(): c for c in session.cells}
-    out: dict[tuple[str, str], Outcome] = {}
+    out: dict[tuple[str, str, str], Outcome] = {}
     for r in df.itertuples(index=False):
         t = session.templates.get(r.template)
-        if t is None or r.cell not in by_label or (r.genome_key, r.cell) in out:
+        key = (r.genome_key, r.cell, r.build_key if isinstance(r.build_key, str) else "")
+        if t is None or r.cell not in by_label or key in out:
             continue
         g = Genome.make(session.op.name, r.template, t.source_hash, json.loads(r.params_json))
         if g.key() != r.genome_key:
             continue  # another version of the template text
-        out[(r.genome_key, r.cell)] = _stored_outcome(g, by_label[r.cell], r, r.measured_in)
+        out[key] = _stored_outcome(g, by_label[r.cell], r, r.measured_in)
     return out
 
 
@@ -242,7 +245,7 @@ class Search:
     callbacks credit and record it, the loop learns from it (`learn`), and the rest of the callbacks run."""
 
     def __init__(self, session: Session, evaluator: Evaluator, strategy: SearchStrategy, learner: Learner,
-                 llm: Any, progress: Progress, reuse: dict[tuple[str, str], Outcome]) -> None:
+                 llm: Any, progress: Progress, reuse: dict[tuple[str, str, str], Outcome]) -> None:
         self.session, self.evaluator, self.strategy, self.learner, self.llm = session, evaluator, strategy, learner, llm
         self.progress, self.reuse = progress, reuse
         self.done = session.store.evaluated_keys(session.run_id)  # (genome key, cell) pairs this run recorded
@@ -311,15 +314,18 @@ class Search:
 
     def measure(self, genomes: Sequence[Genome], built: dict[str, list[tuple[Cell, BuildResult]]]) -> list[Outcome]:
         """Every built (genome, cell) the strategy wants measured (cells_for): reused where another run
-        measured it under the same fingerprint class, else evaluated."""
+        measured the same build (its key) on it under the same fingerprint class, else evaluated."""
         by_key = {g.key(): g for g in genomes}
         only = {k: self.strategy.cells_for(g) for k, g in by_key.items()}  # None: every legal cell
         items = [EvalItem(by_key[k], self.session.templates[by_key[k].template], cell, b)
                  for k, pairs in built.items() for cell, b in pairs
                  if only[k] is None or cell.label() in only[k]]
-        old = {(it.genome.key(), it.cell.label()): it for it in items
-               if (it.genome.key(), it.cell.label()) in self.reuse}
-        outcomes = [replace(self.reuse[k], build_key=it.build.build_key) for k, it in old.items()]
+
+        def reused(it: EvalItem) -> Outcome | None:
+            return self.reuse.get((it.genome.key(), it.cell.label(), it.build.build_key))
+
+        old = {(it.genome.key(), it.cell.label()): o for it in items if (o := reused(it)) is not None}
+        outcomes = list(old.values())
         return outcomes + self.evaluator.evaluate([it for it in items
                                                    if (it.genome.key(), it.cell.label()) not in old])
 
@@ -415,7 +421,7 @@ def _snapshot(session: Session) -> Callable[[Generation], None]:
 
 
 def _finish(session: Session, learner: Learner, progress: Progress,
-            reuse: dict[tuple[str, str], Outcome]) -> Callable[[str], None]:
+            reuse: dict[tuple[str, str, str], Outcome]) -> Callable[[str], None]:
     def finish(stop: str) -> None:
         dispatch, from_store = write_dispatch(session, progress, reuse)
         n_lessons = learner.refresh(final=True)
@@ -460,13 +466,15 @@ def _line(p: Progress, c: Config) -> str:
             f"{len(p.best):3d}  geomean speedup {p.geomean_speedup():6.3f}  time left {left:6.0f} s")
 
 
-def write_dispatch(session: Session, p: Progress, reuse: dict[tuple[str, str], Outcome] | None = None
+def write_dispatch(session: Session, p: Progress, reuse: dict[tuple[str, str, str], Outcome] | None = None
                    ) -> tuple[Path, int]:
     """shape -> genome table (best per cell), plus the single genome with the best geomean.
 
     The table weighs this run's OK results together with the results it could reuse (other runs'
     measurements under the same fingerprint class and source), so a rerun never ends with a worse
     kernel for a cell than the store already held; returns the file and how many cells came from those.
+    Such a measurement may be of an earlier rendering (an include edited since): `kfactory export` rebuilds
+    each entry and refuses one whose cubin is no longer the one measured.
     """
     df = session.store.sql(
         "SELECT e.genome_key, e.cell, e.median_us, e.baseline_us, c.template, c.params_json, "
@@ -477,7 +485,7 @@ def write_dispatch(session: Session, p: Progress, reuse: dict[tuple[str, str], O
     extra = pd.DataFrame([{"genome_key": key, "cell": cell, "median_us": o.median_us,
                            "baseline_us": o.baseline_us, "template": o.genome.template,
                            "params_json": o.genome.params_json(), "measured_in": o.reused_from}
-                          for (key, cell), o in (reuse or {}).items()
+                          for (key, cell, _build), o in (reuse or {}).items()
                           if (key, cell) not in ours and o.timed], columns=df.columns)
     df = pd.concat([df, extra], ignore_index=True) if not extra.empty else df
     table, from_store = {}, 0

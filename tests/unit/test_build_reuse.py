@@ -135,3 +135,21 @@ def test_the_report_counts_reused_against_measured(two_runs: Path, tmp_path: Pat
     assert f"| builds | {used} used: {compiled} compiled in this run, {used - compiled} reused from the store |" in md
     assert re.search(rf"\| candidates \| {genomes} genomes over 1 generation\(s\) \|", md)
     assert genomes > 0  # a rerun's genomes were first proposed by another run: still counted as its own
+
+
+def test_a_stored_build_without_a_ptxas_report_gets_its_registers_from_its_cubin(tmp_path: Path) -> None:
+    """A build recorded with no ptxas report (some cuda.core releases give none) reads back with the registers
+    its cubin's .nv.info holds, not 0."""
+    with Store.open(tmp_path / "s.duckdb") as store:
+        first = _session(store, "one")
+        g = next(g for g in _genomes(first) if g.template == "warp_row")
+        with Builder(workers=1) as b:
+            made = build(first, b, [g], 0)
+        ok = [r for pairs in made.cells.values() for _, r in pairs if r.status is Status.OK]
+        assert ok and all(r.regs > 0 for r in ok)
+        store.write([build_row(r.build_key, genome_key=g.key(), log=None, cubin=r.cubin, regs=None)
+                     for r in {r.build_key: r for r in ok}.values()])
+        back = {r.build_key: r for r in stored_builds(store, [r.build_key for r in ok])}
+        for r in ok:
+            assert back[r.build_key].regs == r.regs
+            assert {k: x.regs for k, x in back[r.build_key].resources} == {k: x.regs for k, x in r.resources}

@@ -161,3 +161,26 @@ def test_refinement_switched_off_leaves_the_warm_start_as_it_was(tmp_path):
     refined, seeded, gens = _targeted(tmp_path, "false")
     assert refined.empty and len(seeded) > 0
     assert set(gens[gens.generation == 0].genome_key) - set(seeded.genome_key)  # seeds plus drawn genomes
+
+
+def test_a_result_is_not_reused_once_an_include_renders_other_code(tmp_path, monkeypatch):
+    """The genome key hashes a template's own text; an edited templates/_macros include changes only the rendering.
+    The build key covers the rendering, so the second run compiles anew and measures again instead of reusing."""
+    import evo.templates.render as render_mod
+
+    store = tmp_path / "s.duckdb"
+    off = "[lessons]\nwarm_start = false\npriors = false\nfailure_memory = false\n"
+    cfg = _config(tmp_path, off)
+    assert main(["run", str(cfg), "--store", str(store), "--run-id", "one"]) == 0
+    real = render_mod.render_text
+    monkeypatch.setattr(render_mod, "render_text",
+                        lambda text, ctx, *a, **k: real(text, ctx, *a, **k) + "\n// an include edited after run one\n")
+    assert main(["run", str(cfg), "--store", str(store), "--run-id", "two"]) == 0
+    with Store.open(store, read_only=True) as s:
+        two = s.sql("SELECT genome_key, cell, build_key, reused_from FROM evaluations WHERE run_id = 'two'")
+        one = s.sql("SELECT genome_key, cell, build_key FROM evaluations WHERE run_id = 'one'")
+        compiled = s.sql("SELECT count(*) AS n FROM builds WHERE run_id = 'two'").n[0]
+    same = two.merge(one, on=["genome_key", "cell"], suffixes=("", "_one"))
+    assert len(same) > 0  # the same genomes on the same cells ...
+    assert (same.build_key != same.build_key_one).all()  # ... built from other code
+    assert two.reused_from.isna().all() and compiled > 0

@@ -272,3 +272,16 @@ def test_a_compiler_process_that_dies_is_a_compile_error_and_is_replaced():
         killer.join()
     assert r1.status is Status.COMPILE_ERROR and r1.error == f"the compiler process died (exit code {-signal.SIGKILL})"
     assert r2.status is Status.OK
+
+
+def test_the_build_key_covers_the_rendered_source():
+    """Two renderings of one genome (an include edited between them) are two builds; one rendering is one."""
+    from dataclasses import replace
+
+    tdef = TEMPLATES["warp_row"]
+    g = Genome.make("rmsnorm", "warp_row", tdef.source_hash, tdef.default_params())
+    bi = prepare(tdef, g, "sm_90a", {"x": "bfloat16", "w": "bfloat16"}, {})
+    again = prepare(tdef, g, "sm_90a", {"x": "bfloat16", "w": "bfloat16"}, {})
+    assert bi.source and again.key() == bi.key()
+    edited = replace(bi, source=bi.source + "\n// an include edited since\n")
+    assert edited.genome.key() == bi.genome.key() and edited.key() != bi.key()
