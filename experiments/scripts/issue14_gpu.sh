@@ -2,7 +2,9 @@
 # Issue 14's GPU work, rerunnable on an H200 from the project root. Wheels: .whl/ holds
 # experiments/gpu_wheels.txt's (experiments/scripts/gpu_wheels.sh); the peers' wheels
 # (experiments/peer_wheels.txt) travel in .kfw/ in as many calls as the transfer limit needs, the
-# ~92 MB CUTLASS DSL library wheel split into pieces (split -n 3 ... cu13.part.), gathered in /tmp/kfw.
+# ~92 MB CUTLASS DSL library wheel split into pieces (cu13.part.*, joined in name order), gathered in /tmp/kfw.
+# experiments/scripts/wheel_pieces.sh packs every wheel into .kfw_a/, .kfw_b/, ... sized for the current tree
+# and prints the back-to-back calls (4 on 2026-12-04: the tree takes ~31 MB of a call's 64 MiB).
 #   ga OUT      device references of every op, the backward GA and the forward-regimes GA
 #   bwdga OUT   the backward GA only (experiments/rmsnorm_bwd_h200.toml)
 #   stash OUT   keep this call's .kfw/ pieces in /tmp/kfw for the next call
@@ -29,7 +31,8 @@
 #               build/kda_decode_store.duckdb, carried in build/), or $KDA_EXPORT_STORE holding both runs already; the
 #               latest run of each exported, installed with pip into a folder of its own, its tests (kdaexport/tests.log;
 #               $KDA_EXPORT_TESTS_S, 220, 0 skips them) and its bench (kdaexport/bench.json, fla beside, $KDA_EXPORT_BENCH_N
-#               samples, 50, within $KDA_EXPORT_BENCH_S seconds, 400) on this GPU
+#               samples, 50, within $KDA_EXPORT_BENCH_S seconds, 400; $KDA_EXPORT_SPLIT set: --split, each call's GPU
+#               and host shares too) on this GPU
 #   kdacheck OUT  KDA: the chunk template at three points through the real gate on every prefill cell,
 #               timed beside fla's chunk_kda (tests/gpu/test_kda_device.py -k chunk); when none passes,
 #               a later kdaprefill stage of the call is skipped; $KDA_CHECK_K narrows the tests (pytest -k,
@@ -229,7 +232,8 @@ case "$stage" in
       echo "package tests rc=$?" >> "$log"
     fi
     (cd /tmp && PYTHONPATH=/tmp/kf_kpkg_site:/tmp/site timeout "${KDA_EXPORT_BENCH_S:-400}" python3 -m kf_kda.bench \
-      --samples "${KDA_EXPORT_BENCH_N:-50}" --out "$out/kdaexport/bench.json") > "$out/kdaexport/bench.log" 2>&1
+      --samples "${KDA_EXPORT_BENCH_N:-50}" ${KDA_EXPORT_SPLIT:+--split} --out "$out/kdaexport/bench.json") \
+      > "$out/kdaexport/bench.log" 2>&1
     echo "package bench rc=$?" >> "$log"
     cp /tmp/kf_kpkg/README.md "$out/kdaexport/" 2>/dev/null
     cp /tmp/kf_kpkg/kf_kda/data/dispatch.json /tmp/kf_kpkg/kf_kda/data/provenance.json "$out/kdaexport/" 2>/dev/null ;;

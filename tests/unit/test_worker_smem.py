@@ -1,5 +1,6 @@
 """The GPU worker opts a kernel in to dynamic shared memory past 48 KB before its launch (the driver
-refuses such a launch otherwise), once per job's cubin and kernel, and a refusal is a LaunchFault."""
+refuses such a launch otherwise), once per job's cubin and kernel, and a refusal is a LaunchFault. With
+$KF_SMEM_CARVEOUT set it asks for that shared-memory carveout, once per job's cubin and kernel too."""
 
 from __future__ import annotations
 
@@ -38,18 +39,20 @@ def _fake_driver(calls: list, result: str = "ok"):
         return (ok,)
 
     return SimpleNamespace(
-        CUfunction_attribute=SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="MAXDYN"),
+        CUfunction_attribute=SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="MAXDYN",
+                                             CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT="CARVEOUT"),
         CUresult=SimpleNamespace(CUDA_SUCCESS=ok), CUkernel=CUkernel, CUdevice=lambda i: f"dev{i}",
         cuKernelSetAttribute=set_kernel, cuFuncSetAttribute=set_func, cuCtxSynchronize=lambda: (ok,))
 
 
-def _worker(monkeypatch, calls, result="ok"):
+def _worker(monkeypatch, calls, result="ok", carveout=None):
     drv = _fake_driver(calls, result)
     monkeypatch.setattr(W, "_drv", lambda: drv)
     launched = []
     monkeypatch.setattr("cuda.core.launch", lambda stream, cfg, k, *vals: launched.append(cfg))
     w = object.__new__(W.Worker)  # no device: only what launch() reads
     w.stream, w.dev, w.smem_allowed = None, SimpleNamespace(device_id=0), {}
+    w.carveout, w.carved = carveout, set()
     return w, drv, launched
 
 
@@ -86,3 +89,22 @@ def test_a_refused_opt_in_is_a_launch_fault_not_a_launch(monkeypatch):
     with pytest.raises(W.LaunchFault, match="CUDA_ERROR_INVALID_VALUE"):
         w.launch(_Obj(drv.CUkernel()), "k", (1, 1, 1), (128, 1, 1), 240000, ())
     assert launched == [] and w.smem_allowed == {}
+
+
+def test_without_a_carveout_none_is_asked_for(monkeypatch):
+    calls: list = []
+    w, drv, launched = _worker(monkeypatch, calls)
+    w.launch(_Obj(drv.CUkernel()), "k", (1, 1, 1), (128, 1, 1), 0, ())
+    assert calls == [] and len(launched) == 1
+
+
+def test_a_carveout_is_asked_for_once_per_kernel_before_its_first_launch(monkeypatch):
+    calls: list = []
+    w, drv, launched = _worker(monkeypatch, calls, carveout=100)
+    a, b = _Obj(drv.CUkernel()), _Obj(drv.CUkernel())
+    for _ in range(3):
+        w.launch(a, "k", (1, 1, 1), (128, 1, 1), 0, ())
+    w.launch(b, "k", (1, 1, 1), (128, 1, 1), 65536, ())
+    assert calls == [("kernel", "CARVEOUT", 100, "dev0"),  # a's, once
+                     ("kernel", "MAXDYN", 65536, "dev0"), ("kernel", "CARVEOUT", 100, "dev0")]  # b's
+    assert len(launched) == 4

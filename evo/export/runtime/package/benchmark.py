@@ -42,19 +42,24 @@ def header(versions: Mapping[str, Any]) -> dict[str, Any]:
                      for op, d in provenance()["ops"].items()}}
 
 
-def parser(description: str, quick: str) -> argparse.ArgumentParser:
+def parser(description: str, quick: str, split: bool = False) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.bench", description=description)
     ap.add_argument("--out", type=Path, default=Path(f"{PACKAGE}_bench.json"))
     ap.add_argument("--samples", type=int, default=100, help="timed launches per side and cell (default 100)")
     ap.add_argument("--quick", action="store_true", help=quick)
+    if split:
+        ap.add_argument("--split", action="store_true",
+                        help="also time each side with the stream held busy while the host issues the call (its GPU "
+                             "time) and measure its host time per call, --samples more of each")
     return ap
 
 
 def main(argv: list[str] | None, description: str, quick: str, measure: Callable[[argparse.Namespace], Measured],
-         versions: Callable[[], Mapping[str, Any]] = dict) -> int:
-    """Parse the command line (`quick`: what --quick keeps), measure, write the JSON document to --out and
-    say it in one line; 1 when a cell was wrong (named on stderr), 2 without a CUDA GPU."""
-    args = parser(description, quick).parse_args(argv)
+         versions: Callable[[], Mapping[str, Any]] = dict, split: bool = False) -> int:
+    """Parse the command line (`quick`: what --quick keeps; `split`: the family's measure reads --split), measure,
+    write the JSON document to --out and say it in one line; 1 when a cell was wrong (named on stderr), 2 without a
+    CUDA GPU."""
+    args = parser(description, quick, split).parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():

@@ -1,31 +1,55 @@
 """The exported benchmarks' timer: CUDA events around each call, the L2 flushed before each by reading
 256 MiB (clean lines only: no write-back of the flush's own lines falls in the timed call, as the factory's
-gate does by default), the functions taking turns in both orders (every family's bench.py uses it)."""
+gate does by default), the functions taking turns in both orders (every family's bench.py uses it).
+
+`split_us` divides a call's time into the GPU's and the host's: the same loop with the stream held busy (a
+sleep kernel after the flush) while the host issues the call, so the events bracket the call's kernels only,
+and the host's own time per call (perf_counter around it). A call's events time (samples_us) is about the
+larger of its GPU time and its host time before its first kernel, plus the rest."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
 
 _FLUSH_BYTES = 256 << 20
+HOLD_CYCLES = 4_000_000  # ~2 ms at the H200's 1.98 GHz: longer than any call's host work before its last launch
 
 
 def samples_us(fns: list[Callable[[], object]], n: int, warmup: int = 10) -> list[list[float]]:
     """n CUDA-event timings per function, L2 flushed before each, the functions taking turns in both orders."""
+    return _loop(fns, n, warmup, hold=False)[0]
+
+
+def split_us(fns: list[Callable[[], object]], n: int, warmup: int = 3) -> tuple[list[list[float]], list[list[float]]]:
+    """(GPU times, host times) per function, n samples each in us: CUDA events around each call with the stream
+    held busy while the host issues it (the GPU's share), and perf_counter around the call (the host's)."""
+    return _loop(fns, n, warmup, hold=True)
+
+
+def _loop(fns: list[Callable[[], object]], n: int, warmup: int, hold: bool) -> tuple[list[list[float]],
+                                                                                    list[list[float]]]:
     flush = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
     for fn in fns:
         for _ in range(warmup):
             fn()
-    out: list[list[float]] = [[] for _ in fns]
+    gpu: list[list[float]] = [[] for _ in fns]
+    host: list[list[float]] = [[] for _ in fns]
     for i in range(n):
         order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
         for j in order:
             flush.sum()  # reads every line: the L2 left holding clean lines of `flush` only
+            if hold:
+                torch.cuda._sleep(HOLD_CYCLES)  # the stream busy while the host issues the call
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            t0 = time.perf_counter()
             fns[j]()
+            t1 = time.perf_counter()
             end.record()
             end.synchronize()
-            out[j].append(start.elapsed_time(end) * 1e3)
-    return out
+            gpu[j].append(start.elapsed_time(end) * 1e3)
+            host[j].append((t1 - t0) * 1e6)
+    return gpu, host

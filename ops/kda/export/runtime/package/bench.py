@@ -6,7 +6,11 @@ sides take turns (both orders), and the median of all samples is kept. Outputs a
 (first and last sequence) before timing. A decode cell is timed against fla's fused_recurrent_kda, a
 prefill one against chunk_kda; without fla only the exported kernels are timed.
 
-    python -m <package>.bench [--out bench.json] [--samples 100] [--quick]
+With --split each side is also timed with the stream held busy while the host issues the call (its GPU time,
+`*_gpu_us`) and its host time per call is measured (`*_host_us`): a call's events time is about the larger of the
+two plus the rest. A call that synchronizes inside (reads a device value on the host) defeats the hold.
+
+    python -m <package>.bench [--out bench.json] [--samples 100] [--quick] [--split]
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from . import api, benchmark, verify
 from .benchmark import geomean
 from .choose import ENTRY_POINTS, kind_of
 from .table import Entry, tables
-from .timing import samples_us
+from .timing import samples_us, split_us
 
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -84,7 +88,7 @@ def check(dims: dict[str, int], t: dict[str, Any], kw: dict[str, Any], o: torch.
     return verify.check(bound, s, o, final)
 
 
-def cell_row(e: Entry, samples: int) -> dict:
+def cell_row(e: Entry, samples: int, split: bool = False) -> dict:
     dims, dt = dict(e.dims), dict(e.dtypes)
     entry = next(ep for ep, (kind, _) in ENTRY_POINTS.items() if kind == kind_of(e.template))
     t, kw = inputs(dims, dt)
@@ -101,10 +105,16 @@ def cell_row(e: Entry, samples: int) -> dict:
     times = samples_us(fns, samples)
     ours_us = statistics.median(times[0])
     fla_us = statistics.median(times[1]) if peer is not None else None
-    return {"cell": e.cell, "entry": entry, "dims": dims, "dtypes": dt, "exported_us": ours_us, "fla_us": fla_us,
-            "speedup_vs_fla": fla_us / ours_us if fla_us else None, "searched_median_us": e.median_us,
-            "searched_baseline": e.baseline, "searched_baseline_us": e.baseline_us, "samples": samples,
-            "correct": not problem, "error": problem}
+    row = {"cell": e.cell, "entry": entry, "dims": dims, "dtypes": dt, "exported_us": ours_us, "fla_us": fla_us,
+           "speedup_vs_fla": fla_us / ours_us if fla_us else None, "searched_median_us": e.median_us,
+           "searched_baseline": e.baseline, "searched_baseline_us": e.baseline_us, "samples": samples,
+           "correct": not problem, "error": problem}
+    if split:  # the GPU's and the host's shares of each side's call (timing.split_us)
+        gpu, host = split_us(fns, samples)
+        for side, i in (("exported", 0), ("fla", 1)):
+            row[f"{side}_gpu_us"] = statistics.median(gpu[i]) if i < len(fns) else None
+            row[f"{side}_host_us"] = statistics.median(host[i]) if i < len(fns) else None
+    return row
 
 
 def measure(args: argparse.Namespace) -> benchmark.Measured:
@@ -112,14 +122,14 @@ def measure(args: argparse.Namespace) -> benchmark.Measured:
     entries = list(tables()["kda"].entries) if "kda" in tables() else []
     if args.quick:
         entries = entries[:1] + entries[-1:] if len(entries) > 1 else entries
-    rows = [cell_row(e, args.samples) for e in entries]
+    rows = [cell_row(e, args.samples, getattr(args, "split", False)) for e in entries]
     gm = geomean(r["speedup_vs_fla"] for r in rows if r["speedup_vs_fla"])
     return rows, {"geomean_speedup_vs_fla": gm}, f"geomean speedup over fla: {gm}"
 
 
 def main(argv: list[str] | None = None) -> int:
     return benchmark.main(argv, __doc__.split("\n\n")[0], "the first and last cell only", measure,
-                          lambda: {"fla": _fla_version()})
+                          lambda: {"fla": _fla_version()}, split=True)
 
 
 def _fla_version() -> str | None:
