@@ -35,7 +35,9 @@ def _sections(cubin: bytes) -> list[tuple[str, int, int]]:
 
 
 def _cstr(b: bytes, at: int) -> str:
-    end = b.index(b"\0", at)
+    end = b.find(b"\0", at)
+    if at >= len(b) or end < 0:
+        raise CubinError("a name runs past the end of the cubin")
     return b[at:end].decode("utf-8", "replace")
 
 

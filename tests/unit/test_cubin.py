@@ -104,3 +104,18 @@ def test_a_device_functions_spills_count_against_every_entry():
 def test_resources_of_bytes_that_are_not_a_cubin_are_unknown_not_an_error():
     assert nvrtc.resources_of("", b"not a cubin") == {}
     assert nvrtc.resources_of("", b"") == {}
+
+
+def test_a_cubin_whose_names_run_past_its_end_is_refused(built):
+    """Section headers intact, the string table's offset pointing past the end: refused by name, not an IndexError."""
+    import struct
+
+    _, r = built
+    b = bytearray(r.cubin)
+    shoff = struct.unpack_from("<Q", b, 0x28)[0]
+    shentsize, _, shstrndx = struct.unpack_from("<HHH", b, 0x3A)
+    at = shoff + shstrndx * shentsize + 24  # sh_offset of the section-name table
+    struct.pack_into("<Q", b, at, len(b) - 1)
+    struct.pack_into("<Q", b, at + 8, 0)  # sh_size 0: the header check passes, the names do not
+    with pytest.raises(CubinError):
+        cubin_regcounts(bytes(b))
