@@ -49,7 +49,8 @@ def cubin_regcounts(cubin: bytes) -> dict[str, int]:
         return {}
     sym_off, sym_size = secs[".symtab"]
     str_off = secs[".strtab"][0]
-    names = [_cstr(cubin, str_off + struct.unpack_from("<I", cubin, sym_off + 24 * i)[0]) for i in range(sym_size // 24)]
+    names = [_cstr(cubin, str_off + struct.unpack_from("<I", cubin, sym_off + 24 * i)[0])
+             for i in range(sym_size // 24)]
     off, size = secs[".nv.info"]
     out: dict[str, int] = {}
     p, end = off, off + size

@@ -90,7 +90,8 @@ def side_first(bound: list) -> list:
             continue
         at = [i for i, (m, _) in enumerate(out) if m.stream != "side" and m.kernel == lj.fork_after]
         if not at:
-            raise ValueError(f"side launch {lj.kernel} forks after {lj.fork_after!r}, which no main launch before it ran")
+            raise ValueError(f"side launch {lj.kernel} forks after {lj.fork_after!r}, which no main launch before "
+                             "it ran")
         i = at[-1] + 1
         while i < len(out) and out[i][0].stream == "side":  # after the side launches already moved there
             i += 1

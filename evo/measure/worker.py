@@ -142,7 +142,8 @@ class Worker:
         # ObjectCode is alive, so ids are not reused. Set before the first (checked) launch, never in a capture.
         self.smem_allowed: dict[tuple[int, str], int] = {}
         self.carveout = smem_carveout()  # None: the driver's choice
-        self.carved: set[tuple[int, str]] = set()  # (id of the ObjectCode, kernel) given the carveout; cleared with smem_allowed
+        # (id of the ObjectCode, kernel) given the carveout; cleared with smem_allowed
+        self.carved: set[tuple[int, str]] = set()
         self._numel = [0] * SLOTS  # elements compared in each scratch slot
         self._side: Any = None  # side_stream()
         self.l2_flush = l2_flush_mode()

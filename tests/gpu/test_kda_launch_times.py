@@ -254,7 +254,8 @@ def test_overlap_schedules(worker, c, order, carveout):
     print(f"\nkda schedules {c.label()} order {order} carveout {carveout}: prep {prep['median_us']:.1f} us "
           f"({prep['ctas']} CTAs), recur {recur['median_us']:.1f} us ({recur['ctas']} CTAs), flags "
           f"{flags['median_us']:.1f} us, sum {res['sum_us']:.1f} us, together {tog:.1f} us "
-          f"({tog / res['sum_us']:.2f} of the sum, {tog / max(prep['median_us'], recur['median_us']):.2f} of the longer)")
+          f"({tog / res['sum_us']:.2f} of the sum, "
+          f"{tog / max(prep['median_us'], recur['median_us']):.2f} of the longer)")
     assert [ln["kernel"] for ln in res["launches"]] == list(OVERLAP_KERNELS)
     for t in [*(ln["median_us"] for ln in res["launches"]), tog]:
         assert math.isfinite(t) and t > 0, res
