@@ -95,11 +95,11 @@ def test_prefill_matrix_is_what_the_template_serves():
 
 # Spills the parser hid until 2026-12-04 (ptxas prints an out-of-line device function's properties inside its
 # caller's block, and their zeros overwrote the entry's), pinned where found rather than hidden: a template change
-# that spills more, or spills anywhere else, fails. Measured under NVRTC 13.5, the most of stores / loads / stack
-# bytes seen in these tests' points:
-# - the prep at 256 threads under a register cap: at chunk 64 (128 registers: 108 / 136 / 88 with qk_l2norm), at
-#   chunk 32 with fla's variants in the kernel (80 registers: 64 / 72), and at prep_blocks 4 (64 registers:
-#   140 / 160 / 120);
+# that spills more, or spills anywhere else, fails. Stores / loads / stack bytes under NVRTC 13.5
+# (experiments/results/chunk_spills.json, from experiments/scripts/chunk_spills.py):
+# - the prep at 256 threads under a register cap: at chunk 64 (128 registers: 88 / 84 / 64, and 108 / 136 / 88 with
+#   q, k normalized in the kernel), at prep_blocks 4 (64 registers: 140 / 160 / 120), and at chunk 32 with fla's
+#   variants in the kernel (80 registers: 64 / 72 under NVRTC 13.0, kda_varlen_h200's builds; none under 13.5);
 # - the split-K recurrence (kwarps > 1) at 512 threads (128 registers: 72 / 72 / 72 at warps 8, kwarps 2) and at
 #   chunk 64 (255 registers: 76 / 76 / 80);
 # - the lean one-warp recurrence with the split state at stages 4 (255 registers: 24 / 24 / 24).
