@@ -19,10 +19,9 @@ from evo.templates.template import load_templates, parse_template
 from ops.kda.reference import Variant
 from ops.kda.spec import DType, cell, prefill_matrix, varlen_matrix
 
+from tests.gpu.test_kda_launch_times import LOCAL_PO, SHARED_PO  # the GPU A/B's two texts of that line
+
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_PO = "const float4 p = xo[(j * (C / 8) + n) * 32 + lane];"
-LOCAL_PO = ("const float4 p = j == kw ? make_float4(po[n][0], po[n][1], po[n][2], po[n][3]) : "
-            "xo[(j * (C / 8) + n) * 32 + lane];")
 SPLIT = {"chunk": 32, "prep_threads": 256, "prep_diag": "split", "stage_in": True, "warps": 2, "stages": 6}
 
 
@@ -62,6 +61,7 @@ def build(tdef, c, params: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     today = load_templates("kda")["chunk"]
+    assert today.text.count(SHARED_PO) == 1, "the own-partials line changed: see tests/gpu/test_kda_launch_times.py"
     before = parse_template(today.text.replace(SHARED_PO, LOCAL_PO), "chunk, own partials at a run-time index",
                             trusted=True)
     rows = []
