@@ -13,8 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from evo.build.nvrtc import compile_one, compiler_version, prepare
-from evo.core.genome import Genome
+from evo.build.nvrtc import build_point, compiler_version
 from evo.templates.template import load_templates, parse_template
 from ops.kda.reference import Variant
 from ops.kda.spec import DType, cell, prefill_matrix, varlen_matrix
@@ -48,11 +47,10 @@ def points() -> list[tuple[str, object, dict]]:
 
 
 def build(tdef, c, params: dict) -> dict:
-    g = Genome.make("kda", "chunk", tdef.source_hash, tdef.default_params() | params)
-    bad = tdef.violations(g.params_dict(), 90, c.dtypes_dict(), c.dims_dict())
-    if bad:
-        raise SystemExit(f"{params} on {c.label()}: {bad}")
-    r = compile_one(prepare(tdef, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
+    try:
+        r = build_point(tdef, params, c.dtypes_dict(), c.dims_dict())
+    except ValueError as e:
+        raise SystemExit(f"{e} on {c.label()}") from e
     if not r.status.ok:
         raise SystemExit(f"{params} on {c.label()}: {r.status.name} {r.error}")
     return {k: {"regs": x.regs, "spill_stores": x.spill_stores, "spill_loads": x.spill_loads,

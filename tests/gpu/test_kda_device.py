@@ -186,6 +186,10 @@ CHUNK_POINTS += [KSPLIT | {"warps": w, "kwarps": kw, "stages": s} for w, kw, s i
 CHUNK_POINTS += [CHUNK_POINTS[10] | {"prep_diag": "mma"}, KSPLIT | {"warps": 1, "kwarps": 2, "stages": 3, "prep_diag": "mma"}]
 # with (I + beta A_kk)^-1 by 16x16 blocks (prep_inv = blocked)
 CHUNK_POINTS += [CHUNK_POINTS[-1] | {"prep_inv": "blocked"}]
+# the mma prep's exponentials as one ex2.approx.ftz on a base-2 decay (prep_exp = ex2) and its shared-memory offsets
+# from row and column apart (prep_addr = rowcol): the one-warp recurrence and kwarps 2, both options on; ex2 alone
+CHUNK_POINTS += [CHUNK_POINTS[-3] | {"prep_exp": "ex2", "prep_addr": "rowcol"},
+                 CHUNK_POINTS[-2] | {"prep_exp": "ex2", "prep_addr": "rowcol"}, CHUNK_POINTS[-2] | {"prep_exp": "ex2"}]
 
 
 @pytest.mark.gpu

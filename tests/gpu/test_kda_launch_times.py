@@ -276,11 +276,25 @@ LOCAL_PO = ("const float4 p = j == kw ? make_float4(po[n][0], po[n][1], po[n][2]
             "xo[(j * (C / 8) + n) * 32 + lane];")
 
 
+def time_variant(worker, c, test: str, variant: str, params: dict, g, build, job, mod, ref_obj, **extra) -> dict:
+    """One variant of an A/B in this process: its launches timed one by one (time_launches checks the outputs
+    first), its row (`test`, `variant`, the build's registers and `extra`) appended to ROWS and written; the result."""
+    from cuda.core import ObjectCode
+
+    obj = ObjectCode.from_cubin(build.cubin)
+    worker.smem_allowed.clear()  # keyed by id(obj), as Worker.run does per job
+    worker.carved.clear()
+    res = time_launches(worker, obj, ref_obj, mod, job)
+    ROWS.append({"cell": c.label(), "B": c.dim("B"), "T": c.dim("T"), "H": c.dim("H"), "HV": c.dim("HV"),
+                 "test": test, "variant": variant, "point": point_id(params), "params": g.params_dict(),
+                 "regs": {k: r.regs for k, r in build.resources}, **extra, **res})
+    write_rows()
+    return res
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
 def test_split_k_recurrence_own_partials_from_shared_against_local(worker, c):
-    from cuda.core import ObjectCode
-
     from evo.build.nvrtc import compile_one, prepare
     from evo.core.genome import Genome
     from evo.measure.launches import plan_job as plan
@@ -302,16 +316,36 @@ def test_split_k_recurrence_own_partials_from_shared_against_local(worker, c):
         # po in registers: one token tile a warp, NVRTC 13.5)
         assert variant == "local" or recur.stack_bytes == 0, recur
         _, job = plan(SPEC, TEMPLATE, c, params, ARCH, build, tdef=tdef)
-        obj = ObjectCode.from_cubin(build.cubin)
-        worker.smem_allowed.clear()
-        worker.carved.clear()
-        res = time_launches(worker, obj, ref_obj, mod, job)
-        row = {"cell": c.label(), "B": c.dim("B"), "T": c.dim("T"), "H": c.dim("H"), "HV": c.dim("HV"),
-               "test": "own_partials", "variant": variant, "point": point_id(params), "params": g.params_dict(),
-               "regs": {k: r.regs for k, r in build.resources}, "stack_bytes": recur.stack_bytes, **res}
-        ROWS.append(row)
-        write_rows()
+        res = time_variant(worker, c, "own_partials", variant, params, g, build, job, mod, ref_obj,
+                           stack_bytes=recur.stack_bytes)
         out[variant] = res["launches"][1]["median_us"]
     print(f"\nkda own partials {c.label()}: recur from shared {out['shared']:.1f} us, from local memory "
           f"{out['local']:.1f} us ({out['local'] / out['shared']:.3f}x)")
+    assert all(math.isfinite(t) and t > 0 for t in out.values()), out
+
+
+# The prep's exponentials and shared-memory offsets (2026-12-05): each prefill cell's dispatch genome of
+# kda_prefill_h200_13 as it was (prep_exp fast, prep_addr swz), with one ex2.approx.ftz an exponential on a base-2
+# decay (ex2), with the offsets from row and column apart (rowcol), and with both. Compiled (NVRTC 13.5, SASS in
+# experiments/results/prep_sass.json): both together ~25% fewer prep instructions a CTA, 93 -> 80 registers. A/B
+# in one process, launch by launch (time_launches checks the outputs against float64 first). Rows: test "prep_ex2".
+# Run: KF_LAUNCH_TIMES_OUT=kda_ex2.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_ex2
+PREP_VARIANTS = {"fast-swz": {"prep_exp": "fast", "prep_addr": "swz"}, "ex2-swz": {"prep_exp": "ex2", "prep_addr": "swz"},
+                 "fast-rowcol": {"prep_exp": "fast", "prep_addr": "rowcol"},
+                 "ex2-rowcol": {"prep_exp": "ex2", "prep_addr": "rowcol"}}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
+def test_prep_ex2_and_rowcol_against_the_dispatch(worker, c):
+    params = json.loads(PO_TABLE.read_text())["dispatch"][c.label()]["params"]
+    mod, ref_obj = worker._op("kda")
+    out = {}
+    for variant, over in PREP_VARIANTS.items():
+        p = params | over
+        build = build_for(c, p)
+        g, job = plan_job(c, p, build)
+        res = time_variant(worker, c, "prep_ex2", variant, p, g, build, job, mod, ref_obj)
+        out[variant] = res["launches"][0]["median_us"]
+    print(f"\nkda prep {c.label()}: " + ", ".join(f"{v} {t:.1f} us ({t / out['fast-swz']:.3f}x)" for v, t in out.items()))
     assert all(math.isfinite(t) and t > 0 for t in out.values()), out

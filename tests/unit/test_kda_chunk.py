@@ -183,7 +183,8 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
-           "kwarps": 1, "prep_inv": "rows", "overlap": False}  # each option's off value: the code before it
+           "kwarps": 1, "prep_inv": "rows", "overlap": False,
+           "prep_addr": "swz"}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -251,10 +252,14 @@ def test_options_off_render_the_code_from_before_the_options():
     before_vec = 2 * (2 * 1376 + 560) + 2 * 384
     # prep_diag = mma repeats the split points of the vectorized, one-add prep at prep_blocks 3, and prep_inv = blocked
     # the mma points at chunk 32 (test_mma_diag_legality, test_blocked_inverse_legality)
-    mma = [p for p in legal if p["prep_diag"] == "mma" and p["prep_inv"] == "rows"]
-    blocked = [p for p in legal if p["prep_inv"] == "blocked"]
-    assert len(legal) == before_vec + len([p for p in legal if p["stage_in"] and not p["prep_vec"]]) + len(mma) + len(blocked)
-    assert before_vec == 7392 and len(legal) == 13128 + 828 + 768 and (len(mma), len(blocked)) == (828, 768)
+    # prep_exp = ex2 and prep_addr = rowcol are offered on the mma prep only: its points at the other two exponentials
+    # and swz (`first`), then each again at ex2, and all three at rowcol (test_ex2_rowcol_legality)
+    first = [p for p in legal if p["prep_exp"] != "ex2" and p["prep_addr"] == "swz"]
+    mma = [p for p in first if p["prep_diag"] == "mma" and p["prep_inv"] == "rows"]
+    blocked = [p for p in first if p["prep_inv"] == "blocked"]
+    assert len(first) == before_vec + len([p for p in first if p["stage_in"] and not p["prep_vec"]]) + len(mma) + len(blocked)
+    assert before_vec == 7392 and len(first) == 13128 + 828 + 768 and (len(mma), len(blocked)) == (828, 768)
+    assert len(legal) == len(first) + (3 * 2 - 2) * (len(mma) + len(blocked)) // 2
     # kwarps 2, 4: launch 2 of its own, the one-warp-a-column options off (test_kwarps_legality)
     ksplit = [p for p in all_legal(c, ksplit=True) if p["kwarps"] > 1]
     assert len(all_legal(c, ksplit=True)) == len(legal) + len(ksplit) and len(ksplit) == KSPLIT_POINTS
@@ -737,7 +742,7 @@ def test_recur_lean_legality():
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
                  "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
-                 "prep_inv": ["rows"], "overlap": [False]}
+                 "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -1418,6 +1423,31 @@ def fast_exp(x: np.ndarray, sign: int) -> np.ndarray:
     return y
 
 
+LOG2E = f32(1.44269504088896341)  # the kernel's constant, rounded to fp32
+
+
+def ex2_model(x: np.ndarray, sign: int) -> np.ndarray:
+    """ex2.approx.ftz.f32 of a base-2 argument at 4 ulp (twice exp2f's documented 2) of 2^-23 relative each, all in one
+    direction; results below the smallest normal flush to zero."""
+    x64 = np.asarray(x, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = np.exp2(x64) * (1 + sign * 4 * 2.0**-23)
+        y = np.where(np.abs(y) < 2.0**-126, 0.0, y).astype(f32)
+    return y
+
+
+def base2_cumsum(g: np.ndarray, axis: int) -> np.ndarray:
+    """prep_exp = ex2's G: the log decay times LOG2E summed along `axis` by fmaf (the exact product and sum, one
+    rounding to fp32 a step: a product of two fp32 is exact in float64)."""
+    g = np.moveaxis(np.asarray(g, f32), axis, 0)
+    out = np.empty_like(g)
+    acc = np.zeros(g.shape[1:], f32)
+    for t in range(g.shape[0]):
+        acc = (acc.astype(np.float64) + g[t].astype(np.float64) * np.float64(LOG2E)).astype(f32)
+        out[t] = acc
+    return np.moveaxis(out, 0, axis)
+
+
 def variant_prep(inputs: dict, c: Cell, lower_bound: float = LOWER_BOUND) -> dict[str, np.ndarray]:
     """Launch 1's variant arithmetic on load, per token, in fp32 as the kernel does it: q, k [B, T, H, K] scaled
     by 1 / sqrt(sum x^2 + 1e-6) (qk_l2norm; the raw bf16 value times the fp32 factor, where each is read); the
@@ -1444,11 +1474,12 @@ def variant_prep(inputs: dict, c: Cell, lower_bound: float = LOWER_BOUND) -> dic
 DIAG_RANGE = 60.0  # prep_diag = mma's bound on |G_t - G_b0| within a diagonal block (the kernel's DIAG_RANGE)
 
 
-def diag_is_wide(G: np.ndarray) -> np.ndarray:
+def diag_is_wide(G: np.ndarray, bound: np.float32 = f32(DIAG_RANGE)) -> np.ndarray:
     """prep_diag = mma's per-chunk flag from G [..., C, K] (fp32 sums): some channel moves by more than DIAG_RANGE from
-    a diagonal block's first token within the block (those chunks take the exact per-pair diagonal)."""
+    a diagonal block's first token within the block (those chunks take the exact per-pair diagonal). prep_exp = ex2
+    passes its base-2 G and the bound in base 2 (f32(DIAG_RANGE) * LOG2E, as the kernel's constant)."""
     blocks = G.reshape(*G.shape[:-2], G.shape[-2] // 16, 16, G.shape[-1])
-    return (np.abs(blocks - blocks[..., :1, :]) > f32(DIAG_RANGE)).any(axis=(-3, -2, -1))
+    return (np.abs(blocks - blocks[..., :1, :]) > bound).any(axis=(-3, -2, -1))
 
 
 def forward_substitution(akk: np.ndarray, beta: np.ndarray) -> np.ndarray:
@@ -1472,6 +1503,9 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
     B, T, H, HV, K = (c.dim(d) for d in ("B", "T", "H", "HV", "K"))
     C = p["chunk"]
     ex = (lambda x: fast_exp(x, exp_sign)) if p.get("prep_exp") == "fast" else np.exp
+    base2 = p.get("prep_exp") == "ex2"  # G in base 2, every exponential one ex2 (ex2_model)
+    if base2:
+        ex = lambda x: ex2_model(x, exp_sign)  # noqa: E731
     NT = -(-T // C)
     grp = HV // H
 
@@ -1484,13 +1518,15 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
     q, k = (chunks(np.repeat(pre[n], grp, axis=2)) for n in ("q", "k"))
     v, g, beta = (chunks(pre[n]) for n in ("v", "g", "beta"))
     s = f32(scale)
-    G = np.cumsum(g, axis=3, dtype=f32)  # sequential fp32 sums, as the kernel's column loop
+    G = base2_cumsum(g, 3) if base2 else np.cumsum(g, axis=3, dtype=f32)  # sequential fp32 sums, as the kernel's column loop
     gl = G[..., -1:, :]
     ws = {"qg": bf(s * q * ex(G)), "kgT": np.swapaxes(bf(k * ex(gl - G)), -1, -2), "gl": ex(gl[..., 0, :])}
     akk = np.zeros((*G.shape[:-1], C), f32)
     aqk = np.zeros_like(akk)
     tri = np.tril(np.ones((16, 16), bool))
-    wide = diag_is_wide(G) if p.get("prep_diag") == "mma" else None
+    wide = None
+    if p.get("prep_diag") == "mma":
+        wide = diag_is_wide(G, f32(DIAG_RANGE) * LOG2E) if base2 else diag_is_wide(G)
     for blk in range(C // 16):
         rs = slice(16 * blk, 16 * blk + 16)
         gi = G[..., rs, :]
@@ -1573,11 +1609,14 @@ EMU_POINTS = [{"chunk": 64, "state_split": False}, {"chunk": 32, "state_split": 
               {"chunk": 32, "state_split": False, "prep_exp": "fast"},
               {"chunk": 32, "state_split": False, "prep_exp": "fast"} | MMA_DIAG,
               {"chunk": 64, "state_split": False} | MMA_DIAG,
-              {"chunk": 32, "state_split": False, "prep_exp": "fast", "prep_inv": "blocked"} | MMA_DIAG]
+              {"chunk": 32, "state_split": False, "prep_exp": "fast", "prep_inv": "blocked"} | MMA_DIAG,
+              {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol"} | MMA_DIAG,
+              {"chunk": 64, "state_split": False, "prep_exp": "ex2"} | MMA_DIAG]
 
 
 def emu_id(p: dict) -> str:
-    return (f"C{p['chunk']}-split{int(p['state_split'])}" + ("-fastexp" if p.get("prep_exp") == "fast" else "")
+    return (f"C{p['chunk']}-split{int(p['state_split'])}" + {"fast": "-fastexp", "ex2": "-ex2"}.get(p.get("prep_exp"), "")
+            + ("-rowcol" if p.get("prep_addr") == "rowcol" else "")
             + ("-mmadiag" if p.get("prep_diag") == "mma" else "") + ("-blockedinv" if p.get("prep_inv") == "blocked" else ""))
 
 
@@ -1590,7 +1629,7 @@ def test_emulated_template_matches_the_float64_reference(c: Cell, fit: dict):
     scal = SPEC.scalar_values(c)
     for kind, source, inputs in emulation_inputs(c):
         want = SPEC.reference(inputs, scal)
-        for sign in (1, -1) if p["prep_exp"] == "fast" else (1,):
+        for sign in (1, -1) if p["prep_exp"] in ("fast", "ex2") else (1,):
             got = emulate(inputs, scal, c, p, sign)
             for name in want:
                 ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
@@ -1604,8 +1643,9 @@ def test_long_sequence_with_decay_near_one_keeps_its_margin():
     scal = SPEC.scalar_values(c)
     want = SPEC.reference(inputs, scal)
     for split, exp, sign, bound in ((False, "expf", 1, 0.9), (True, "expf", 1, 0.85), (False, "fast", 1, 0.9),
-                                    (False, "fast", -1, 0.9)):
-        got = emulate(inputs, scal, c, TDEF.default_params() | {"chunk": 32, "state_split": split, "prep_exp": exp}, sign)
+                                    (False, "fast", -1, 0.9), (False, "ex2", 1, 0.9), (False, "ex2", -1, 0.9)):
+        p = TDEF.default_params() | {"chunk": 32, "state_split": split, "prep_exp": exp}
+        got = emulate(inputs, scal, c, p | (MMA_DIAG | {"prep_addr": "rowcol"} if exp == "ex2" else {}), sign)
         for name in want:
             ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
             assert ok and share < bound, (split, exp, sign, name, share)
@@ -1901,7 +1941,7 @@ def emulate_cell(inputs: dict, scal: dict, c: Cell, p: dict, exp_sign: int = 1) 
     return inputs, emulate(inputs, scal, c, p, exp_sign)
 
 
-@pytest.mark.parametrize("fit", EMU_POINTS[:4], ids=emu_id)
+@pytest.mark.parametrize("fit", EMU_POINTS[:4] + [EMU_POINTS[-2]], ids=emu_id)
 @pytest.mark.parametrize("c", VARIANT_CELLS, ids=lambda c: c.label())
 def test_emulated_variants_match_the_float64_reference(c: Cell, fit: dict):
     """Each variant alone, the model's call and every switch on: every kind, from make_inputs and the device fill,
@@ -1910,7 +1950,7 @@ def test_emulated_variants_match_the_float64_reference(c: Cell, fit: dict):
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
     scal = SPEC.scalar_values(c)
     for kind, src, inputs in variant_inputs(c):
-        for sign in (1, -1) if p["prep_exp"] == "fast" else (1,):
+        for sign in (1, -1) if p["prep_exp"] in ("fast", "ex2") else (1,):
             inputs, got = emulate_cell(inputs, scal, c, p, sign)
             want = SPEC.reference(inputs, scal)
             for name in want:
@@ -2152,7 +2192,8 @@ def test_mma_diag_legality():
     point (prep_blocks 4 is rendered for split only), refused elsewhere by its own constraint."""
     c = PREFILL_CELLS[0]
     legal = all_legal(c, ksplit=True)
-    on = [p for p in legal if p["prep_diag"] == "mma" and p["prep_inv"] == "rows"]  # (blocked: its own test below)
+    on = [p for p in legal if p["prep_diag"] == "mma" and p["prep_inv"] == "rows"  # (blocked: its own test below)
+          and p["prep_exp"] != "ex2" and p["prep_addr"] == "swz"]  # (ex2, rowcol: test_ex2_rowcol_legality)
     base = [p for p in legal if p["prep_diag"] == "split" and p["prep_vec"] and p["prep_round"] == "add"
             and p["prep_blocks"] == 3]
     assert on and sorted(map(str, on)) == sorted(str(p | {"prep_diag": "mma"}) for p in base)
@@ -2219,6 +2260,165 @@ def test_mma_diag_builds_spill_free_at_the_split_occupancy():
                 p, dict(split.resources)["kda_chunk_prep"].regs), (cc.label(), p)
 
 
+# ---- prep_exp = ex2 (G in base 2, one ex2.approx.ftz an exponential) and prep_addr = rowcol (launch 1's offsets) -----
+
+GA_PREP = {"chunk": 32, "prep_threads": 128, "warps": 1, "kwarps": 2, "stages": 3, "prep_exp": "fast"} | MMA_DIAG
+
+
+def test_ex2_rowcol_legality():
+    """Both are offered on the mma prep only: each mma point again at ex2, and every one of those at rowcol; each is
+    refused elsewhere by its own constraint."""
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c, ksplit=True)
+    mma = sorted(str(p) for p in legal if p["prep_diag"] == "mma" and p["prep_exp"] != "ex2" and p["prep_addr"] == "swz")
+    for exp, addr in (("ex2", "swz"), ("expf", "rowcol"), ("fast", "rowcol"), ("ex2", "rowcol")):
+        on = [p for p in legal if p["prep_exp"] == exp and p["prep_addr"] == addr]
+        base = [p for p in legal if p["prep_diag"] == "mma" and p["prep_addr"] == "swz"
+                and p["prep_exp"] == ("fast" if exp == "ex2" else exp)]
+        assert on and sorted(str(p | {"prep_exp": exp, "prep_addr": addr}) for p in base) == sorted(map(str, on))
+    assert len([p for p in legal if p["prep_exp"] == "ex2" or p["prep_addr"] == "rowcol"]) == 2 * len(mma)
+    p = TDEF.default_params() | {"stage_in": True, "prep_vec": True, "prep_round": "add", "prep_diag": "split"}
+    assert TDEF.violations(p | {"prep_exp": "ex2"}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["ex2_on_the_mma_prep"]
+    assert TDEF.violations(p | {"prep_addr": "rowcol"}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["rowcol_on_the_mma_prep"]
+
+
+def c_function(src: str, head: str) -> str:
+    """The body of the first C function in src whose declaration starts with `head` (up to its closing brace)."""
+    i = src.index(head)
+    j = src.index("{", i)
+    depth, k = 0, j
+    while True:
+        depth += {"{": 1, "}": -1}.get(src[k], 0)
+        if depth == 0:
+            return src[j + 1:k]
+        k += 1
+
+
+def c_int_expr(expr: str, **names: int) -> int:
+    """A C integer expression of the helpers (non-negative operands: + * / >> << & ^ on ints and unsigned, casts,
+    u suffixes, one conditional) evaluated in Python."""
+    e = re.sub(r"\((?:unsigned|int)\)", "", expr)
+    e = re.sub(r"(\d+)u\b", r"\1", e).replace("/", "//")
+    e = re.sub(r"^(.*) \? (.*) : (.*)$", r"(\2) if (\1) else (\3)", e)  # one top-level conditional
+    return eval(e, {"__builtins__": {}}, dict(names))  # noqa: S307 - the template's own text
+
+
+def kg_loop(src: str) -> str:
+    """launch 1's k exp(G_last - G) loop (prep_vec) with the comment of the rowcol one, to its closing brace."""
+    i = src.index("\n", src.rindex("\n  }\n", 0, src.index("i < K * C / 8; i += PT) {")) + 1) + 1
+    return src[i:src.index("\n  }\n", i) + 4]
+
+
+def wu_items(src: str) -> str:
+    """launch 1's w, u items: from their comment to the kernel's #undef."""
+    i = src.index("  // w = Tinv X, u = Tinv (beta v) by tf32 mma: items")
+    return src[i:src.index("#undef G_AT", i)]
+
+
+def test_rowcol_offsets_are_the_swizzled_offsets_over_every_row_and_column():
+    """prep_addr = rowcol changes how launch 1 computes its shared-memory offsets, not which bytes: rc<RB>(row, cb) and
+    the rowcol stg<N>(t, c), read back from the rendered source and evaluated, equal swz<RB>(row RB + cb) and the swz
+    build's stg<N>(t, c) for every row of a chunk and every byte (column) of a row of each tile launch 1 addresses:
+    G [C][K] fp32, A [C][C] fp32, the staged q, k [C][K] and v [C][V] bf16, at chunk 32 and 64 (and the line-sized
+    branch of rc at rows of 64 bytes); k exp(G_last - G)'s loop with its offsets hoisted gives each of its tokens those
+    same offsets; and only the offsets change (and the 16-byte stores, indexed as uint4, and the w, u items with their
+    kind chosen once, the same mma operands a kind): with them written back as swz's, the render is the swz build's."""
+    for C in (32, 64):
+        base = TDEF.default_params() | GA_PREP | {"chunk": C}
+        old, new = (source(TDEF, PREFILL_CELLS[0], base | {"prep_addr": a}) for a in ("swz", "rowcol"))
+        swz = c_function(old, "__device__ __forceinline__ int swz(int off)")
+        L = re.search(r"constexpr int L = (.*?);", swz).group(1)
+        swz_ret = re.search(r"return (.*?);", swz).group(1)
+        rc = c_function(new, "__device__ __forceinline__ unsigned rc(unsigned row, unsigned cb)")
+        rc_big, rc_small = re.findall(r"return (.*?);", rc)
+        stg_old = re.search(r"return (.*?);", c_function(old, "__device__ __forceinline__ int stg(int t, int c)")).group(1)
+        stg_new = re.search(r"return (.*?);", c_function(new, "__device__ __forceinline__ int stg(int t, int c)")).group(1)
+
+        def swz_of(RB: int, off: int) -> int:
+            return c_int_expr(swz_ret, off=off, L=c_int_expr(L.replace("ROW_BYTES", str(RB))))
+
+        for RB in (4 * 128, 4 * C, 64):  # G, A; 64: rc's branch for rows shorter than a line (not used at K = 128)
+            body = rc_big if RB >= 128 else rc_small
+            for row in range(C):
+                got = [c_int_expr(body.replace("ROW_BYTES", str(RB)), row=row, cb=cb) for cb in range(RB)]
+                assert got == [swz_of(RB, row * RB + cb) for cb in range(RB)], (C, RB, row)
+        for N in (128,):  # K = V = 128: the staged q, k and v tiles
+            for t in range(C):
+                assert [c_int_expr(stg_new.replace("N", str(N)), t=t, c=c) for c in range(N)] == \
+                       [c_int_expr(stg_old.replace("N", str(N)), t=t, c=c) for c in range(N)], (C, N, t)
+        assert "rc<" not in old and "swz<K * 4>" not in new.split("kda_chunk_recur(", 1)[0].split("kda_chunk_prep(", 1)[1]
+        back = re.sub(r"rc<K \* 4>\((\w+), \(([^()]*(?:\([^()]*\))?[^()]*)\) \* 4\)", r"swz<K * 4>((\1 * K + \2) * 4)", new)
+        back = back.replace("rc<K * 4>((t), (c) * 4)", "swz<K * 4>(((t) * K + (c)) * 4)")
+        back = back.replace("rc<C * 4>((i), (j) * 4)", "swz<C * 4>(((i) * C + (j)) * 4)")
+        back = back.replace(c_function(new, "__device__ __forceinline__ int stg(int t, int c)"),
+                            c_function(old, "__device__ __forceinline__ int stg(int t, int c)"))
+        i = back.index("\n// prep_addr = rowcol: swz<ROW_BYTES>")
+        back = back[:i - 1] + back[back.index("\n}\n", i) + 2:]  # rc's comment and definition, and its blank line
+        # k exp(G_last - G): the rowcol loop's hoisted offsets of token t + j (t a multiple of 8), evaluated for every
+        # (channel, token group) a thread takes, are rc's and stg's; its store index (in uint4) is the swz build's
+        # element offset / 8, exact (t and C multiples of 8): then the loop and the stores are put back as swz's
+        kg_new = kg_loop(new)
+        grow = re.search(r"grow = gs \+ (.*?);", kg_new).group(1)
+        krow = re.search(r"krow = ks \+ (.*?);", kg_new).group(1)
+        gc, kc = re.search(r"const unsigned gc = (.*?), kc = (.*?);", kg_new).groups()
+        g_off = re.search(r"\(grow \+ (.*?)\);", kg_new).group(1)
+        k_off = re.search(r"\(krow \+ (.*?)\)\);", kg_new).group(1)
+        assert re.search(r"const unsigned c = i / \(C / 8\), t = 8 \* \(i % \(C / 8\)\);", kg_new)
+        for i in range(128 * C // 8):
+            c, t = i // (C // 8), 8 * (i % (C // 8))
+            kw = {"c": c, "t": t, "K": 128, "C": C}
+            g0, k0 = c_int_expr(grow, **kw), c_int_expr(krow, **kw)
+            kw |= {"gc": c_int_expr(gc, **kw), "kc": c_int_expr(kc, **kw)}
+            for j in range(8):
+                assert g0 + c_int_expr(g_off, j=j, **kw) == swz_of(512, (t + j) * 512 + 4 * c), (C, c, t, j)
+                assert k0 + c_int_expr(k_off, j=j, **kw) == c_int_expr(stg_old.replace("N", "128"), t=t + j, c=c)
+        back = back.replace(kg_new, kg_loop(old))
+        # w, u: the item's kind chosen once (each kind's k-steps apart), the same operands a kind: put back as swz's
+        wu_new, wu_old = wu_items(new), wu_items(old)
+        assert wu_new.count("if (kb > 2 * mt + 1) break;") == 2 and "if (is_w) {" in wu_old and "is_w" not in wu_new
+        for op_old, op_new in (("tf32(G_AT(s0, col))", "mma_tf32(acc[n], a, tf32(G_AT(s0, col)), tf32(G_AT(s1, col)));"),
+                               ("tf32(be0 * v_at(s0, col))",
+                                "mma_tf32(acc[n], a, tf32(be0 * v_at(s0, col)), tf32(be1 * v_at(s1, col)));")):
+            assert op_old in wu_old and wu_new.count(op_new) == 1
+        back = back.replace(wu_new, wu_old)
+        for ws in ("ws_qg", "ws_kg"):
+            back = re.sub(r"reinterpret_cast<uint4\*>\(" + ws + r"\)\[\((.*?)\) >> 3\] = (make_uint4\(.*?\));.*",
+                          r"*reinterpret_cast<uint4*>(" + ws + r" + \1) = \2;", back)
+        back = re.sub(r"\n    // \(indexed as uint4: .*\n    // .*\n", "\n", back)
+        assert back == old
+
+
+def test_ex2_renders_one_instruction_an_exponential_on_base2_decays():
+    """prep_exp = ex2: launch 1's scan sums G in base 2 by fmaf against a base-2 bound, every exponential of launch 1 is
+    the ex2 helper (one ex2.approx.ftz, no multiply) and none is expf or __expf; launch 2 is the fast build's."""
+    c = PREFILL_CELLS[0]
+    base = TDEF.default_params() | GA_PREP
+    fast, ex2 = source(TDEF, c, base), source(TDEF, c, base | {"prep_exp": "ex2"})
+    assert fast.split("kda_chunk_recur(", 1)[1] == ex2.split("kda_chunk_recur(", 1)[1]
+    prep = ex2.split("kda_chunk_prep(", 1)[1].split("kda_chunk_recur(", 1)[0]
+    assert "acc = fmaf(col[t], LOG2E, acc);" in prep and "constexpr float DIAG_RANGE = 60.f * LOG2E;" in prep
+    assert "expf(" not in prep and prep.count("ex2(") == fast.split("kda_chunk_prep(", 1)[1].split(
+        "kda_chunk_recur(", 1)[0].count("__expf(")
+    helper = c_function(ex2, "__device__ __forceinline__ float ex2(float x)")
+    assert 'asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));' in helper and "*" not in helper
+    assert float(f32(1.44269504088896341)) == float(LOG2E)  # the emulator's constant is the kernel's
+
+
+def test_ex2_and_rowcol_build_spill_free_at_the_mma_occupancy():
+    """Every ex2 / rowcol prep kernel of the mma prep (chunk 32, 64 x 128, 256 threads, fla's default call and the
+    model's varlen call with its variants) builds for sm_90a without spills, stack or static smem, at no fewer CTAs an
+    SM than the fast, swz build of the same point."""
+    base = TDEF.default_params() | {"warps": 2, "stages": 3} | MMA_DIAG
+    points = [base | {"chunk": ch, "prep_threads": pt, "prep_exp": ex, "prep_addr": ad}
+              for ch in (32, 64) for pt in (128, 256) for ex, ad in (("ex2", "swz"), ("fast", "rowcol"), ("ex2", "rowcol"))]
+    for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
+        pts = points if cc is PREFILL_CELLS[0] else [p for p in points if p["prep_exp"] == "ex2" and p["prep_addr"] == "rowcol"]
+        for p, res in zip(pts, compile_clean(cc, pts)):
+            ref = compile_point(cc, p | {"prep_exp": "fast", "prep_addr": "swz"})
+            assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) >= prep_ctas_per_sm(
+                p, dict(ref.resources)["kda_chunk_prep"].regs), (cc.label(), p)
+
+
 # ---- prep_inv = blocked: (I + beta A_kk)^-1 by 16x16 blocks (chunk 32) ------------------------------------------
 
 def test_blocked_inverse_legality():
@@ -2275,8 +2475,8 @@ def test_blocked_inverse_builds_spill_free():
 # ---- kwarps: launch 2 with K split across the warps of a value group ----------------------------------------------
 
 # legal points with kwarps 2 or 4 on PREFILL_CELLS[0]: 20 recurrences x their prep points (1256 before prep_diag = mma
-# added 80 and prep_inv = blocked 68)
-KSPLIT_POINTS = 1404
+# added 80 and prep_inv = blocked 68; prep_exp = ex2 and prep_addr = rowcol then repeat those 148 mma points twice more)
+KSPLIT_POINTS = 1404 + 2 * 148
 ONE_WARP_OPTIONS = ("state_split", "u_prefetch", "recur_lean", "recur_ldsm", "recur_fuse")
 
 

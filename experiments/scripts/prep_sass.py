@@ -1,0 +1,105 @@
+"""The KDA prep's hot loops in SASS (NVRTC builds, no GPU): kda_prefill_h200_13's dispatch genome (chunk 32, the mma
+prep) at 128 and 256 prep threads, with the prep's exponentials as __expf (prep_exp fast) or one ex2.approx.ftz on a
+base-2 decay (ex2), and its shared-memory offsets as swz of the flat offset or from row and column apart (prep_addr
+rowcol). Per build: registers, the prep's static instruction count, its innermost loops (evo/build/sass.py) and, for
+the loops that compute exponentials, their role, instructions an exponential and an estimate of the warp-instructions
+a CTA spends in them (instructions an exponential x the warp-level exponentials a CTA computes in that role, from the
+code at chunk 32, K = 128: q exp(G), k exp(G_last - G) and X = beta k exp(G) one a element, C K / 32 = 128 each; the
+two diagonal blocks' k-steps 8 a lane and step, 2 x 16 x 8 = 256; the off-diagonal block's 16 x 8 = 128). The
+decay's scan (no exponential) is counted as its body once a warp (K / prep_threads columns a thread: 1 at 128).
+
+Run: python experiments/scripts/prep_sass.py experiments/results/prep_sass.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from evo.build.nvrtc import build_point, compiler_version
+from evo.build.sass import Loop, disassemble, inner_loops
+from evo.templates.template import load_templates
+from ops.kda.spec import prefill_matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANTS = {"fast-swz": {"prep_exp": "fast", "prep_addr": "swz"}, "ex2-swz": {"prep_exp": "ex2", "prep_addr": "swz"},
+            "fast-rowcol": {"prep_exp": "fast", "prep_addr": "rowcol"},
+            "ex2-rowcol": {"prep_exp": "ex2", "prep_addr": "rowcol"}}
+WARP_EXPS = {"qg": 128, "kgT": 128, "X": 128, "diagonal k-step": 256, "off-diagonal k-step": 128}  # chunk 32, K 128
+
+
+def roles(loops: list[Loop]) -> dict[str, Loop]:
+    """The loops the estimate needs, recognized in code order: the scan (32 shared loads, no exponential); q exp(G)
+    and k exp(G_last - G) (exponentials and global stores, not one store an exponential as exp(G_last)'s loop);
+    the diagonal and then the off-diagonal k-step (4 mma each); X (exponentials, no store, no shuffle: the exact
+    fallback's loop has shuffles); w, u (32 mma)."""
+    out: dict[str, Loop] = {}
+    elementwise = []
+    for lp in loops:
+        mufu, hmma, stg = lp.count("MUFU"), lp.count("HMMA"), lp.count("STG")
+        if hmma == 4:
+            out.setdefault("diagonal k-step", lp) if "diagonal k-step" not in out else out.setdefault(
+                "off-diagonal k-step", lp)
+        elif hmma >= 16:
+            out.setdefault("w, u items", lp)
+        elif mufu == 0 and lp.count("LDS") >= 32 and "scan" not in out:
+            out["scan"] = lp
+        elif mufu >= 8 and stg and stg != mufu and not lp.count("SHFL"):
+            elementwise.append(lp)
+        elif mufu >= 8 and not stg and not lp.count("SHFL"):
+            out.setdefault("X", lp)
+    for name, lp in zip(("qg", "kgT"), elementwise):
+        out[name] = lp
+    return out
+
+
+def build(tdef, c, params: dict) -> dict:
+    try:
+        r = build_point(tdef, params, c.dtypes_dict(), c.dims_dict())
+    except ValueError as e:
+        raise SystemExit(str(e)) from e
+    if not r.status.ok:
+        raise SystemExit(f"{params}: {r.status.name} {r.error}")
+    res = dict(r.resources)["kda_chunk_prep"]
+    lines = disassemble(r.cubin, "kda_chunk_prep")
+    loops = inner_loops(lines)
+    found = roles(loops)
+    est = {}
+    for name, lp in found.items():
+        if name in WARP_EXPS:
+            per = lp.size / lp.count("MUFU")
+            est[name] = {"instructions": lp.size, "exponentials": lp.count("MUFU"), "per_exponential": round(per, 2),
+                         "warp_instructions_a_cta": round(per * WARP_EXPS[name])}
+    scan = found.get("scan")
+    if scan is not None:
+        warps = params["prep_threads"] // 32
+        est["scan"] = {"instructions": scan.size, "warp_instructions_a_cta": scan.size * warps * 128 // params["prep_threads"]}
+    return {"params": tdef.default_params() | params, "regs": res.regs, "spill_stores": res.spill_stores, "stack_bytes": res.stack_bytes,
+            "static_instructions": sum(1 for x in lines if not x.endswith(":")),
+            "roles": est, "estimated_warp_instructions_a_cta": sum(v["warp_instructions_a_cta"] for v in est.values()),
+            "w_u_loop_instructions": found["w, u items"].size if "w, u items" in found else None,
+            "inner_loops": [{"first": lp.first, "size": lp.size, "MUFU": lp.count("MUFU"), "HMMA": lp.count("HMMA"),
+                             "LDS": lp.count("LDS"), "STG": lp.count("STG"), "STS": lp.count("STS")} for lp in loops]}
+
+
+def main(out: str) -> None:
+    tdef = load_templates("kda")["chunk"]
+    cells = prefill_matrix()
+    table = json.loads((ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
+    base = table[cells[0].label()]["params"]
+    rows = []
+    for pt in (128, 256):
+        for name, over in VARIANTS.items():
+            r = build(tdef, cells[0], base | {"prep_threads": pt} | over)
+            rows.append({"variant": name, "prep_threads": pt, **r})
+            print(f"{pt} threads {name}: {r['regs']} registers, {r['static_instructions']} static, estimated "
+                  f"{r['estimated_warp_instructions_a_cta']} warp-instructions a CTA in "
+                  + ", ".join(f"{k} {v['warp_instructions_a_cta']}" for k, v in r["roles"].items()))
+    doc = {"what": __doc__.split("\n\n")[0], "compiler": compiler_version(), "arch": "sm_90a", "cell": cells[0].label(),
+           "base_genome": "kda_prefill_h200_13 dispatch of " + cells[0].label(), "builds": rows}
+    Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "prep_sass.json")

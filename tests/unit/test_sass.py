@@ -1,0 +1,107 @@
+"""SASS on the CPU (evo/build/sass.py): real NVRTC builds for sm_90a disassembled by nvdisasm, their innermost loops
+found and counted; and the KDA prep's claim read from its SASS (experiments/scripts/prep_sass.py): prep_exp = ex2
+drops __expf's subnormal guard, and with prep_addr = rowcol every hot loop the estimate counts gets shorter."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from evo.build.nvrtc import NVRTC_STD, include_dir
+from evo.build.sass import SassError, disassemble, inner_loops, opcode
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("prep_sass", ROOT / "experiments" / "scripts" / "prep_sass.py")
+assert _spec and _spec.loader
+P = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(P)
+
+NESTED = r"""
+extern "C" __global__ void nested(const float* __restrict__ x, float* __restrict__ y, int n) {
+#pragma unroll 1
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float s = 0.f;
+#pragma unroll 1
+    for (int j = 0; j < 8; ++j) s += __expf(x[i * 8 + j]);
+    y[i] = s;
+  }
+}
+extern "C" __global__ void flat(float* __restrict__ y) { y[threadIdx.x] = 1.f; }
+"""
+
+
+def cubin(src: str) -> bytes:
+    from cuda.core import Program, ProgramOptions
+
+    opts = ProgramOptions(arch="sm_90a", std=NVRTC_STD, include_path=[include_dir()])
+    return Program(src, code_type="c++", options=opts).compile("cubin", logs=io.StringIO()).code
+
+
+def test_innermost_loop_of_a_real_build_is_found_and_counted():
+    """The inner loop (one __expf: one MUFU, one global load) is found, not the outer one around it; a kernel
+    without a loop has none; the kernels are told apart."""
+    code = cubin(NESTED)
+    lines = disassemble(code, "nested")
+    assert lines and any(ln.endswith(":") for ln in lines) and any(opcode(ln) == "EXIT" for ln in lines)
+    loops = inner_loops(lines)
+    assert len(loops) == 1, loops  # the outer loop holds the inner one: not innermost; nor is the padding after EXIT
+    (lp,) = loops
+    assert lp.count("MUFU") == 1 and lp.count("LDG") == 1 and lp.count("STG") == 0  # y[i] is stored by the outer loop
+    assert lp.size == sum(1 for ln in lines[lp.first:lp.last + 1] if not ln.endswith(":")) < len(lines)
+    flat = disassemble(code, "flat")
+    assert inner_loops(flat) == [] and not any(opcode(ln) == "MUFU" for ln in flat)
+
+
+def test_opcode_strips_predicates_and_modifiers():
+    assert opcode("@!P0 FMUL.FTZ R1, R2, R3") == "FMUL" and opcode("HMMA.1688.F32.TF32 R4, R8, R12, R4") == "HMMA"
+    assert opcode("BRA `(.L_x_3)") == "BRA"
+
+
+def test_a_kernel_not_in_the_cubin_is_a_clear_error():
+    with pytest.raises(SassError, match="no kernel 'missing'"):
+        disassemble(cubin(NESTED), "missing")
+
+
+def test_prep_ex2_and_rowcol_shorten_every_hot_loop():
+    """kda_prefill_h200_13's dispatch prep at 128 threads: the fast build guards each __expf against a subnormal
+    result (a compare with -126), the ex2 builds have no such compare; every role of the estimate is found in all
+    four builds, and ex2 with rowcol needs fewer instructions than fast with swz in each of them."""
+    from evo.templates.template import load_templates
+    from ops.kda.spec import prefill_matrix
+
+    tdef = load_templates("kda")["chunk"]
+    c = prefill_matrix()[0]
+    table = json.loads((ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
+    base = table[c.label()]["params"]
+    got = {name: P.build(tdef, c, base | over) for name, over in P.VARIANTS.items()}
+    for name, r in got.items():
+        assert set(r["roles"]) == set(P.WARP_EXPS) | {"scan"}, (name, sorted(r["roles"]))
+        assert r["spill_stores"] == 0 and r["stack_bytes"] == 0, name
+    fast, both = got["fast-swz"]["roles"], got["ex2-rowcol"]["roles"]
+    for role in fast:
+        assert both[role]["instructions"] / both[role].get("exponentials", 1) < \
+            fast[role]["instructions"] / fast[role].get("exponentials", 1), role
+    assert got["ex2-rowcol"]["estimated_warp_instructions_a_cta"] < 0.7 * got["fast-swz"]["estimated_warp_instructions_a_cta"]
+    for name, guard in (("fast-swz", True), ("ex2-swz", False), ("ex2-rowcol", False)):
+        from evo.build.nvrtc import compile_one, prepare
+        from evo.core.genome import Genome
+
+        g = Genome.make("kda", "chunk", tdef.source_hash, tdef.default_params() | base | P.VARIANTS[name])
+        lines = disassemble(compile_one(prepare(tdef, g, "sm_90a", c.dtypes_dict(), c.dims_dict())).cubin, "kda_chunk_prep")
+        assert any(opcode(ln) == "FSETP" and "-126" in ln for ln in lines) == guard, name
+
+
+def test_build_point_refuses_an_illegal_point_by_name():
+    """The scripts' build (evo.build.nvrtc.build_point): a point breaking a constraint is a ValueError naming it,
+    before any compile."""
+    from evo.build.nvrtc import build_point
+    from evo.templates.template import load_templates
+    from ops.kda.spec import prefill_matrix
+
+    c = prefill_matrix()[0]
+    with pytest.raises(ValueError, match="ex2_on_the_mma_prep"):
+        build_point(load_templates("kda")["chunk"], {"prep_exp": "ex2"}, c.dtypes_dict(), c.dims_dict())
