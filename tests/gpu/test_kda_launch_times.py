@@ -327,7 +327,7 @@ def test_split_k_recurrence_own_partials_from_shared_against_local(worker, c):
 # The prep's exponentials and shared-memory offsets (2026-12-05): each prefill cell's dispatch genome of
 # kda_prefill_h200_13 as it was (prep_exp fast, prep_addr swz), with one ex2.approx.ftz an exponential on a base-2
 # decay (ex2), with the offsets from row and column apart (rowcol), and with both. Compiled (NVRTC 13.5, SASS in
-# experiments/results/prep_sass.json): both together ~25% fewer prep instructions a CTA, 93 -> 80 registers. A/B
+# experiments/results/prep_sass.json): both together ~24% fewer prep instructions a CTA, 93 -> 80 registers. A/B
 # in one process, launch by launch (time_launches checks the outputs against float64 first). Rows: test "prep_ex2".
 # Run: KF_LAUNCH_TIMES_OUT=kda_ex2.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_ex2
 PREP_VARIANTS = {"fast-swz": {"prep_exp": "fast", "prep_addr": "swz"}, "ex2-swz": {"prep_exp": "ex2", "prep_addr": "swz"},
