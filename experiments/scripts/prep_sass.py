@@ -9,16 +9,20 @@ two diagonal blocks' k-steps 8 a lane and step, 2 x 16 x 8 = 256; the off-diagon
 decay's scan (no exponential) is counted as its body once a warp (K / prep_threads columns a thread: 1 at 128).
 
 Run: python experiments/scripts/prep_sass.py experiments/results/prep_sass.json
+With the H200 image's NVRTC 13.0 (pip install --no-deps --target /tmp/nvrtc130 "nvidia-cuda-nvrtc==13.0.*"):
+KF_NVRTC_ALT=/tmp/nvrtc130 python experiments/scripts/prep_sass.py experiments/results/prep_sass_nvrtc13_0.json
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
-from evo.build.nvrtc import build_point, compiler_version
+from evo.build.nvrtc import Builder, build_point, prepare
 from evo.build.sass import Loop, disassemble, inner_loops
+from evo.core.genome import Genome
 from evo.templates.template import load_templates
 from ops.kda.spec import prefill_matrix
 
@@ -55,10 +59,15 @@ def roles(loops: list[Loop]) -> dict[str, Loop]:
 
 
 def build(tdef, c, params: dict) -> dict:
+    """One point built with this process's NVRTC, analysed."""
     try:
         r = build_point(tdef, params, c.dtypes_dict(), c.dims_dict())
     except ValueError as e:
         raise SystemExit(str(e)) from e
+    return analyse(tdef, params, r)
+
+
+def analyse(tdef, params: dict, r) -> dict:
     if not r.status.ok:
         raise SystemExit(f"{params}: {r.status.name} {r.error}")
     res = dict(r.resources)["kda_chunk_prep"]
@@ -75,7 +84,7 @@ def build(tdef, c, params: dict) -> dict:
     if scan is not None:
         warps = params["prep_threads"] // 32
         est["scan"] = {"instructions": scan.size, "warp_instructions_a_cta": scan.size * warps * 128 // params["prep_threads"]}
-    return {"params": tdef.default_params() | params, "regs": res.regs, "spill_stores": res.spill_stores, "stack_bytes": res.stack_bytes,
+    return {"params": tdef.default_params() | params, "compiler": r.compiler, "regs": res.regs, "spill_stores": res.spill_stores, "stack_bytes": res.stack_bytes,
             "static_instructions": sum(1 for x in lines if not x.endswith(":")),
             "roles": est, "estimated_warp_instructions_a_cta": sum(v["warp_instructions_a_cta"] for v in est.values()),
             "w_u_loop_instructions": found["w, u items"].size if "w, u items" in found else None,
@@ -88,15 +97,23 @@ def main(out: str) -> None:
     cells = prefill_matrix()
     table = json.loads((ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
     base = table[cells[0].label()]["params"]
+    points = [(name, pt, base | {"prep_threads": pt} | over) for pt in (128, 256) for name, over in VARIANTS.items()]
+    alt = os.environ.get("KF_NVRTC_ALT")
+    if alt:  # another NVRTC (the H200 image's 13.0: docs/nvrtc_13_0.md), in compile processes that load it
+        c = cells[0]
+        builder = Builder(2, nvrtc=alt)
+        built = builder.build([prepare(tdef, Genome.make("kda", "chunk", tdef.source_hash, tdef.default_params() | p),
+                                       "sm_90a", c.dtypes_dict(), c.dims_dict()) for _, _, p in points])
+        results = [analyse(tdef, p, r) for (_, _, p), r in zip(points, built)]
+    else:
+        results = [build(tdef, cells[0], p) for _, _, p in points]
     rows = []
-    for pt in (128, 256):
-        for name, over in VARIANTS.items():
-            r = build(tdef, cells[0], base | {"prep_threads": pt} | over)
-            rows.append({"variant": name, "prep_threads": pt, **r})
-            print(f"{pt} threads {name}: {r['regs']} registers, {r['static_instructions']} static, estimated "
-                  f"{r['estimated_warp_instructions_a_cta']} warp-instructions a CTA in "
-                  + ", ".join(f"{k} {v['warp_instructions_a_cta']}" for k, v in r["roles"].items()))
-    doc = {"what": __doc__.split("\n\n")[0], "compiler": compiler_version(), "arch": "sm_90a", "cell": cells[0].label(),
+    for (name, pt, _), r in zip(points, results):
+        rows.append({"variant": name, "prep_threads": pt, **r})
+        print(f"{pt} threads {name}: {r['regs']} registers, {r['static_instructions']} static, estimated "
+              f"{r['estimated_warp_instructions_a_cta']} warp-instructions a CTA in "
+              + ", ".join(f"{k} {v['warp_instructions_a_cta']}" for k, v in r["roles"].items()))
+    doc = {"what": __doc__.split("\n\n")[0], "compiler": results[0]["compiler"], "arch": "sm_90a", "cell": cells[0].label(),
            "base_genome": "kda_prefill_h200_13 dispatch of " + cells[0].label(), "builds": rows}
     Path(out).write_text(json.dumps(doc, indent=1) + "\n")
 
