@@ -4,13 +4,14 @@ kernel of a plan against its own block size."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 from pathlib import Path
 
 import pytest
 
-from evo.build.nvrtc import KernelResources, check_resources
+from evo.build.nvrtc import KernelResources, check_resources, prepare
 from evo.core.genome import Genome
 from evo.core.status import Status
 from evo.search.space import repair
@@ -35,15 +36,34 @@ def _repaired(tdef, cell: Cell) -> dict | None:
     return repair(tdef, tdef.default_params(), random.Random(0), 90, [cell.dtypes_dict()], [cell.dims_dict()])
 
 
+_spec = importlib.util.spec_from_file_location("bwd_register_budget", ROOT / "experiments/scripts/bwd_register_budget.py")
+assert _spec and _spec.loader
+BUDGET = importlib.util.module_from_spec(_spec)  # the calibration behind the constraint added 2026-12-05
+_spec.loader.exec_module(BUDGET)
+BWD_NEW = BUDGET.NEW
+
+
 @pytest.mark.parametrize("label", sorted(BWD_DISPATCH))
 def test_backward_dispatch_entries_rebuild(label):
-    """The H200 run's winners rebuild from today's template, both launches' kernels in the cubin."""
+    """The H200 run's winners rebuild from today's template, both launches' kernels in the cubin; an entry that
+    thread_elements_fit_registers refuses spills or has no registers to spare, the others build spill-free. Its genome
+    key is the run's under the template without that constraint, which renders the same code."""
     cell = next(c for c in BWD.matrix() if c.label() == label)
     entry = BWD_DISPATCH[label]
-    assert BWD_T.violations(entry["params"], 90, cell.dtypes_dict(), cell.dims_dict()) == []
+    refused = BWD_T.violations(entry["params"], 90, cell.dtypes_dict(), cell.dims_dict())
+    assert refused in ([], [BWD_NEW]), refused
     bi, r = _build("rmsnorm_bwd", BWD_T, entry["params"], cell)
-    assert Genome.make("rmsnorm_bwd", "cluster_rows", BWD_T.source_hash, entry["params"]).key() == entry["genome_key"]
+    before = BUDGET.without_new(BWD_T)
+    g = Genome.make("rmsnorm_bwd", "cluster_rows", before.source_hash, entry["params"])
+    assert g.key() == entry["genome_key"]
+    assert prepare(before, g, "sm_90a", cell.dtypes_dict(), cell.dims_dict()).source == bi.source
     assert r.status is Status.OK, r.error + r.log
+    rows = dict(r.resources)["rmsnorm_bwd_rows"]
+    cap = min(255, 65536 // entry["params"]["threads"])
+    if refused:  # it spills, or builds with no room to spare (within 5 registers of its block's cap)
+        assert rows.spill_stores > 0 or rows.stack_bytes > 0 or rows.regs >= cap - 5, rows
+    else:
+        assert rows.spill_stores == 0 and rows.stack_bytes == 0, rows
     assert {k for k, _ in r.resources} == {"rmsnorm_bwd_rows", "rmsnorm_bwd_dw_reduce"}
     assert ("__cluster_dims__(" in bi.source) == (entry["params"]["cluster"] > 1)
     # each kernel is checked against its own block: the column sum's block is 32 x reduce_rows
@@ -54,8 +74,8 @@ def test_backward_dispatch_entries_rebuild(label):
 def _regs_model(params: dict, n: int) -> int:
     """Registers of the rows kernel, measured with ptxas over this template's legal points (fp32 and
     bf16, N 16384..65536): about 4 per element a thread owns (its fp32 dw sums, plus x, dout and w)
-    plus 40. Points over the block's cap spill; the template's own register_budget admits some of
-    them (the H200 run's N = 262144 winner spilled), a limit of the template noted for its next revision."""
+    plus 40. Points over the block's cap spill; the template's register_budget estimate admitted some of
+    them, which thread_elements_fit_registers now refuses (experiments/results/rmsnorm_bwd_register_budget.json)."""
     ept = -(-(n // params["cluster"]) // (params["threads"] * params["vec"])) * params["vec"]
     return 4 * ept + 40
 
@@ -149,3 +169,40 @@ def test_rows_pipelined_builds_without_spills(cell):
         assert r.status is Status.OK and r.spill_stores == 0, (p, r.error, r.spill_stores)
     (launch,), _ = PIPE_T.plan(legal[0], 90, cell.dtypes_dict(), cell.dims_dict())
     assert launch.grid == (min(cell.dim("M"), legal[0]["ctas"]), 1, 1)  # persistent: at most `ctas` CTAs
+
+
+def test_backward_register_calibration_rebuilds_and_its_constraint_refuses_the_spills():
+    """The committed calibration (experiments/results/rmsnorm_bwd_register_budget.json) against today's template and
+    NVRTC: its refused column is what thread_elements_fit_registers says; refused points spill or have no registers to
+    spare, and the legal ones that spill are the few it names (16 B at most); a sample of rows, refused and legal at
+    32 and 64 elements a thread, rebuild with the file's registers and spills."""
+    from evo.build.nvrtc import compiler_version
+
+    doc = json.loads((ROOT / "experiments/results/rmsnorm_bwd_register_budget.json").read_text())
+    cells = {(c.dtype("x").value, c.dim("N")): c for c in BWD.matrix()}
+
+    def point(r: dict) -> tuple[Cell, dict]:
+        keys = ("cluster", "threads", "vec", "keep_rows", "w_regs", "load_hint", "store_hint")
+        return cells[(r["x"], r["N"])], BWD_T.default_params() | {k: r[k] for k in keys}
+
+    for r in doc["rows"]:
+        c, p = point(r)
+        assert r["refused"] == (not BWD_T.is_valid(p, 90, c.dtypes_dict(), c.dims_dict())), r
+        if r["refused"]:
+            assert r["spill_stores"] or r["stack_bytes"] or r["regs"] >= min(255, 65536 // r["threads"]) - 8, r
+        else:
+            assert r["spill_stores"] <= 16 and r["stack_bytes"] <= 16, r
+    assert doc["spilling_and_legal"] <= 32 and doc["refused"] >= doc["spilling"] - doc["spilling_and_legal"]
+    if compiler_version() != doc["compiler"]:
+        pytest.skip(f"the file was built with {doc['compiler']}, this NVRTC is {compiler_version()}")
+    rng = random.Random(5)
+    sample = []
+    for pick in (lambda r: r["refused"] and r["spill_stores"] > 0,
+                 lambda r: not r["refused"] and r["elements"] == 64,
+                 lambda r: not r["refused"] and r["elements"] == 32 and r["threads"] == 512):
+        sample += rng.sample([r for r in doc["rows"] if pick(r)], 2)
+    for r in sample:
+        c, p = point(r)
+        _, b = _build("rmsnorm_bwd", BWD_T, p, c)
+        got = dict(b.resources)["rmsnorm_bwd_rows"]
+        assert (got.regs, got.spill_stores, got.stack_bytes) == (r["regs"], r["spill_stores"], r["stack_bytes"]), r
