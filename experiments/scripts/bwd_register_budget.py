@@ -1,6 +1,7 @@
 """RMSNorm backward's cluster_rows template against its register constraints, compiled (no GPU): every point of the
 backward matrix legal but for thread_elements_fit_registers (the template without that one constraint: what the
-estimate register_budget let through before it), one build per code-distinct point (the x and w dtypes, N, cluster, threads, vec, keep_rows,
+estimate register_budget let through before it), one build per code-distinct point (the x and w dtypes, N, cluster,
+threads, vec, keep_rows,
 w_regs, and where a thread holds 32 elements or more the cache hints; groups and reduce_rows do not change
 rmsnorm_bwd_rows's code), NVRTC's registers, spill
 stores and stack for rmsnorm_bwd_rows, and whether today's template refuses it. The summary groups them by the
@@ -54,7 +55,8 @@ def distinct_points(t) -> dict[tuple, tuple]:
         dt = {k: getattr(v, "value", str(v)) for k, v in c.dtypes_dict().items()}
         for p in t.legal_points(90, c.dtypes_dict(), c.dims_dict()):
             hints = (p["load_hint"], p["store_hint"]) if elements(c.dim("N"), p) >= 32 else (None, None)
-            key = (dt["x"], dt["w"], c.dim("N"), p["cluster"], p["threads"], p["vec"], p["keep_rows"], p["w_regs"], *hints)
+            key = (dt["x"], dt["w"], c.dim("N"), p["cluster"], p["threads"], p["vec"], p["keep_rows"], p["w_regs"],
+                   *hints)
             out.setdefault(key, (c, p))
     return out
 
@@ -64,7 +66,8 @@ def summarize(t, rows: list[dict]) -> dict:
     totals; printed."""
     groups: dict[tuple, list] = defaultdict(list)
     for r in rows:
-        groups[(r["elements"], r["threads"] > 256, r["keep_rows"], r["w_regs"], r["load_hint"] == "nc", r["x"])].append(r)
+        key = (r["elements"], r["threads"] > 256, r["keep_rows"], r["w_regs"], r["load_hint"] == "nc", r["x"])
+        groups[key].append(r)
     summary = []
     for (elems, wide, keep, wr, nc, x), rs in sorted(groups.items()):
         spill = [r for r in rs if r["spill_stores"] or r["stack_bytes"]]

@@ -83,8 +83,10 @@ def analyse(tdef, params: dict, r) -> dict:
     scan = found.get("scan")
     if scan is not None:
         warps = params["prep_threads"] // 32
-        est["scan"] = {"instructions": scan.size, "warp_instructions_a_cta": scan.size * warps * 128 // params["prep_threads"]}
-    return {"params": tdef.default_params() | params, "compiler": r.compiler, "regs": res.regs, "spill_stores": res.spill_stores, "stack_bytes": res.stack_bytes,
+        est["scan"] = {"instructions": scan.size,
+                       "warp_instructions_a_cta": scan.size * warps * 128 // params["prep_threads"]}
+    return {"params": tdef.default_params() | params, "compiler": r.compiler, "regs": res.regs,
+            "spill_stores": res.spill_stores, "stack_bytes": res.stack_bytes,
             "static_instructions": sum(1 for x in lines if not x.endswith(":")),
             "roles": est, "estimated_warp_instructions_a_cta": sum(v["warp_instructions_a_cta"] for v in est.values()),
             "w_u_loop_instructions": found["w, u items"].size if "w, u items" in found else None,
@@ -113,7 +115,8 @@ def main(out: str) -> None:
         print(f"{pt} threads {name}: {r['regs']} registers, {r['static_instructions']} static, estimated "
               f"{r['estimated_warp_instructions_a_cta']} warp-instructions a CTA in "
               + ", ".join(f"{k} {v['warp_instructions_a_cta']}" for k, v in r["roles"].items()))
-    doc = {"what": __doc__.split("\n\n")[0], "compiler": results[0]["compiler"], "arch": "sm_90a", "cell": cells[0].label(),
+    doc = {"what": __doc__.split("\n\n")[0], "compiler": results[0]["compiler"], "arch": "sm_90a",
+           "cell": cells[0].label(),
            "base_genome": "kda_prefill_h200_13 dispatch of " + cells[0].label(), "builds": rows}
     Path(out).write_text(json.dumps(doc, indent=1) + "\n")
 

@@ -330,7 +330,8 @@ def test_split_k_recurrence_own_partials_from_shared_against_local(worker, c):
 # experiments/results/prep_sass.json): both together ~24% fewer prep instructions a CTA, 93 -> 80 registers. A/B
 # in one process, launch by launch (time_launches checks the outputs against float64 first). Rows: test "prep_ex2".
 # Run: KF_LAUNCH_TIMES_OUT=kda_ex2.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_ex2
-PREP_VARIANTS = {"fast-swz": {"prep_exp": "fast", "prep_addr": "swz"}, "ex2-swz": {"prep_exp": "ex2", "prep_addr": "swz"},
+PREP_VARIANTS = {"fast-swz": {"prep_exp": "fast", "prep_addr": "swz"},
+                 "ex2-swz": {"prep_exp": "ex2", "prep_addr": "swz"},
                  "fast-rowcol": {"prep_exp": "fast", "prep_addr": "rowcol"},
                  "ex2-rowcol": {"prep_exp": "ex2", "prep_addr": "rowcol"}}
 
@@ -347,5 +348,6 @@ def test_prep_ex2_and_rowcol_against_the_dispatch(worker, c):
         g, job = plan_job(c, p, build)
         res = time_variant(worker, c, "prep_ex2", variant, p, g, build, job, mod, ref_obj)
         out[variant] = res["launches"][0]["median_us"]
-    print(f"\nkda prep {c.label()}: " + ", ".join(f"{v} {t:.1f} us ({t / out['fast-swz']:.3f}x)" for v, t in out.items()))
+    print(f"\nkda prep {c.label()}: "
+          + ", ".join(f"{v} {t:.1f} us ({t / out['fast-swz']:.3f}x)" for v, t in out.items()))
     assert all(math.isfinite(t) and t > 0 for t in out.values()), out

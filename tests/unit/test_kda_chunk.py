@@ -257,7 +257,8 @@ def test_options_off_render_the_code_from_before_the_options():
     first = [p for p in legal if p["prep_exp"] != "ex2" and p["prep_addr"] == "swz"]
     mma = [p for p in first if p["prep_diag"] == "mma" and p["prep_inv"] == "rows"]
     blocked = [p for p in first if p["prep_inv"] == "blocked"]
-    assert len(first) == before_vec + len([p for p in first if p["stage_in"] and not p["prep_vec"]]) + len(mma) + len(blocked)
+    staged = [p for p in first if p["stage_in"] and not p["prep_vec"]]
+    assert len(first) == before_vec + len(staged) + len(mma) + len(blocked)
     assert before_vec == 7392 and len(first) == 13128 + 828 + 768 and (len(mma), len(blocked)) == (828, 768)
     assert len(legal) == len(first) + (3 * 2 - 2) * (len(mma) + len(blocked)) // 2
     # kwarps 2, 4: launch 2 of its own, the one-warp-a-column options off (test_kwarps_legality)
@@ -1518,7 +1519,8 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
     q, k = (chunks(np.repeat(pre[n], grp, axis=2)) for n in ("q", "k"))
     v, g, beta = (chunks(pre[n]) for n in ("v", "g", "beta"))
     s = f32(scale)
-    G = base2_cumsum(g, 3) if base2 else np.cumsum(g, axis=3, dtype=f32)  # sequential fp32 sums, as the kernel's column loop
+    # sequential fp32 sums, as the kernel's column loop
+    G = base2_cumsum(g, 3) if base2 else np.cumsum(g, axis=3, dtype=f32)
     gl = G[..., -1:, :]
     ws = {"qg": bf(s * q * ex(G)), "kgT": np.swapaxes(bf(k * ex(gl - G)), -1, -2), "gl": ex(gl[..., 0, :])}
     akk = np.zeros((*G.shape[:-1], C), f32)
@@ -1615,7 +1617,8 @@ EMU_POINTS = [{"chunk": 64, "state_split": False}, {"chunk": 32, "state_split": 
 
 
 def emu_id(p: dict) -> str:
-    return (f"C{p['chunk']}-split{int(p['state_split'])}" + {"fast": "-fastexp", "ex2": "-ex2"}.get(p.get("prep_exp"), "")
+    return (f"C{p['chunk']}-split{int(p['state_split'])}"
+            + {"fast": "-fastexp", "ex2": "-ex2"}.get(p.get("prep_exp"), "")
             + ("-rowcol" if p.get("prep_addr") == "rowcol" else "")
             + ("-mmadiag" if p.get("prep_diag") == "mma" else "") + ("-blockedinv" if p.get("prep_inv") == "blocked" else ""))
 
@@ -2270,7 +2273,8 @@ def test_ex2_rowcol_legality():
     refused elsewhere by its own constraint."""
     c = PREFILL_CELLS[0]
     legal = all_legal(c, ksplit=True)
-    mma = sorted(str(p) for p in legal if p["prep_diag"] == "mma" and p["prep_exp"] != "ex2" and p["prep_addr"] == "swz")
+    mma = sorted(str(p) for p in legal
+                 if p["prep_diag"] == "mma" and p["prep_exp"] != "ex2" and p["prep_addr"] == "swz")
     for exp, addr in (("ex2", "swz"), ("expf", "rowcol"), ("fast", "rowcol"), ("ex2", "rowcol")):
         on = [p for p in legal if p["prep_exp"] == exp and p["prep_addr"] == addr]
         base = [p for p in legal if p["prep_diag"] == "mma" and p["prep_addr"] == "swz"
@@ -2279,7 +2283,8 @@ def test_ex2_rowcol_legality():
     assert len([p for p in legal if p["prep_exp"] == "ex2" or p["prep_addr"] == "rowcol"]) == 2 * len(mma)
     p = TDEF.default_params() | {"stage_in": True, "prep_vec": True, "prep_round": "add", "prep_diag": "split"}
     assert TDEF.violations(p | {"prep_exp": "ex2"}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["ex2_on_the_mma_prep"]
-    assert TDEF.violations(p | {"prep_addr": "rowcol"}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["rowcol_on_the_mma_prep"]
+    assert TDEF.violations(p | {"prep_addr": "rowcol"}, ARCH, c.dtypes_dict(), c.dims_dict()) == [
+        "rowcol_on_the_mma_prep"]
 
 
 def c_function(src: str, head: str) -> str:
@@ -2331,8 +2336,9 @@ def test_rowcol_offsets_are_the_swizzled_offsets_over_every_row_and_column():
         swz_ret = re.search(r"return (.*?);", swz).group(1)
         rc = c_function(new, "__device__ __forceinline__ unsigned rc(unsigned row, unsigned cb)")
         rc_big, rc_small = re.findall(r"return (.*?);", rc)
-        stg_old = re.search(r"return (.*?);", c_function(old, "__device__ __forceinline__ int stg(int t, int c)")).group(1)
-        stg_new = re.search(r"return (.*?);", c_function(new, "__device__ __forceinline__ int stg(int t, int c)")).group(1)
+        stg_head = "__device__ __forceinline__ int stg(int t, int c)"
+        stg_old = re.search(r"return (.*?);", c_function(old, stg_head)).group(1)
+        stg_new = re.search(r"return (.*?);", c_function(new, stg_head)).group(1)
 
         def swz_of(RB: int, off: int) -> int:
             return c_int_expr(swz_ret, off=off, L=c_int_expr(L.replace("ROW_BYTES", str(RB))))
@@ -2346,8 +2352,10 @@ def test_rowcol_offsets_are_the_swizzled_offsets_over_every_row_and_column():
             for t in range(C):
                 assert [c_int_expr(stg_new.replace("N", str(N)), t=t, c=c) for c in range(N)] == \
                        [c_int_expr(stg_old.replace("N", str(N)), t=t, c=c) for c in range(N)], (C, N, t)
-        assert "rc<" not in old and "swz<K * 4>" not in new.split("kda_chunk_recur(", 1)[0].split("kda_chunk_prep(", 1)[1]
-        back = re.sub(r"rc<K \* 4>\((\w+), \(([^()]*(?:\([^()]*\))?[^()]*)\) \* 4\)", r"swz<K * 4>((\1 * K + \2) * 4)", new)
+        prep_new = new.split("kda_chunk_recur(", 1)[0].split("kda_chunk_prep(", 1)[1]
+        assert "rc<" not in old and "swz<K * 4>" not in prep_new
+        back = re.sub(r"rc<K \* 4>\((\w+), \(([^()]*(?:\([^()]*\))?[^()]*)\) \* 4\)",
+                      r"swz<K * 4>((\1 * K + \2) * 4)", new)
         back = back.replace("rc<K * 4>((t), (c) * 4)", "swz<K * 4>(((t) * K + (c)) * 4)")
         back = back.replace("rc<C * 4>((i), (j) * 4)", "swz<C * 4>(((i) * C + (j)) * 4)")
         back = back.replace(c_function(new, "__device__ __forceinline__ int stg(int t, int c)"),
@@ -2376,7 +2384,8 @@ def test_rowcol_offsets_are_the_swizzled_offsets_over_every_row_and_column():
         # w, u: the item's kind chosen once (each kind's k-steps apart), the same operands a kind: put back as swz's
         wu_new, wu_old = wu_items(new), wu_items(old)
         assert wu_new.count("if (kb > 2 * mt + 1) break;") == 2 and "if (is_w) {" in wu_old and "is_w" not in wu_new
-        for op_old, op_new in (("tf32(G_AT(s0, col))", "mma_tf32(acc[n], a, tf32(G_AT(s0, col)), tf32(G_AT(s1, col)));"),
+        for op_old, op_new in (("tf32(G_AT(s0, col))",
+                                "mma_tf32(acc[n], a, tf32(G_AT(s0, col)), tf32(G_AT(s1, col)));"),
                                ("tf32(be0 * v_at(s0, col))",
                                 "mma_tf32(acc[n], a, tf32(be0 * v_at(s0, col)), tf32(be1 * v_at(s1, col)));")):
             assert op_old in wu_old and wu_new.count(op_new) == 1
@@ -2410,9 +2419,11 @@ def test_ex2_and_rowcol_build_spill_free_at_the_mma_occupancy():
     SM than the fast, swz build of the same point."""
     base = TDEF.default_params() | {"warps": 2, "stages": 3} | MMA_DIAG
     points = [base | {"chunk": ch, "prep_threads": pt, "prep_exp": ex, "prep_addr": ad}
-              for ch in (32, 64) for pt in (128, 256) for ex, ad in (("ex2", "swz"), ("fast", "rowcol"), ("ex2", "rowcol"))]
+              for ch in (32, 64) for pt in (128, 256)
+              for ex, ad in (("ex2", "swz"), ("fast", "rowcol"), ("ex2", "rowcol"))]
     for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
-        pts = points if cc is PREFILL_CELLS[0] else [p for p in points if p["prep_exp"] == "ex2" and p["prep_addr"] == "rowcol"]
+        both = [p for p in points if p["prep_exp"] == "ex2" and p["prep_addr"] == "rowcol"]
+        pts = points if cc is PREFILL_CELLS[0] else both
         for p, res in zip(pts, compile_clean(cc, pts)):
             ref = compile_point(cc, p | {"prep_exp": "fast", "prep_addr": "swz"})
             assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) >= prep_ctas_per_sm(
