@@ -7,13 +7,14 @@ rmsnorm_bwd_rows's code), NVRTC's registers, spill
 stores and stack for rmsnorm_bwd_rows, and whether today's template refuses it. The summary groups them by the
 elements a thread holds (ceil(N / cluster / (threads vec)) vec) and what it keeps in registers.
 
-Run: python experiments/scripts/bwd_register_budget.py experiments/results/rmsnorm_bwd_register_budget.json
+Run: python experiments/scripts/bwd_register_budget.py experiments/results/rmsnorm_bwd_register_budget.json (and .csv)
 (KF_NVRTC_ALT=DIR builds with the NVRTC in DIR instead, e.g. the H200 image's 13.0: docs/nvrtc_13_0.md.)
 After an edit of the constraint alone: python experiments/scripts/bwd_register_budget.py --recount FILE (no builds).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import sys
@@ -81,7 +82,28 @@ def summarize(t, rows: list[dict]) -> dict:
     total = {k: sum(s[k] for s in summary) for k in ("spilling", "refused", "spilling_and_legal")}
     print(f"{len(rows)} code-distinct points legal before {NEW}: {total['spilling']} spill, {total['refused']} refused "
           f"by it, {total['spilling_and_legal']} spill and stay legal")
-    return {"template_source_hash": t.source_hash, "points": len(rows), **total, "summary": summary, "rows": rows}
+    return {"template_source_hash": t.source_hash, "points": len(rows), **total, "summary": summary}
+
+
+COLUMNS = ("x", "w", "N", "cluster", "threads", "vec", "keep_rows", "w_regs", "load_hint", "store_hint", "elements",
+           "regs", "spill_stores", "spill_loads", "stack_bytes", "refused", "compiler")
+
+
+def write(path: str, doc: dict, rows: list[dict]) -> None:
+    """The summary to `path` (JSON), the rows beside it as CSV (the same name, .csv)."""
+    Path(path).write_text(json.dumps(doc | {"rows_csv": Path(path).with_suffix(".csv").name}, indent=1) + "\n")
+    with open(Path(path).with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def read_rows(path: str) -> list[dict]:
+    """The CSV rows written beside `path`, typed."""
+    ints = {"N", "cluster", "threads", "vec", "elements", "regs", "spill_stores", "spill_loads", "stack_bytes"}
+    with open(Path(path).with_suffix(".csv"), newline="") as f:
+        return [{k: int(v) if k in ints else (v == "True" if k in ("keep_rows", "w_regs", "refused") else v)
+                 for k, v in r.items()} for r in csv.DictReader(f)]
 
 
 def recount(path: str) -> None:
@@ -89,14 +111,14 @@ def recount(path: str) -> None:
     changes which points are legal, not their code (tests/unit/test_regime_templates.py checks the rendered code)."""
     t = load_templates("rmsnorm_bwd")["cluster_rows"]
     doc = json.loads(Path(path).read_text())
+    rows = read_rows(path)
     cells = {(getattr(c.dtype("x"), "value", ""), c.dim("N")): c for c in get_op("rmsnorm_bwd").matrix()}
-    for r in doc["rows"]:
+    for r in rows:
         c = cells[(r["x"], r["N"])]
         p = t.default_params() | {k: r[k] for k in ("cluster", "threads", "vec", "keep_rows", "w_regs", "load_hint",
                                                       "store_hint")}
         r["refused"] = not t.is_valid(p, 90, c.dtypes_dict(), c.dims_dict())
-    doc |= summarize(t, doc["rows"]) | {"recounted": True}
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    write(path, doc | summarize(t, rows) | {"recounted": True}, rows)
 
 
 def main(out: str) -> None:
@@ -116,8 +138,7 @@ def main(out: str) -> None:
                      "elements": elements(key[2], p), "regs": res.regs,
                      "spill_stores": res.spill_stores, "spill_loads": res.spill_loads, "stack_bytes": res.stack_bytes,
                      "refused": not t.is_valid(p, 90, c.dtypes_dict(), c.dims_dict()), "compiler": r.compiler})
-    doc = {"what": __doc__.split("\n\n")[0], "compiler": rows[0]["compiler"], **summarize(t, rows)}
-    Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+    write(out, {"what": __doc__.split("\n\n")[0], "compiler": rows[0]["compiler"], **summarize(t, rows)}, rows)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ def _repaired(tdef, cell: Cell) -> dict | None:
     return repair(tdef, tdef.default_params(), random.Random(0), 90, [cell.dtypes_dict()], [cell.dims_dict()])
 
 
-_spec = importlib.util.spec_from_file_location("bwd_register_budget", ROOT / "experiments/scripts/bwd_register_budget.py")
+_spec = importlib.util.spec_from_file_location("bwd_register_budget",
+                                               ROOT / "experiments/scripts/bwd_register_budget.py")
 assert _spec and _spec.loader
 BUDGET = importlib.util.module_from_spec(_spec)  # the calibration behind the constraint added 2026-12-05
 _spec.loader.exec_module(BUDGET)
@@ -172,20 +173,22 @@ def test_rows_pipelined_builds_without_spills(cell):
 
 
 def test_backward_register_calibration_rebuilds_and_its_constraint_refuses_the_spills():
-    """The committed calibration (experiments/results/rmsnorm_bwd_register_budget.json) against today's template and
-    NVRTC: its refused column is what thread_elements_fit_registers says; refused points spill or have no registers to
+    """The committed calibration (experiments/results/rmsnorm_bwd_register_budget.{json,csv}) against today's template
+    and NVRTC: its refused column is what thread_elements_fit_registers says; refused points spill or have no registers to
     spare, and the legal ones that spill are the few it names (16 B at most); a sample of rows, refused and legal at
     32 and 64 elements a thread, rebuild with the file's registers and spills."""
     from evo.build.nvrtc import compiler_version
 
-    doc = json.loads((ROOT / "experiments/results/rmsnorm_bwd_register_budget.json").read_text())
+    path = ROOT / "experiments/results/rmsnorm_bwd_register_budget.json"
+    doc, rows = json.loads(path.read_text()), BUDGET.read_rows(str(path))
+    assert len(rows) == doc["points"] and doc["rows_csv"] == path.with_suffix(".csv").name
     cells = {(c.dtype("x").value, c.dim("N")): c for c in BWD.matrix()}
 
     def point(r: dict) -> tuple[Cell, dict]:
         keys = ("cluster", "threads", "vec", "keep_rows", "w_regs", "load_hint", "store_hint")
         return cells[(r["x"], r["N"])], BWD_T.default_params() | {k: r[k] for k in keys}
 
-    for r in doc["rows"]:
+    for r in rows:
         c, p = point(r)
         assert r["refused"] == (not BWD_T.is_valid(p, 90, c.dtypes_dict(), c.dims_dict())), r
         if r["refused"]:
@@ -200,7 +203,7 @@ def test_backward_register_calibration_rebuilds_and_its_constraint_refuses_the_s
     for pick in (lambda r: r["refused"] and r["spill_stores"] > 0,
                  lambda r: not r["refused"] and r["elements"] == 64,
                  lambda r: not r["refused"] and r["elements"] == 32 and r["threads"] == 512):
-        sample += rng.sample([r for r in doc["rows"] if pick(r)], 2)
+        sample += rng.sample([r for r in rows if pick(r)], 2)
     for r in sample:
         c, p = point(r)
         _, b = _build("rmsnorm_bwd", BWD_T, p, c)
