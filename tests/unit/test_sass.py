@@ -1,6 +1,7 @@
 """SASS on the CPU (evo/build/sass.py): real NVRTC builds for sm_90a disassembled by nvdisasm, their innermost loops
 found and counted; and the KDA prep's claim read from its SASS (experiments/scripts/prep_sass.py): prep_exp = ex2
-drops __expf's subnormal guard, and with prep_addr = rowcol every hot loop the estimate counts gets shorter."""
+drops __expf's subnormal guard, and with prep_addr = rowcol every hot loop the estimate counts gets shorter and
+prep_vec's 16-byte stores become STG.E.128 (four 32-bit stores each without it)."""
 
 from __future__ import annotations
 
@@ -87,14 +88,16 @@ def test_prep_ex2_and_rowcol_shorten_every_hot_loop():
             fast[role]["instructions"] / fast[role].get("exponentials", 1), role
     est = {name: r["estimated_warp_instructions_a_cta"] for name, r in got.items()}
     assert est["ex2-rowcol"] < 0.7 * est["fast-swz"]
-    for name, guard in (("fast-swz", True), ("ex2-swz", False), ("ex2-rowcol", False)):
-        from evo.build.nvrtc import compile_one, prepare
-        from evo.core.genome import Genome
+    from evo.build.nvrtc import build_point
 
-        g = Genome.make("kda", "chunk", tdef.source_hash, tdef.default_params() | base | P.VARIANTS[name])
-        built = compile_one(prepare(tdef, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
+    for name, guard, wide_stores in (("fast-swz", True, False), ("ex2-swz", False, False), ("ex2-rowcol", False, True)):
+        built = build_point(tdef, base | P.VARIANTS[name], c.dtypes_dict(), c.dims_dict())
         lines = disassemble(built.cubin, "kda_chunk_prep")
         assert any(opcode(ln) == "FSETP" and "-126" in ln for ln in lines) == guard, name
+        # prep_vec's uint4 stores through the bf16 pointer come out as four 32-bit STG.E each; indexed as uint4
+        # (rowcol) as one STG.E.128, q exp(G)'s and k exp(G_last - G)'s
+        assert sum("STG.E.128" in ln for ln in lines) >= (2 if wide_stores else 0), name
+        assert wide_stores or not any("STG.E.128" in ln for ln in lines), name
 
 
 def test_build_point_refuses_an_illegal_point_by_name():
