@@ -48,6 +48,7 @@ class BenchRow:
     regs: int
     bytes_moved: int
     ceiling_gbps: float
+    refused: str = ""  # without an outcome: why the cell got no point (the constraints a given point breaks)
 
     @property
     def status(self) -> str:
@@ -92,7 +93,7 @@ class BenchRow:
                 "p90_us": o.p90_us if o else math.inf, "samples": o.samples if o else 0,
                 "baseline_us": o.baseline_us if o else math.inf, "speedup": self.speedup, "gbps": self.gbps,
                 "pct_ceiling": self.pct_ceiling, "graph": o.graph if o else False, "regs": self.regs,
-                "error": o.error if o else "no legal point for this cell",
+                "error": o.error if o else self.refused or "no legal point for this cell",
                 "peers": json.dumps(dict(o.peers if o else ())), "absent": json.dumps(dict(o.absent if o else ())),
                 "best_peer": self.best_peer[0], "speedup_vs_best_peer": self.speedup_vs_best_peer,
                 "peers_checked": json.dumps(dict(o.peers_checked if o else ()))}
@@ -126,8 +127,10 @@ def bench(
                          "dtype": cell.dtype(op.dtype_roles[0]).short, "bytes_moved": op.bytes_moved(cell),
                          "ceiling_gbps": runner.ceiling_gbps}
                 params = fixed.params_dict() if fixed else default_for_cell(tdef, arch_n, cell)
-                if params is None or not tdef.is_valid(params, arch_n, cell.dtypes_dict(), cell.dims_dict()):
-                    rows.append(BenchRow(**where, outcome=None, regs=0))
+                bad = [] if params is None else tdef.violations(params, arch_n, cell.dtypes_dict(), cell.dims_dict())
+                if params is None or bad:
+                    rows.append(BenchRow(**where, outcome=None, regs=0,
+                                         refused=f"the point breaks {', '.join(bad)} here" if bad else ""))
                     continue
                 g = Genome.make(op.name, tdef.name, tdef.source_hash, params)
                 t0 = time.monotonic()
@@ -200,8 +203,8 @@ def write(rows: Sequence[BenchRow], prefix: Path, fingerprint: dict[str, str], c
 def dispatch_plan(op: OpSpec, tdefs: dict[str, TemplateDef], path: Path
                   ) -> list[tuple[list[tuple[str, TemplateDef, Genome | None]], list[Cell]]]:
     """Each entry of a dispatch.json (cell label -> template, params) as (its genome, [its cell]), the
-    cells that move the fewest bytes first. The genome is rebuilt from today's template text; an entry
-    whose template is gone is an error."""
+    cells that move the fewest bytes first. The genome is rebuilt from today's template text, with the params
+    added since at their defaults; an entry whose template or one of whose params is gone is an error."""
     from evo.cli.errors import UnknownNameError
 
     try:
@@ -216,7 +219,11 @@ def dispatch_plan(op: OpSpec, tdefs: dict[str, TemplateDef], path: Path
         if e.get("template") not in tdefs:
             raise UnknownNameError(f"{path}: template {e.get('template')!r} of {label!r} is not a template of {op.name}")
         t = tdefs[e["template"]]
-        g = Genome.make(op.name, t.name, t.source_hash, e["params"])
+        try:  # a table recorded before a param was added runs with that param at its default
+            params = t.complete(e["params"])
+        except ValueError as err:
+            raise UnknownNameError(f"{path}: entry {label!r}: {err}") from None
+        g = Genome.make(op.name, t.name, t.source_hash, params)
         plan.append(([(f"{t.name}:{g.key()[:8]}", t, g)], [by_label[label]]))
     # smallest cells first: files are written after every entry, so a bench stopped by its time limit
     # (the gate's float64 reference and a peer's autotune grow with the cell) leaves the most rows

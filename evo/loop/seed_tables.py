@@ -36,10 +36,10 @@ def _genome(op: str, templates: Mapping[str, TemplateDef], label: str, entry: di
     tdef = templates.get(entry["template"])
     if tdef is None:
         return skip("of templates not in this run")
-    params = dict(entry["params"])
-    if set(params) - set(tdef.param_names):
+    try:
+        params = tdef.complete(entry["params"])
+    except ValueError:
         return skip("with parameters the template no longer has")
-    params = tdef.default_params() | params
     if any(params[p] not in vals for p, vals in tdef.space):
         return skip("outside this run's space")
     return Genome.make(op, tdef.name, tdef.source_hash, params)

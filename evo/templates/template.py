@@ -162,6 +162,15 @@ class TemplateDef:
     def default_params(self) -> dict[str, Any]:
         return dict(self.defaults)
 
+    def complete(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A point recorded before some params existed, made whole: the params it lacks at their defaults (a
+        param is added with a default that renders the code as it was), a ValueError naming any it has that
+        the template no longer declares."""
+        gone = sorted(set(params) - set(self.param_names))
+        if gone:
+            raise ValueError(f"{self.op}/{self.name} no longer has param(s) {', '.join(map(repr, gone))}")
+        return self.default_params() | dict(params)
+
     def kernel_names(self, ctx: Mapping[str, Any] | None = None) -> tuple[str, ...]:
         """The kernels the plan launches: all it declares, or with `ctx` (a build's context) those whose
         `when` holds there."""

@@ -257,7 +257,7 @@ case "$stage" in
     echo "kda launch times rc=$?" >> "$log" ;;
   kdaprefill)
     if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi
-    kda_ga_bench 240 experiments/kda_prefill_h200.toml /tmp/kf_kdap kda_prefill 300 ;;
+    kda_ga_bench $(( ${GA_MAX_S:-180} + 60 )) experiments/kda_prefill_h200.toml /tmp/kf_kdap kda_prefill 300 ;;
   kdabench)
     table=${KDA_BENCH_TABLE:-experiments/results/kda_prefill_h200_13/dispatch.json}
     timeout "${KDA_BENCH_S:-400}" python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda \

@@ -36,6 +36,35 @@ def test_dispatch_plan_rebuilds_every_entry_on_its_own_cell():
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
 
 
+KDA_13 = ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json"
+
+
+def test_dispatch_plan_runs_a_table_recorded_before_a_param_existed():
+    """kda_prefill_h200_13's entries predate prep_addr and overlap: they run with those at their defaults (the
+    code as it was), legal on their cells; on 2026-12-05 the bench refused all four ("no legal point")."""
+    op, tdefs = get_op("kda"), load_templates("kda")
+    table = json.loads(KDA_13.read_text())["dispatch"]
+    t = tdefs["chunk"]
+    lacking = {k for e in table.values() for k in t.param_names if k not in e["params"]}
+    assert {"prep_addr", "overlap"} <= lacking  # the case this test is about
+    plan = dispatch_plan(op, tdefs, KDA_13)
+    assert len(plan) == len(table) == 4
+    for ((_, tdef, genome),), (cell,) in plan:
+        params = genome.params_dict()
+        assert params == t.default_params() | table[cell.label()]["params"]
+        assert tdef.violations(params, 90, cell.dtypes_dict(), cell.dims_dict()) == []
+
+
+def test_dispatch_plan_names_a_param_the_template_no_longer_has(tmp_path):
+    d = json.loads(KDA_13.read_text())
+    label = next(iter(d["dispatch"]))
+    d["dispatch"][label]["params"]["prep_gone"] = 1
+    p = tmp_path / "dispatch.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(UnknownNameError, match=f"entry '{label}'.*no longer has param.*'prep_gone'"):
+        dispatch_plan(get_op("kda"), load_templates("kda"), p)
+
+
 @pytest.mark.parametrize("edit, match", [
     (lambda d: d["dispatch"].update({"x=bf16,w=bf16 M7-N7": next(iter(d["dispatch"].values()))}), "not in op rmsnorm's matrices"),
     (lambda d: next(iter(d["dispatch"].values())).update(template="gone"), "template 'gone'"),

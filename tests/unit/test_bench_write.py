@@ -87,3 +87,24 @@ def test_bench_method_names_the_l2_flush_its_fingerprint_records(tmp_path):
                       ({"gpu": "H200"}, "a 256 MiB memset")):  # a fingerprint from before the key: the memset
         write(rows, tmp_path / "b", fp, 4200.0)
         assert f"flushed before each (by {words}" in json.loads((tmp_path / "b.json").read_text())["method"]
+
+
+def test_bench_names_the_constraints_a_given_point_breaks_on_a_cell(tmp_path):
+    """A given point illegal on a cell is never built or timed, and its row says which constraints refused it."""
+    from evo.cli.bench import bench
+    from evo.measure.jobs import Timing
+    from evo.templates.template import load_templates
+    from ops import get_op
+    from ops.rmsnorm.spec import cell
+
+    op, t = get_op("rmsnorm"), load_templates("rmsnorm")["cta_row"]
+    c = cell("bf16", 64, 1024)
+    bad = t.default_params()  # 256 threads of 8-element vectors over a 1024-element row: idle warps
+    broken = t.violations(bad, 90, c.dtypes_dict(), c.dims_dict())
+    assert broken and t.is_valid(bad, 90, c.dtypes_dict(), {"M": 64, "N": 4096})
+    runner = _Runner()
+    (r,) = bench(op, [("cta_row", t, Genome.make("rmsnorm", t.name, t.source_hash, bad))], [c], "sm_90a", runner, Timing())
+    assert runner.jobs == [] and r.status == "INVALID"
+    write([r], tmp_path / "b", {"gpu": "fake"}, 4000.0)
+    (got,) = list(csv.DictReader(open(tmp_path / "b.csv")))
+    assert got["error"] == f"the point breaks {', '.join(broken)} here"
