@@ -133,7 +133,8 @@ def test_batch_with_hang_and_die() -> None:
     assert [x.error_kind for x in out] == ["", TIMEOUT, "", CRASH, "", "", "", ""]
     assert "no answer within 2.0 s" in out[1].error and out[3].error.startswith("worker died")
     assert seen.index("hang1") == len(ids) - 1  # the other actor drained the queue meanwhile
-    assert wall < TIMEOUT_S + 3.0
+    # the watchdog cut the hang (it sleeps an hour): room for a loaded 2-core machine, where + 3 s once failed
+    assert wall < TIMEOUT_S + 30.0
     assert all(x.error_kind == "" for x in after)
     assert len({pid(x) for x in out if not x.error_kind}) >= 2
 
