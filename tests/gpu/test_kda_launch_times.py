@@ -53,8 +53,9 @@ POINTS += [KSPLIT | {"warps": w, "kwarps": kw, "stages": s}
            for w, kw, s in [(1, 4, 3), (1, 4, 4), (1, 4, 6), (1, 2, 3), (1, 2, 4), (2, 4, 3), (2, 2, 3), (2, 4, 6),
                             (4, 4, 3), (4, 2, 3), (8, 2, 3)]]
 # chunk 64 with the split K (half the recurrence's serial steps; a one-warp group legal there): 128 and 256 prep threads
+# (its kwarps-2 points spill and are refused since 2026-12-05: ksplit_2_spills_at_chunk_64)
 POINTS += [KSPLIT | {"chunk": 64, "warps": w, "kwarps": kw, "stages": 3, "prep_threads": pt}
-           for w, kw, pt in [(1, 4, 128), (1, 4, 256), (1, 2, 256), (2, 2, 256)]]
+           for w, kw, pt in [(1, 4, 128), (1, 4, 256)]]
 # kda_prefill_h200_10's dispatch genomes (kwarps 2 and 4 at B = 1, the one-warp recurrence at B = 4, 8) with the
 # split diagonal and with the diagonal blocks by tf32 mma (prep_diag = mma): ids start "chunk32-kwarps" (-k)
 GA10 = {"chunk": 32, "kwarps": 1, "prep_blocks": 3, "prep_diag": "split", "prep_exp": "fast", "prep_round": "add",
