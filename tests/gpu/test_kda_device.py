@@ -190,6 +190,9 @@ CHUNK_POINTS += [CHUNK_POINTS[-1] | {"prep_inv": "blocked"}]
 # from row and column apart (prep_addr = rowcol): the one-warp recurrence and kwarps 2, both options on; ex2 alone
 CHUNK_POINTS += [CHUNK_POINTS[-3] | {"prep_exp": "ex2", "prep_addr": "rowcol"},
                  CHUNK_POINTS[-2] | {"prep_exp": "ex2", "prep_addr": "rowcol"}, CHUNK_POINTS[-2] | {"prep_exp": "ex2"}]
+# the K-split recurrence's shared addresses as bases plus immediates (recur_addr = hoist): kwarps 2 (ex2, rowcol) and
+# kwarps 4 (4 warps a group, 3-deep ring)
+CHUNK_POINTS += [CHUNK_POINTS[-2] | {"recur_addr": "hoist"}, KSPLIT | {"warps": 1, "kwarps": 4, "stages": 3, "recur_addr": "hoist"}]
 
 
 @pytest.mark.gpu

@@ -352,3 +352,29 @@ def test_prep_ex2_and_rowcol_against_the_dispatch(worker, c):
     print(f"\nkda prep {c.label()}: "
           + ", ".join(f"{v} {t:.1f} us ({t / out['fast-swz']:.3f}x)" for v, t in out.items()))
     assert all(math.isfinite(t) and t > 0 for t in out.values()), out
+
+
+# The K-split recurrence's shared addresses (2026-12-05): kda_prefill_h200_15's K-split dispatch genomes (B1-T8192
+# kwarps 2, B1-T32768 kwarps 4) as they are (recur_addr swz) and with the ring's and ldmatrix's addresses as bases
+# plus immediates (hoist). Compiled (NVRTC 13.5, experiments/results/recur_sass.json): the chunk loop 515 -> 439 and
+# 434 -> 396 instructions a warp, 214 -> 166 and 133 -> 128 registers. A/B in one process, launch by launch.
+# Run: KF_LAUNCH_TIMES_OUT=kda_hoist.json pytest -s tests/gpu/test_kda_launch_times.py -k recur_hoist
+HOIST_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h200_15/dispatch.json"
+HOIST_CELLS = [c for c in PREFILL if json.loads(HOIST_TABLE.read_text())["dispatch"][c.label()]["params"]["kwarps"] > 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", HOIST_CELLS, ids=lambda c: c.label())
+def test_recur_hoist_against_the_dispatch(worker, c):
+    params = json.loads(HOIST_TABLE.read_text())["dispatch"][c.label()]["params"]
+    mod, ref_obj = worker._op("kda")
+    out = {}
+    for variant in ("swz", "hoist"):
+        p = params | {"recur_addr": variant}
+        build = build_for(c, p)
+        g, job = plan_job(c, p, build)
+        res = time_variant(worker, c, "recur_hoist", variant, p, g, build, job, mod, ref_obj)
+        out[variant] = res["launches"][1]["median_us"]
+    print(f"\nkda recurrence {c.label()}: swz {out['swz']:.1f} us, hoist {out['hoist']:.1f} us "
+          f"({out['hoist'] / out['swz']:.3f}x)")
+    assert all(math.isfinite(t) and t > 0 for t in out.values()), out

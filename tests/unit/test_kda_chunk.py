@@ -184,7 +184,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
            "kwarps": 1, "prep_inv": "rows", "overlap": False,
-           "prep_addr": "swz"}  # each option's off value: the code before it
+           "prep_addr": "swz", "recur_addr": "swz"}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -222,6 +222,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
             fixed += [{"kwarps": k} | {o: False for o in ONE_WARP_OPTIONS} for k in t.values("kwarps") if k > 1]
         if "overlap" in names:  # the launches in order (the overlap's points: test_overlap_legality)
             fixed = [f | {"overlap": False} for f in fixed]
+        if "recur_addr" in names:  # the K-split recurrence's addresses as before (test_recur_addr_hoist_legality)
+            fixed = [f | {"recur_addr": "swz"} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
             out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
@@ -743,7 +745,7 @@ def test_recur_lean_legality():
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
                  "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
-                 "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"]}
+                 "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"], "recur_addr": ["swz"]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -2762,3 +2764,102 @@ def test_overlap_point_builds_without_spills_with_its_three_kernels():
     assert res["kda_chunk_recur"].regs * 128 + res["kda_chunk_prep"].regs * 128 <= 65536, res
     off = compile_point(c, overlap_point(c, warps=2) | {"overlap": False})
     assert {k for k, _ in off.resources} == {"kda_chunk_prep", "kda_chunk_recur"}
+
+
+# ---- recur_addr = hoist: the K-split recurrence's shared addresses as bases plus immediates ----------------------------
+
+def test_recur_addr_hoist_legality():
+    """hoist is offered on the K-split recurrence only: every legal kwarps 2, 4 point has a legal hoist twin, and at
+    kwarps 1 it breaks exactly hoist_on_the_split_k_recurrence."""
+    c = PREFILL_CELLS[0]
+    dt, dims = c.dtypes_dict(), c.dims_dict()
+    ks = [p for p in all_legal(c, ksplit=True) if p["kwarps"] > 1]
+    assert ks and all(p["recur_addr"] == "swz" for p in ks)
+    for p in ks:
+        assert TDEF.violations(p | {"recur_addr": "hoist"}, ARCH, dt, dims) == [], p
+    one = [p for p in all_legal(c) if p["kwarps"] == 1][:50]
+    for p in one:
+        assert TDEF.violations(p | {"recur_addr": "hoist"}, ARCH, dt, dims) == ["hoist_on_the_split_k_recurrence"], p
+
+
+def _swz(off: int, row_bytes: int) -> int:  # swz<ROW_BYTES>, as the template's C (checked against it below)
+    line = max(row_bytes, 128)
+    return off ^ (((off // line) & 7) << 4)
+
+
+def _ldsm_addr(slot: int, lane_sw: int, d: int, row_bytes: int) -> int:  # ldsm_addr<RB>, as the template's C
+    sd = _swz(d, row_bytes)
+    return slot + (lane_sw ^ (sd & 0x70)) + (sd & ~0x70)
+
+
+@pytest.mark.parametrize("C, KW", [(32, 2), (32, 4), (64, 4)])
+def test_recur_addr_hoist_addresses_are_the_same_bytes(C: int, KW: int):
+    """Every shared address the hoisted recurrence forms (its ring copies' destinations, its ldmatrix rows) equals the
+    swz build's for every thread, warp, piece and tile: both formulas as the rendered sources write them, evaluated
+    with swz and ldsm_addr modelled in Python (their C bodies pinned here, so a change to them fails this test)."""
+    K, W = 128, 1
+    p = ksplit_point(C=C, warps=W, kwarps=KW) | {"prep_diag": "warp_row"}
+    hoist, swz = recur_src(p | {"recur_addr": "hoist"}), recur_src(p)
+    head = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | p | {"recur_addr": "hoist"})
+    assert "return off ^ (((off / L) & 7) << 4);" in c_function(head, "__device__ __forceinline__ int swz(")
+    assert "return slot + (lane_sw ^ (unsigned)(sd & 0x70)) + (unsigned)(sd & ~0x70);" in c_function(
+        head, "__device__ __forceinline__ unsigned ldsm_addr(")
+    for text in ("ldsm_x4(ss + lw_[kp] + (unsigned)(16 * n * K), bw[n]);",
+                 "ldsm_x4(ss + OFF_Q + lw_[kp] + (unsigned)(16 * n * K), bq[n]);",
+                 "ldsm_x2(ss + OFF_A + la_[kb] + (unsigned)(16 * C * KW * m), bb);",
+                 "ldsm_x4(ss + OFF_K + lg_[kb] + (unsigned)(16 * n * C), bk);",
+                 "lw_[kp] = ldsm_addr<K * 2>(0u, lk, (KK * kw + 32 * kp) * 2);",
+                 "la_[kb] = ldsm_addr<C * 2>(0u, lc, (8 * kw * C + 16 * kb) * 2);",
+                 "lg_[kb] = ldsm_addr<C * 2>(0u, lc, (KK * kw * C + 16 * kb) * 2);",
+                 "const unsigned dk = d + ok_[j % PB] + (unsigned)(j / PB * PB * STEP);",
+                 "cp(d + oc0 + (unsigned)(j * STEP), sk + j * STEP);",
+                 "cp(d + oa0 + (unsigned)(j * STEP), sa + j * STEP);",
+                 "for (int j = 0; j < PB; ++j) ok_[j] = (unsigned)swz<K * 2>(tid * 16 + j * STEP);"):
+        assert text in hoist, text
+    for text in ("ldsm_x4(ldsm_addr<K * 2>(ss, lk, (8 * n * K + KK * kw + 32 * kp) * 2), bw[n]);",
+                 "ldsm_x2(ldsm_addr<C * 2>(ss + OFF_A, lc, (8 * n * C + 16 * kb) * 2), bb);",
+                 "ldsm_x4(ldsm_addr<C * 2>(ss + OFF_K, lc, ((KK * kw + 8 * n) * C + 16 * kb) * 2), bk);",
+                 "ok_[j] = (unsigned)swz<K * 2>(tid * 16 + j * STEP);",
+                 "oc_[j] = (unsigned)(OFF_K + swz<C * 2>(tid * 16 + j * STEP));",
+                 "for (int j = 0; j < NA; ++j) oa_[j] = (unsigned)(OFF_A + swz<C * 2>(tid * 16 + j * STEP));"):
+        assert text in swz, text
+    KK, NTH = K // KW, 32 * W * KW
+    STEP = NTH * 16
+    NB, NA = -(-C * K * 2 // STEP), -(-C * C * 2 // STEP)
+    LB = max(K * 2, 128)
+    PB = 1 if STEP % (8 * LB) == 0 else 8 * LB // STEP
+    for ss in (0, 0x9a00):  # a slot's address (a multiple of 128 bytes)
+        for tid in range(NTH):
+            ok = [_swz(tid * 16 + j * STEP, K * 2) for j in range(PB)]
+            oc0, oa0 = _swz(tid * 16, C * 2), _swz(tid * 16, C * 2)
+            for j in range(NB):
+                assert ss + ok[j % PB] + j // PB * PB * STEP == ss + _swz(tid * 16 + j * STEP, K * 2)
+                assert ss + oc0 + j * STEP == ss + _swz(tid * 16 + j * STEP, C * 2)
+            for j in range(NA):
+                assert ss + oa0 + j * STEP == ss + _swz(tid * 16 + j * STEP, C * 2)
+        for lane in range(32):
+            li, lr = lane >> 3, lane & 7
+            lk = _swz(lr * K * 2 + 16 * li, K * 2)
+            lc = _swz((8 * (li >> 1) + lr) * C * 2 + 16 * (li & 1), C * 2)
+            for kw in range(KW):
+                for kp in range(KK // 32):
+                    lw = _ldsm_addr(0, lk, (KK * kw + 32 * kp) * 2, K * 2)
+                    for n in range(C // 8):
+                        assert ss + lw + 16 * n * K == _ldsm_addr(ss, lk, (8 * n * K + KK * kw + 32 * kp) * 2, K * 2)
+                for kb in range(C // 16):
+                    la = _ldsm_addr(0, lc, (8 * kw * C + 16 * kb) * 2, C * 2)
+                    lg = _ldsm_addr(0, lc, (KK * kw * C + 16 * kb) * 2, C * 2)
+                    for m in range(C // 8 // KW):
+                        n = kw + KW * m
+                        assert ss + la + 16 * C * KW * m == _ldsm_addr(ss, lc, (8 * n * C + 16 * kb) * 2, C * 2)
+                    for n in range(0, KK // 8, 2):
+                        assert ss + lg + 16 * n * C == _ldsm_addr(ss, lc, ((KK * kw + 8 * n) * C + 16 * kb) * 2, C * 2)
+    # the slot carried from chunk to chunk: chunk c's offset and the slot its refill of chunk c + NS - 1 goes to
+    for NS in (3, 4, 6):
+        SLOT, cur = 1 << 14, 0
+        for c in range(40):
+            assert cur == c % NS * SLOT
+            assert ((NS - 1) * SLOT if cur == 0 else cur - SLOT) == (c + NS - 1) % NS * SLOT
+            cur = 0 if cur == (NS - 1) * SLOT else cur + SLOT
+    assert "cur = cur == (unsigned)((NS - 1) * SLOT) ? 0u : cur + SLOT;" in hoist
+    assert "issue(c + NS - 1, ring_s + (cur == 0 ? (unsigned)((NS - 1) * SLOT) : cur - SLOT));" in hoist

@@ -1,7 +1,8 @@
 """SASS on the CPU (evo/build/sass.py): real NVRTC builds for sm_90a disassembled by nvdisasm, their innermost loops
 found and counted; and the KDA prep's claim read from its SASS (experiments/scripts/prep_sass.py): prep_exp = ex2
 drops __expf's subnormal guard, and with prep_addr = rowcol every hot loop the estimate counts gets shorter and
-prep_vec's 16-byte stores become STG.E.128 (four 32-bit stores each without it)."""
+prep_vec's 16-byte stores become STG.E.128 (four 32-bit stores each without it); and the K-split recurrence's chunk loop
+with recur_addr = hoist (experiments/scripts/recur_sass.py) keeps its mma and copies and loses integer instructions."""
 
 from __future__ import annotations
 
@@ -110,3 +111,38 @@ def test_build_point_refuses_an_illegal_point_by_name():
     c = prefill_matrix()[0]
     with pytest.raises(ValueError, match="ex2_on_the_mma_prep"):
         build_point(load_templates("kda")["chunk"], {"prep_exp": "ex2"}, c.dtypes_dict(), c.dims_dict())
+
+
+_rspec = importlib.util.spec_from_file_location("recur_sass", ROOT / "experiments" / "scripts" / "recur_sass.py")
+assert _rspec and _rspec.loader
+R = importlib.util.module_from_spec(_rspec)
+_rspec.loader.exec_module(R)
+
+
+def test_recur_addr_hoist_shortens_the_split_k_chunk_loop():
+    """recur_addr = hoist (kda_prefill_h200_15's K-split dispatch points, B1-T8192 and B1-T32768): the chunk loop keeps
+    its mma, ldmatrix and cp.async counts and loses integer instructions (no chunk % NS, no per-address swizzle),
+    without spills and with no more registers (214 -> 166 and 133 -> 128 under NVRTC 13.5 when written)."""
+    from evo.build.nvrtc import build_point
+    from evo.templates.template import load_templates
+    from ops import get_op
+
+    tdef = load_templates("kda")["chunk"]
+    table = json.loads((ROOT / "experiments/results/kda_prefill_h200_15/dispatch.json").read_text())["dispatch"]
+    cells = {c.label(): c for c in get_op("kda").all_cells()}
+    ksplit = {label: e["params"] for label, e in table.items() if e["params"]["kwarps"] > 1}
+    assert len(ksplit) == 2
+    for label, params in sorted(ksplit.items()):
+        c = cells[label]
+        got = {}
+        for addr in ("swz", "hoist"):
+            r = build_point(tdef, params | {"recur_addr": addr}, c.dtypes_dict(), c.dims_dict())
+            res = dict(r.resources)["kda_chunk_recur"]
+            assert r.status.ok and res.spill_stores == res.spill_loads == res.stack_bytes == 0, (addr, res)
+            lp = R.chunk_loop(inner_loops(disassemble(r.cubin, "kda_chunk_recur")))
+            got[addr] = (res.regs, lp)
+        (r0, a), (r1, b) = got["swz"], got["hoist"]
+        for op in ("HMMA", "LDSM", "LDGSTS", "BAR"):
+            assert a.count(op) == b.count(op) > 0 or op == "BAR", (label, op)
+        integer = {k: sum(n for o, n in lp.ops if o.startswith(R.INTEGER)) for k, lp in (("swz", a), ("hoist", b))}
+        assert integer["hoist"] <= 0.85 * integer["swz"] and b.size < a.size and r1 <= r0, (label, integer, r0, r1)
