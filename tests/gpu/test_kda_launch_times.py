@@ -356,8 +356,9 @@ def test_prep_ex2_and_rowcol_against_the_dispatch(worker, c):
 
 # The K-split recurrence's shared addresses (2026-12-05): kda_prefill_h200_15's K-split dispatch genomes (B1-T8192
 # kwarps 2, B1-T32768 kwarps 4) as they are (recur_addr swz) and with the ring's and ldmatrix's addresses as bases
-# plus immediates (hoist). Compiled (NVRTC 13.5, experiments/results/recur_sass.json): the chunk loop 515 -> 439 and
-# 434 -> 396 instructions a warp, 214 -> 166 and 133 -> 128 registers. A/B in one process, launch by launch.
+# plus immediates (hoist). Compiled (NVRTC 13.0, experiments/results/recur_sass_nvrtc13_0.json): the chunk loop
+# 501 -> 443 and 417 -> 387 instructions a warp, 216 -> 166 and 138 -> 132 registers. A/B in one process, launch by
+# launch.
 # Run: KF_LAUNCH_TIMES_OUT=kda_hoist.json pytest -s tests/gpu/test_kda_launch_times.py -k recur_hoist
 HOIST_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h200_15/dispatch.json"
 HOIST_CELLS = [c for c in PREFILL if json.loads(HOIST_TABLE.read_text())["dispatch"][c.label()]["params"]["kwarps"] > 1]
