@@ -207,8 +207,8 @@ def prepare(
 def build_point(tdef: TemplateDef, params: Mapping[str, Any], dtypes: Mapping[str, Any], dims: Mapping[str, int],
                 arch: str = "sm_90a") -> BuildResult:
     """One build of tdef at its defaults updated by `params`, for a cell's dtypes and dims (a script's or a test's
-    build, outside a run); ValueError naming the constraints the point breaks there."""
-    g = Genome.make(tdef.op, tdef.name, tdef.source_hash, tdef.default_params() | dict(params))
+    build, outside a run); ValueError naming a param tdef does not have, or the constraints the point breaks there."""
+    g = Genome.make(tdef.op, tdef.name, tdef.source_hash, tdef.complete(params))
     bad = tdef.violations(g.params_dict(), int(re.sub(r"\D", "", arch)), dtypes, dims)
     if bad:
         raise ValueError(f"{tdef.op}/{tdef.name} at {dict(params)} breaks {bad}")

@@ -48,11 +48,14 @@ def ctas_an_sm(threads: int, smem: int, regs: int) -> dict:
 
 def build(tdef, cell, params: dict):
     """The point built by this process's NVRTC, or by $KF_NVRTC_ALT's in a compile process that loads it."""
-    r = build_point(tdef, params, cell.dtypes_dict(), cell.dims_dict())  # checks the point is legal there
     alt = os.environ.get("KF_NVRTC_ALT")
     if not alt:
-        return r
-    g = Genome.make("kda", tdef.name, tdef.source_hash, tdef.complete(params))
+        return build_point(tdef, params, cell.dtypes_dict(), cell.dims_dict())  # (refuses an illegal point)
+    full = tdef.complete(params)
+    bad = tdef.violations(full, 90, cell.dtypes_dict(), cell.dims_dict())
+    if bad:
+        raise SystemExit(f"{params} breaks {bad} on {cell.label()}")
+    g = Genome.make("kda", tdef.name, tdef.source_hash, full)
     with Builder(1, nvrtc=alt) as b:
         (r,) = b.build([prepare(tdef, g, "sm_90a", cell.dtypes_dict(), cell.dims_dict())])
     return r

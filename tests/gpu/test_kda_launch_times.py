@@ -293,6 +293,21 @@ def time_variant(worker, c, test: str, variant: str, params: dict, g, build, job
     return res
 
 
+def time_overrides(worker, c, test: str, params: dict, overrides: dict[str, dict], launch: int) -> dict[str, float]:
+    """An A/B of `params` with each of `overrides` (variant -> params over it) in this process, built with this
+    process's NVRTC: each variant's median of launch `launch` (time_variant, a row each)."""
+    mod, ref_obj = worker._op("kda")
+    out = {}
+    for variant, over in overrides.items():
+        p = params | over
+        build = build_for(c, p)
+        g, job = plan_job(c, p, build)
+        out[variant] = time_variant(worker, c, test, variant, p, g, build, job, mod, ref_obj)["launches"][launch][
+            "median_us"]
+    assert all(math.isfinite(t) and t > 0 for t in out.values()), out
+    return out
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
 def test_split_k_recurrence_own_partials_from_shared_against_local(worker, c):
@@ -341,17 +356,9 @@ PREP_VARIANTS = {"fast-swz": {"prep_exp": "fast", "prep_addr": "swz"},
 @pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
 def test_prep_ex2_and_rowcol_against_the_dispatch(worker, c):
     params = json.loads(PO_TABLE.read_text())["dispatch"][c.label()]["params"]
-    mod, ref_obj = worker._op("kda")
-    out = {}
-    for variant, over in PREP_VARIANTS.items():
-        p = params | over
-        build = build_for(c, p)
-        g, job = plan_job(c, p, build)
-        res = time_variant(worker, c, "prep_ex2", variant, p, g, build, job, mod, ref_obj)
-        out[variant] = res["launches"][0]["median_us"]
+    out = time_overrides(worker, c, "prep_ex2", params, PREP_VARIANTS, launch=0)
     print(f"\nkda prep {c.label()}: "
           + ", ".join(f"{v} {t:.1f} us ({t / out['fast-swz']:.3f}x)" for v, t in out.items()))
-    assert all(math.isfinite(t) and t > 0 for t in out.values()), out
 
 
 # The K-split recurrence's shared addresses (2026-12-05): kda_prefill_h200_15's K-split dispatch genomes (B1-T8192
@@ -368,14 +375,6 @@ HOIST_CELLS = [c for c in PREFILL if json.loads(HOIST_TABLE.read_text())["dispat
 @pytest.mark.parametrize("c", HOIST_CELLS, ids=lambda c: c.label())
 def test_recur_hoist_against_the_dispatch(worker, c):
     params = json.loads(HOIST_TABLE.read_text())["dispatch"][c.label()]["params"]
-    mod, ref_obj = worker._op("kda")
-    out = {}
-    for variant in ("swz", "hoist"):
-        p = params | {"recur_addr": variant}
-        build = build_for(c, p)
-        g, job = plan_job(c, p, build)
-        res = time_variant(worker, c, "recur_hoist", variant, p, g, build, job, mod, ref_obj)
-        out[variant] = res["launches"][1]["median_us"]
+    out = time_overrides(worker, c, "recur_hoist", params, {v: {"recur_addr": v} for v in ("swz", "hoist")}, launch=1)
     print(f"\nkda recurrence {c.label()}: swz {out['swz']:.1f} us, hoist {out['hoist']:.1f} us "
           f"({out['hoist'] / out['swz']:.3f}x)")
-    assert all(math.isfinite(t) and t > 0 for t in out.values()), out
