@@ -6,7 +6,8 @@ innermost loop with the most mma) counted by opcode: the instructions each warp 
 What the counts tell apart at B = 1, where the recurrence is a chain of NT chunk steps with a few warps an SM: the mma
 work (HMMA) and its shared-memory operands (LDSM, LDS), the ring's refill (LDGSTS: 16-byte cp.async, each with its
 64-bit source address), integer instructions (address and index arithmetic), and the barriers. A K-split entry
-(kwarps > 1) is analysed again with recur_addr = hoist (its shared addresses as bases plus immediates).
+(kwarps > 1) is analysed again with recur_addr = hoist (its shared addresses as bases plus immediates) and carry (hoist with
+the refill's sources, u's words and o's address carried from chunk to chunk).
 
 Run: python experiments/scripts/recur_sass.py experiments/results/kda_prefill_h200_15/dispatch.json \
          experiments/results/recur_sass.json
@@ -93,8 +94,8 @@ def main(table_path: str, out: str) -> None:
     rows = []
     for label, e in sorted(table.items()):
         variants = [("as dispatched", e["params"])]
-        if e["params"].get("kwarps", 1) > 1:  # the K-split recurrence: also with recur_addr = hoist
-            variants.append(("recur_addr hoist", e["params"] | {"recur_addr": "hoist"}))
+        if e["params"].get("kwarps", 1) > 1:  # the K-split recurrence: also with recur_addr = hoist, carry
+            variants += [(f"recur_addr {a}", e["params"] | {"recur_addr": a}) for a in ("hoist", "carry")]
         for name, params in variants:
             a = analyse(tdef, cells[label], params)
             rows.append({"cell": label, "variant": name, "median_us": e.get("median_us") if name == "as dispatched"

@@ -193,6 +193,10 @@ CHUNK_POINTS += [CHUNK_POINTS[-3] | {"prep_exp": "ex2", "prep_addr": "rowcol"},
 # the K-split recurrence's shared addresses as bases plus immediates (recur_addr = hoist): kwarps 2 (ex2, rowcol) and
 # kwarps 4 (4 warps a group, 3-deep ring)
 CHUNK_POINTS += [CHUNK_POINTS[-2] | {"recur_addr": "hoist"}, KSPLIT | {"warps": 1, "kwarps": 4, "stages": 3, "recur_addr": "hoist"}]
+# hoist with the refill's sources, u's words and o's address carried from chunk to chunk (recur_addr = carry): the same
+# two recurrences, and kwarps 4 with two value groups and a 6-deep ring (the GA's space)
+CHUNK_POINTS += [CHUNK_POINTS[-2] | {"recur_addr": "carry"}, CHUNK_POINTS[-1] | {"recur_addr": "carry"},
+                 KSPLIT | {"warps": 2, "kwarps": 4, "stages": 6, "recur_addr": "carry"}]
 
 
 @pytest.mark.gpu

@@ -361,11 +361,11 @@ def test_prep_ex2_and_rowcol_against_the_dispatch(worker, c):
           + ", ".join(f"{v} {t:.1f} us ({t / out['fast-swz']:.3f}x)" for v, t in out.items()))
 
 
-# The K-split recurrence's shared addresses (2026-12-05): kda_prefill_h200_15's K-split dispatch genomes (B1-T8192
-# kwarps 2, B1-T32768 kwarps 4) as they are (recur_addr swz) and with the ring's and ldmatrix's addresses as bases
-# plus immediates (hoist). Compiled (NVRTC 13.0, experiments/results/recur_sass_nvrtc13_0.json): the chunk loop
-# 501 -> 443 and 417 -> 387 instructions a warp, 216 -> 166 and 138 -> 132 registers. A/B in one process, launch by
-# launch.
+# The K-split recurrence's addresses (2026-12-05): kda_prefill_h200_15's K-split dispatch genomes (B1-T8192 kwarps 2,
+# B1-T32768 kwarps 4) as they are (recur_addr swz), with the ring's and ldmatrix's shared addresses as bases plus
+# immediates (hoist), and with the refill's sources, u's words and o's address carried from chunk to chunk too
+# (carry). Compiled (NVRTC 13.0, experiments/results/recur_sass_nvrtc13_0.json): the chunk loop 501 -> 443 -> 364
+# instructions a warp at B1-T8192 and 417 -> 387 -> 325 at B1-T32768. A/B in one process, launch by launch.
 # Run: KF_LAUNCH_TIMES_OUT=kda_hoist.json pytest -s tests/gpu/test_kda_launch_times.py -k recur_hoist
 HOIST_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h200_15/dispatch.json"
 HOIST_CELLS = [c for c in PREFILL if json.loads(HOIST_TABLE.read_text())["dispatch"][c.label()]["params"]["kwarps"] > 1]
@@ -375,6 +375,7 @@ HOIST_CELLS = [c for c in PREFILL if json.loads(HOIST_TABLE.read_text())["dispat
 @pytest.mark.parametrize("c", HOIST_CELLS, ids=lambda c: c.label())
 def test_recur_hoist_against_the_dispatch(worker, c):
     params = json.loads(HOIST_TABLE.read_text())["dispatch"][c.label()]["params"]
-    out = time_overrides(worker, c, "recur_hoist", params, {v: {"recur_addr": v} for v in ("swz", "hoist")}, launch=1)
-    print(f"\nkda recurrence {c.label()}: swz {out['swz']:.1f} us, hoist {out['hoist']:.1f} us "
-          f"({out['hoist'] / out['swz']:.3f}x)")
+    variants = {v: {"recur_addr": v} for v in ("swz", "hoist", "carry")}
+    out = time_overrides(worker, c, "recur_hoist", params, variants, launch=1)
+    print(f"\nkda recurrence {c.label()}: "
+          + ", ".join(f"{v} {t:.1f} us ({t / out['swz']:.3f}x)" for v, t in out.items()))

@@ -222,7 +222,7 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
             fixed += [{"kwarps": k} | {o: False for o in ONE_WARP_OPTIONS} for k in t.values("kwarps") if k > 1]
         if "overlap" in names:  # the launches in order (the overlap's points: test_overlap_legality)
             fixed = [f | {"overlap": False} for f in fixed]
-        if "recur_addr" in names:  # the K-split recurrence's addresses as before (test_recur_addr_hoist_legality)
+        if "recur_addr" in names:  # the K-split recurrence's addresses as before (test_recur_addr_legality)
             fixed = [f | {"recur_addr": "swz"} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
@@ -2768,18 +2768,20 @@ def test_overlap_point_builds_without_spills_with_its_three_kernels():
 
 # ---- recur_addr = hoist: the K-split recurrence's shared addresses as bases plus immediates ----------------------------
 
-def test_recur_addr_hoist_legality():
-    """hoist is offered on the K-split recurrence only: every legal kwarps 2, 4 point has a legal hoist twin, and at
-    kwarps 1 it breaks exactly hoist_on_the_split_k_recurrence."""
+@pytest.mark.parametrize("addr", ["hoist", "carry"])
+def test_recur_addr_legality(addr: str):
+    """hoist and carry are offered on the K-split recurrence only: every legal kwarps 2, 4 point has a legal twin with
+    either, and at kwarps 1 each breaks exactly hoist_on_the_split_k_recurrence."""
+    assert TDEF.values("recur_addr") == ("swz", "hoist", "carry")
     c = PREFILL_CELLS[0]
     dt, dims = c.dtypes_dict(), c.dims_dict()
     ks = [p for p in all_legal(c, ksplit=True) if p["kwarps"] > 1]
     assert ks and all(p["recur_addr"] == "swz" for p in ks)
     for p in ks:
-        assert TDEF.violations(p | {"recur_addr": "hoist"}, ARCH, dt, dims) == [], p
+        assert TDEF.violations(p | {"recur_addr": addr}, ARCH, dt, dims) == [], p
     one = [p for p in all_legal(c) if p["kwarps"] == 1][:50]
     for p in one:
-        assert TDEF.violations(p | {"recur_addr": "hoist"}, ARCH, dt, dims) == ["hoist_on_the_split_k_recurrence"], p
+        assert TDEF.violations(p | {"recur_addr": addr}, ARCH, dt, dims) == ["hoist_on_the_split_k_recurrence"], p
 
 
 def _swz(off: int, row_bytes: int) -> int:  # swz<ROW_BYTES>, as the template's C (checked against it below)
@@ -2863,3 +2865,123 @@ def test_recur_addr_hoist_addresses_are_the_same_bytes(C: int, KW: int):
             cur = 0 if cur == (NS - 1) * SLOT else cur + SLOT
     assert "cur = cur == (unsigned)((NS - 1) * SLOT) ? 0u : cur + SLOT;" in hoist
     assert "issue(c + NS - 1, ring_s + (cur == 0 ? (unsigned)((NS - 1) * SLOT) : cur - SLOT));" in hoist
+
+
+def test_recur_addr_points_compile_with_the_loop_spill_free():
+    """hoist and carry on every K-split recurrence of the prefill GA's space (chunk 32, warps 1, 2, stages 3, 6,
+    kwarps 2, 4) and on chunk 64's kwarps 4 build OK at <= 255 registers with no spill inside the chunk loop: NVRTC 13.5
+    spills one 8-byte value (the state's base, stored before the loop, reloaded for the final state) at hoist's warps 2,
+    stages 6, kwarps 4, where ptxas holds 128 registers (NVRTC 13.0 does that at carry's kwarps 4 points: 2026-12-05)."""
+    from evo.build.sass import disassemble, inner_loops
+
+    c = PREFILL_CELLS[0]
+    points = [ksplit_point(C=32, warps=w, kwarps=kw, stages=ns, recur_addr=a)
+              for w, ns, kw, a in product((1, 2), (3, 6), (2, 4), ("hoist", "carry"))]
+    points += [ksplit_point(C=64, warps=1, kwarps=4, recur_addr="carry")]
+    results = [compile_point(c, points[0])]
+    with ThreadPoolExecutor(2) as pool:
+        results += pool.map(lambda p: compile_point(c, p), points[1:])
+    spilled = []
+    for p, r in zip(points, results):
+        assert r.status.ok, (p, r.error)
+        res = dict(r.resources)["kda_chunk_recur"]
+        assert res.regs <= 255 and max(res.spill_stores, res.spill_loads, res.stack_bytes) <= 8, (p, res)
+        ins = [str(x) for x in disassemble(r.cubin, "kda_chunk_recur")]
+        lp = max(inner_loops(disassemble(r.cubin, "kda_chunk_recur")), key=lambda x: (x.count("HMMA"), x.size))
+        local = [i for i, x in enumerate(ins) if re.search(r"\b(STL|LDL)\b", x)]
+        assert len(local) == (2 if res.spill_stores else 0) and not any(lp.first <= i <= lp.last for i in local), p
+        if res.spill_stores:
+            spilled.append((p["warps"], p["stages"], p["kwarps"], p["recur_addr"]))
+    assert set(spilled) <= {(2, 6, 4, "hoist")}, spilled
+
+
+CARRY_LINES = (  # recur_addr = carry's own formulas, as rendered (test_recur_addr_carry_is_hoist_with_carried_addresses)
+    "const unsigned char* sw = reinterpret_cast<const unsigned char*>(ws_w + cb * C * K) + tid * 16;",
+    "const unsigned char* sq = reinterpret_cast<const unsigned char*>(ws_qg + cb * C * K) + tid * 16;",
+    "const unsigned char* sk = reinterpret_cast<const unsigned char*>(ws_kg + cb * K * C) + tid * 16;",
+    "const unsigned char* sa = reinterpret_cast<const unsigned char*>(ws_aqk + cb * C * C) + tid * 16;",
+    "const float* sg = ws_gl + cb * K + 4 * tid;",
+    "const float* su = ws_u + cb * C * V + su_[0];",
+    "if (tid < K / 4) cp(d + OFF_G + 16 * tid, sg);",
+    "cp(d + ou_[0] + (unsigned)(j * NTH * 16), su + j * (NTH / (4 * W)) * V);",
+    "sw += C * K * 2;", "sq += C * K * 2;", "sk += K * C * 2;", "sa += C * C * 2;", "sg += K;", "su += C * V;",
+    "uo_[h][0] = (unsigned)(OFF_U + swz<64 * W>((t * 16 * W + vl) * 4));",
+    "uo_[h][1] = (unsigned)(OFF_U + swz<64 * W>(((t + 1) * 16 * W + vl) * 4));",
+    "uo_[h][2] = (unsigned)(OFF_U + swz<64 * W>((t * 16 * W + vl + 8) * 4));",
+    "uo_[h][3] = (unsigned)(OFF_U + swz<64 * W>(((t + 1) * 16 * W + vl + 8) * 4));",
+    "vn[n][e] = *reinterpret_cast<const float*>(sl + uo_[n & 1][e] + (unsigned)(n / 2 * 16 * 64 * W));",
+    "const float4 p = xv[(j * (C / 8) + n) * 32 + lane];",
+    "const unsigned kwu = (unsigned)threadIdx.x / 32u % (unsigned)KW;",
+    "if (16 * kb <= 8 * KW * m + 7 || 16 * kb <= 8 * (kwu + KW * m) + 7) {",
+    "int ot = 8 * kw + 2 * tig + odd;",
+    "bf16* ob = orow + (long long)ot * HV * V + vr - odd;",
+    "const long long om = (long long)8 * KW * HV * V, oc = (long long)C * HV * V;",
+    "if (ot + 8 * KW * m < len) {",
+    "unsigned* op = reinterpret_cast<unsigned*>(ob + m * om);",
+    "ot += C;", "ob += oc;",
+)
+
+
+@pytest.mark.parametrize("C, W, KW", [(32, 1, 2), (32, 1, 4), (32, 2, 2), (32, 2, 4), (64, 1, 4)])
+def test_recur_addr_carry_is_hoist_with_carried_addresses(C: int, W: int, KW: int):
+    """recur_addr = carry is hoist's kernel but for the addresses it carries, each the same as hoist's (and swz's) for
+    every thread, lane, warp, piece, tile and chunk, its formulas as rendered (CARRY_LINES) evaluated in Python: the
+    refill's sources (one pointer a stream, advanced a chunk a call; u's pieces one pointer and one slot offset apart
+    by constants), u's words (8 offsets a lane, tiles n + 2 an immediate further), o's address and bound (carried a
+    chunk), the A_qk blocks it multiplies, and the partials read back for v_new (its own too, the same bits)."""
+    K, V, HV = 128, 128, 32
+    p = ksplit_point(C=C, warps=W, kwarps=KW) | {"prep_diag": "warp_row"}
+    carry, hoist = recur_src(p | {"recur_addr": "carry"}), recur_src(p | {"recur_addr": "hoist"})
+    for text in CARRY_LINES:
+        assert text in carry and text not in hoist, text
+    assert "j == kw ? make_float4(pv[n][0]" in hoist and "j == kw ?" not in carry
+    # the same ldmatrix rows, ring copies' destinations, slot carry and mma sequence as hoist's: only these differ
+    assert [ln for ln in hoist.splitlines() if "ldsm_x" in ln or "mma_bf16" in ln] == \
+        [ln for ln in carry.splitlines() if "ldsm_x" in ln or "mma_bf16" in ln]
+    NTH = 32 * W * KW
+    NU = -(-C * 4 * W // NTH)
+    SLOT_U = 0x9000  # OFF_U's value does not matter: both sides add it
+    for tid in range(NTH):
+        for j in range(NU):  # u's pieces: ou_[j], su_[j] as the rendered loop computes them
+            i = tid + j * NTH
+            assert SLOT_U + _swz(tid * 16, 64 * W) + j * NTH * 16 == SLOT_U + _swz(i * 16, 64 * W)
+            su0 = (tid // (4 * W)) * V + 4 * (tid % (4 * W))
+            assert su0 + j * (NTH // (4 * W)) * V == (i // (4 * W)) * V + 4 * (i % (4 * W))
+    # the carried sources: call k (chunk k, issued in order) reads chunk cb + k's bytes
+    for cb, NT in ((0, 5), (37, 9)):
+        strides = {"w": C * K * 2, "q": C * K * 2, "k": K * C * 2, "a": C * C * 2, "g": K * 4, "u": C * V * 4}
+        ptr = {s: cb * st for s, st in strides.items()}
+        for c in range(NT + 3):
+            for s, st in strides.items():
+                assert c >= NT or ptr[s] == (cb + c) * st, (s, c)
+            if c < NT:
+                ptr = {s: v + strides[s] for s, v in ptr.items()}
+    for lane in range(32):
+        grp, tig = lane >> 2, lane & 3
+        odd = grp & 1
+        for vg in range(W):
+            vl = 16 * vg + grp
+            for n in range(C // 8):  # u's words of v_new
+                t = 8 * n + 2 * tig
+                h, t0 = n & 1, 8 * (n & 1) + 2 * tig
+                want = [(t * 16 * W + vl) * 4, ((t + 1) * 16 * W + vl) * 4, (t * 16 * W + vl + 8) * 4,
+                        ((t + 1) * 16 * W + vl + 8) * 4]
+                got = [(t0 * 16 * W + vl) * 4, ((t0 + 1) * 16 * W + vl) * 4, (t0 * 16 * W + vl + 8) * 4,
+                       ((t0 + 1) * 16 * W + vl + 8) * 4]
+                for e in range(4):
+                    assert _swz(got[e], 64 * W) + n // 2 * 16 * 64 * W == _swz(want[e], 64 * W), (lane, n, e, h)
+            for kw in range(KW):
+                vr = vl  # v0 = 0: both sides add the tile's first column
+                for ln in (1000, 4 * C + 3, 4 * C):  # o's rows: a sequence's length, full and partial last chunks
+                    ot, ob = 8 * kw + 2 * tig + odd, (8 * kw + 2 * tig + odd) * HV * V + vr - odd
+                    for c in range(-(-ln // C)):
+                        for m in range(C // 8 // KW):
+                            n = kw + KW * m
+                            t = c * C + 8 * n + 2 * tig + odd
+                            assert (ot + 8 * KW * m < ln) == (t < ln)
+                            assert ob + m * 8 * KW * HV * V == t * HV * V + vr - odd
+                        ot, ob = ot + C, ob + C * HV * V
+                for m in range(C // 8 // KW):  # A_qk's blocks kb of token tile n: the same lower-triangular set
+                    n = kw + KW * m
+                    for kb in range(C // 16):
+                        assert (16 * kb <= 8 * KW * m + 7 or 16 * kb <= 8 * (kw + KW * m) + 7) == (16 * kb <= 8 * n + 7)
