@@ -7,7 +7,8 @@ What the counts tell apart at B = 1, where the recurrence is a chain of NT chunk
 work (HMMA) and its shared-memory operands (LDSM, LDS), the ring's refill (LDGSTS: 16-byte cp.async, each with its
 64-bit source address), integer instructions (address and index arithmetic), and the barriers. A K-split entry
 (kwarps > 1) is analysed again with recur_addr = hoist (its shared addresses as bases plus immediates) and carry (hoist with
-the refill's sources, u's words and o's address carried from chunk to chunk).
+the refill's sources, u's words and o's address carried from chunk to chunk); a lean, ldmatrix-fed one-warp-a-column
+entry with carry (its items' slots carried a chunk at a time, each kind's source a call at a time).
 
 Run: python experiments/scripts/recur_sass.py experiments/results/kda_prefill_h200_15/dispatch.json \
          experiments/results/recur_sass.json
@@ -94,8 +95,11 @@ def main(table_path: str, out: str) -> None:
     rows = []
     for label, e in sorted(table.items()):
         variants = [("as dispatched", e["params"])]
-        if e["params"].get("kwarps", 1) > 1:  # the K-split recurrence: also with recur_addr = hoist, carry
+        full = tdef.complete(e["params"])
+        if full["kwarps"] > 1:  # the K-split recurrence: also with recur_addr = hoist, carry
             variants += [(f"recur_addr {a}", e["params"] | {"recur_addr": a}) for a in ("hoist", "carry")]
+        elif full["recur_lean"] and full["recur_ldsm"] and not full["recur_fuse"]:  # the lean one-warp one: carry
+            variants.append(("recur_addr carry", e["params"] | {"recur_addr": "carry"}))
         for name, params in variants:
             a = analyse(tdef, cells[label], params)
             rows.append({"cell": label, "variant": name, "median_us": e.get("median_us") if name == "as dispatched"

@@ -197,6 +197,11 @@ CHUNK_POINTS += [CHUNK_POINTS[-2] | {"recur_addr": "hoist"}, KSPLIT | {"warps": 
 # two recurrences, and kwarps 4 with two value groups and a 6-deep ring (the GA's space)
 CHUNK_POINTS += [CHUNK_POINTS[-2] | {"recur_addr": "carry"}, CHUNK_POINTS[-1] | {"recur_addr": "carry"},
                  KSPLIT | {"warps": 2, "kwarps": 4, "stages": 6, "recur_addr": "carry"}]
+# carry on the lean, ldmatrix-fed one-warp-a-column recurrence (its items' slots carried a chunk at a time, each kind's
+# source a call at a time): kda_prefill_h200_15's B4/B8 point (ex2, rowcol, u_prefetch, warps 2, stages 6), and
+# without u_prefetch at a 3-deep ring
+CHUNK_POINTS += [CHUNK_POINTS[17] | {"recur_addr": "carry"},
+                 CHUNK_POINTS[17] | {"u_prefetch": False, "stages": 3, "recur_addr": "carry"}]
 
 
 @pytest.mark.gpu

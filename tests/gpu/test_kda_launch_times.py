@@ -361,21 +361,21 @@ def test_prep_ex2_and_rowcol_against_the_dispatch(worker, c):
           + ", ".join(f"{v} {t:.1f} us ({t / out['fast-swz']:.3f}x)" for v, t in out.items()))
 
 
-# The K-split recurrence's addresses (2026-12-05): kda_prefill_h200_15's K-split dispatch genomes (B1-T8192 kwarps 2,
-# B1-T32768 kwarps 4) as they are (recur_addr swz), with the ring's and ldmatrix's shared addresses as bases plus
-# immediates (hoist), and with the refill's sources, u's words and o's address carried from chunk to chunk too
-# (carry). Compiled (NVRTC 13.0, experiments/results/recur_sass_nvrtc13_0.json): the chunk loop 501 -> 443 -> 364
-# instructions a warp at B1-T8192 and 417 -> 387 -> 325 at B1-T32768. A/B in one process, launch by launch.
+# The recurrence's addresses (2026-12-05): kda_prefill_h200_15's dispatch genomes as they are (recur_addr swz) and with
+# carry; at the K-split entries (B1-T8192 kwarps 2, B1-T32768 kwarps 4) also hoist (the ring's and ldmatrix's shared
+# addresses as bases plus immediates; carry adds the refill's sources, u's words and o's address carried from chunk to
+# chunk), at the one-warp-a-column entries (B4, B8) carry only (its items' slots and each kind's source carried).
+# Compiled (NVRTC 13.0, experiments/results/recur_sass_nvrtc13_0.json): the chunk loop 501 -> 443 -> 364 instructions
+# a warp at B1-T8192, 417 -> 387 -> 325 at B1-T32768, 630 -> 522 at B4 and B8. A/B in one process, launch by launch.
 # Run: KF_LAUNCH_TIMES_OUT=kda_hoist.json pytest -s tests/gpu/test_kda_launch_times.py -k recur_hoist
 HOIST_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h200_15/dispatch.json"
-HOIST_CELLS = [c for c in PREFILL if json.loads(HOIST_TABLE.read_text())["dispatch"][c.label()]["params"]["kwarps"] > 1]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("c", HOIST_CELLS, ids=lambda c: c.label())
+@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
 def test_recur_hoist_against_the_dispatch(worker, c):
     params = json.loads(HOIST_TABLE.read_text())["dispatch"][c.label()]["params"]
-    variants = {v: {"recur_addr": v} for v in ("swz", "hoist", "carry")}
-    out = time_overrides(worker, c, "recur_hoist", params, variants, launch=1)
+    addrs = ("swz", "hoist", "carry") if params["kwarps"] > 1 else ("swz", "carry")
+    out = time_overrides(worker, c, "recur_hoist", params, {v: {"recur_addr": v} for v in addrs}, launch=1)
     print(f"\nkda recurrence {c.label()}: "
           + ", ".join(f"{v} {t:.1f} us ({t / out['swz']:.3f}x)" for v, t in out.items()))

@@ -1272,12 +1272,13 @@ LDSM_RENDERS_BEFORE_FUSE = "7b3bb095920e2ad51d1130908b921f6cfcd5248588c5a532239f
 def test_recur_fuse_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
     # the later prep options (prep_round, prep_blocks, prep_vec) at their off values
+    # (and recur_addr at swz: carry is legal on these points since 2026-12-05, a kernel of its own)
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
-                                                      "kwarps")]
+                                                      "kwarps", "recur_addr")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
-                                      "prep_vec": False, "kwarps": 1}
+                                      "prep_vec": False, "kwarps": 1, "recur_addr": "swz"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -2770,8 +2771,9 @@ def test_overlap_point_builds_without_spills_with_its_three_kernels():
 
 @pytest.mark.parametrize("addr", ["hoist", "carry"])
 def test_recur_addr_legality(addr: str):
-    """hoist and carry are offered on the K-split recurrence only: every legal kwarps 2, 4 point has a legal twin with
-    either, and at kwarps 1 each breaks exactly hoist_on_the_split_k_recurrence."""
+    """hoist and carry are offered on the K-split recurrence: every legal kwarps 2, 4 point has a legal twin with either.
+    At kwarps 1, hoist breaks exactly hoist_on_the_split_k_recurrence; carry is legal exactly on the lean,
+    ldmatrix-fed recurrence without recur_fuse and otherwise breaks exactly carry_on_the_lean_ldsm_recurrence."""
     assert TDEF.values("recur_addr") == ("swz", "hoist", "carry")
     c = PREFILL_CELLS[0]
     dt, dims = c.dtypes_dict(), c.dims_dict()
@@ -2779,9 +2781,17 @@ def test_recur_addr_legality(addr: str):
     assert ks and all(p["recur_addr"] == "swz" for p in ks)
     for p in ks:
         assert TDEF.violations(p | {"recur_addr": addr}, ARCH, dt, dims) == [], p
-    one = [p for p in all_legal(c) if p["kwarps"] == 1][:50]
-    for p in one:
-        assert TDEF.violations(p | {"recur_addr": addr}, ARCH, dt, dims) == ["hoist_on_the_split_k_recurrence"], p
+    one = [p for p in all_legal(c) if p["kwarps"] == 1]
+    lean = [p for p in one if p["recur_lean"] and p["recur_ldsm"] and not p["recur_fuse"]]
+    assert len(lean) > 50 and len(one) > len(lean) + 50
+    for p in one[:50] + lean:
+        ok = addr == "carry" and p["recur_lean"] and p["recur_ldsm"] and not p["recur_fuse"]
+        want = [] if ok else ["hoist_on_the_split_k_recurrence" if addr == "hoist" else "carry_on_the_lean_ldsm_recurrence"]
+        assert TDEF.violations(p | {"recur_addr": addr}, ARCH, dt, dims) == want, p
+    if addr == "carry":
+        fused = [p for p in one if p["recur_fuse"]]
+        assert fused and all(TDEF.violations(p | {"recur_addr": addr}, ARCH, dt, dims)
+                             == ["carry_on_the_lean_ldsm_recurrence"] for p in fused)
 
 
 def _swz(off: int, row_bytes: int) -> int:  # swz<ROW_BYTES>, as the template's C (checked against it below)
@@ -2816,7 +2826,8 @@ def test_recur_addr_hoist_addresses_are_the_same_bytes(C: int, KW: int):
                  "const unsigned dk = d + ok_[j % PB] + (unsigned)(j / PB * PB * STEP);",
                  "cp(d + oc0 + (unsigned)(j * STEP), sk + j * STEP);",
                  "cp(d + oa0 + (unsigned)(j * STEP), sa + j * STEP);",
-                 "for (int j = 0; j < PB; ++j) ok_[j] = (unsigned)swz<K * 2>(tid * 16 + j * STEP);"):
+                 "for (int j = 0; j < PB; ++j) ok_[j] = (unsigned)swz<K * 2>(tid * 16 + j * STEP);",
+                 "const unsigned oc_ = (unsigned)swz<C * 2>(tid * 16), oc0 = OFF_K + oc_, oa0 = OFF_A + oc_;"):
         assert text in hoist, text
     for text in ("ldsm_x4(ldsm_addr<K * 2>(ss, lk, (8 * n * K + KK * kw + 32 * kp) * 2), bw[n]);",
                  "ldsm_x2(ldsm_addr<C * 2>(ss + OFF_A, lc, (8 * n * C + 16 * kb) * 2), bb);",
@@ -2869,15 +2880,20 @@ def test_recur_addr_hoist_addresses_are_the_same_bytes(C: int, KW: int):
 
 def test_recur_addr_points_compile_with_the_loop_spill_free():
     """hoist and carry on every K-split recurrence of the prefill GA's space (chunk 32, warps 1, 2, stages 3, 6,
-    kwarps 2, 4) and on chunk 64's kwarps 4 build OK at <= 255 registers with no spill inside the chunk loop: NVRTC 13.5
-    spills one 8-byte value (the state's base, stored before the loop, reloaded for the final state) at hoist's warps 2,
-    stages 6, kwarps 4, where ptxas holds 128 registers (NVRTC 13.0 does that at carry's kwarps 4 points: 2026-12-05)."""
+    kwarps 2, 4) and on chunk 64's kwarps 4, and carry on the GA's lean, ldmatrix-fed one-warp-a-column recurrences
+    (warps 1, 2, stages 3, 6, u_prefetch on and off), build OK at <= 255 registers with no spill inside the chunk
+    loop. NVRTC 13.5 spills one 8-byte value (the state's base, stored before the loop, reloaded for the final state)
+    at hoist's warps 2, stages 6, kwarps 4, where ptxas holds 128 registers (NVRTC 13.0 does that at carry's kwarps 4
+    points: 2026-12-05); the one-warp recurrences do not spill."""
     from evo.build.sass import disassemble, inner_loops
 
     c = PREFILL_CELLS[0]
     points = [ksplit_point(C=32, warps=w, kwarps=kw, stages=ns, recur_addr=a)
               for w, ns, kw, a in product((1, 2), (3, 6), (2, 4), ("hoist", "carry"))]
     points += [ksplit_point(C=64, warps=1, kwarps=4, recur_addr="carry")]
+    points += [TDEF.default_params() | {"chunk": 32, "warps": w, "stages": ns, "stage_in": True, "u_prefetch": up,
+                                        "recur_lean": True, "recur_ldsm": True, "recur_addr": "carry"}
+               for w, ns, up in product((1, 2), (3, 6), (False, True))]  # the one-warp-a-column recurrence's
     results = [compile_point(c, points[0])]
     with ThreadPoolExecutor(2) as pool:
         results += pool.map(lambda p: compile_point(c, p), points[1:])
@@ -2892,7 +2908,86 @@ def test_recur_addr_points_compile_with_the_loop_spill_free():
         assert len(local) == (2 if res.spill_stores else 0) and not any(lp.first <= i <= lp.last for i in local), p
         if res.spill_stores:
             spilled.append((p["warps"], p["stages"], p["kwarps"], p["recur_addr"]))
+        assert p["kwarps"] > 1 or not res.spill_stores, p
     assert set(spilled) <= {(2, 6, 4, "hoist")}, spilled
+
+
+@pytest.mark.parametrize("W, NS", [(1, 3), (1, 6), (2, 4), (2, 6), (4, 3), (8, 6)])
+def test_recur_addr_carry_on_the_one_warp_recurrence_keeps_its_items_slots_and_bytes(W: int, NS: int):
+    """recur_addr = carry on the lean, ldmatrix-fed one-warp-a-column recurrence: evaluated from the rendered calls in
+    their order (the prologue's, then each chunk's four refills and four acquires), every item is waited for in slot
+    (item % NS) SLOT, every refill of item it goes to slot (it % NS) SLOT with its kind it % 4 and its chunk it / 4's
+    source bytes (each kind's pointer carried a chunk a call), and each piece's slot offset (one of P per-thread
+    offsets plus an immediate) is swz of the flat offset, for every thread; the mma and ldmatrix lines are swz's."""
+    C, K = 32, 128
+    p = TDEF.default_params() | {"chunk": C, "warps": W, "stages": NS, "stage_in": True, "recur_lean": True,
+                                 "recur_ldsm": True}
+    carry, swz = recur_src(p | {"recur_addr": "carry"}), recur_src(p)
+    assert TDEF.violations(p | {"recur_addr": "carry"}, ARCH, PREFILL_CELLS[0].dtypes_dict(),
+                           PREFILL_CELLS[0].dims_dict()) == []
+    for text in ("unsigned cur = 0, pv_s = (unsigned)((NS - 1) * SLOT);",
+                 "auto nxt = [](unsigned s) -> unsigned { return s == (unsigned)((NS - 1) * SLOT) ? 0u : s + (unsigned)SLOT; };",
+                 "const unsigned sl0 = cur, sl1 = nxt(sl0), sl2 = nxt(sl1), sl3 = nxt(sl2);",
+                 "pv_s = sl3;\n    cur = nxt(sl3);",
+                 "const unsigned dj = d + dk_[j % P] + (unsigned)(j / P * P * CSTEP);",
+                 "for (int j = 0; j < PK; ++j) dk_[j] = (unsigned)swz<K * 2>(tid * 16 + j * CSTEP);",
+                 "for (int j = 0; j < PC; ++j) dc_[j] = (unsigned)swz<C * 2>(tid * 16 + j * CSTEP);",
+                 "const unsigned char* src_0 = reinterpret_cast<const unsigned char*>(ws_w + cb * C * K) + tid * 16;",
+                 "const unsigned char* src_1 = reinterpret_cast<const unsigned char*>(ws_qg + cb * C * K) + tid * 16;",
+                 "const unsigned char* src_2 = reinterpret_cast<const unsigned char*>(ws_aqk + cb * C * C) + tid * 16;",
+                 "const unsigned char* src_3 = reinterpret_cast<const unsigned char*>(ws_kg + cb * K * C) + tid * 16;",
+                 "const float* src_g = ws_gl + cb * K + 4 * tid;"):
+        assert text in carry, text
+    assert [ln for ln in swz.splitlines() if "mma_bf16" in ln or "ldsm_x4(" in ln] == \
+        [ln for ln in carry.splitlines() if "mma_bf16" in ln or "ldsm_x4(" in ln]
+    for kind, size in enumerate(("C * K * 2", "C * K * 2", "C * C * 2", "C * K * 2")):  # each kind's carried source
+        body = carry.split(f"auto issue_k{kind} = [&](int it, unsigned d) {{", 1)[1].split("auto ", 1)[0]
+        for text in (f"constexpr int bytes = {size};", f'"l"(src_{kind} + j * CSTEP)', f"src_{kind} += bytes;",
+                     f"constexpr int P = {'PK' if kind < 2 else 'PC'};"):
+            assert text in body, (kind, text)
+        assert (kind == 2) == ("src_g += K;" in body and '"l"(src_g)' in body), kind
+    # the calls as rendered: the prologue's refills (item, slot), then the loop's refills and acquires in order
+    pro = [(int(k), int(i), int(sl)) for k, i, sl in re.findall(r"issue_k(\d)\((\d+), ring_s \+ (\d+) \* SLOT\);", carry)]
+    loop = step_loop(carry)
+    events = re.findall(r"issue_k(\d)\(4 \* c \+ (\d) \+ NS - 1, ring_s \+ (\w+)\)|acquire\((sl\d)\)|"
+                        r"(\w+)_s = ring_s \+ (sl\d);", loop)
+    assert len(pro) == NS - 1 and sum(bool(e[0]) for e in events) == 4 and sum(bool(e[3]) for e in events) == 4
+    SLOT, NT, cb = 1 << 13, 7, 11
+    ptr = {kind: cb for kind in range(4)}  # each kind's source, in chunks
+    issued = []
+
+    def refill(kind: int, it: int, slot: int) -> None:
+        assert kind == it % 4 and slot == it % NS * SLOT, (kind, it, slot)
+        if it < 4 * NT:
+            assert ptr[kind] == cb + it // 4, (kind, it)
+            ptr[kind] += 1
+        issued.append(it)
+
+    for kind, it, sl in pro:
+        refill(kind, it, sl * SLOT)
+    cur, pv = 0, (NS - 1) * SLOT
+    nxt = lambda x: 0 if x == (NS - 1) * SLOT else x + SLOT  # noqa: E731
+    for c in range(NT):
+        sl = {"sl0": cur}
+        for k in (1, 2, 3):
+            sl[f"sl{k}"] = nxt(sl[f"sl{k - 1}"])
+        slots = sl | {"pv_s": pv}
+        for kind, k, var, acq, name, var2 in events:
+            if kind:
+                refill(int(kind), 4 * c + int(k) + NS - 1, slots[var])
+            item = int((acq or var2)[2]) if (acq or var2) else None
+            if item is not None:
+                assert slots[acq or var2] == (4 * c + item) % NS * SLOT, (c, item)
+        pv, cur = sl["sl3"], nxt(sl["sl3"])
+    assert issued == list(range(4 * NT + NS - 1))
+    CSTEP = 32 * W * 16
+    for rb in (K * 2, C * 2):
+        line = max(rb, 128)
+        P = 1 if CSTEP % (8 * line) == 0 else 8 * line // CSTEP
+        for tid in range(32 * W):
+            off = [_swz(tid * 16 + j * CSTEP, rb) for j in range(P)]
+            for j in range(-(-C * K * 2 // CSTEP)):
+                assert off[j % P] + j // P * P * CSTEP == _swz(tid * 16 + j * CSTEP, rb), (rb, tid, j)
 
 
 CARRY_LINES = (  # recur_addr = carry's own formulas, as rendered (test_recur_addr_carry_is_hoist_with_carried_addresses)
