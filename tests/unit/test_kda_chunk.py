@@ -3042,15 +3042,19 @@ def test_recur_addr_carry_is_hoist_with_carried_addresses(C: int, W: int, KW: in
             assert SLOT_U + _swz(tid * 16, 64 * W) + j * NTH * 16 == SLOT_U + _swz(i * 16, 64 * W)
             su0 = (tid // (4 * W)) * V + 4 * (tid % (4 * W))
             assert su0 + j * (NTH // (4 * W)) * V == (i // (4 * W)) * V + 4 * (i % (4 * W))
-    # the carried sources: call k (chunk k, issued in order) reads chunk cb + k's bytes
-    for cb, NT in ((0, 5), (37, 9)):
-        strides = {"w": C * K * 2, "q": C * K * 2, "k": K * C * 2, "a": C * C * 2, "g": K * 4, "u": C * V * 4}
-        ptr = {s: cb * st for s, st in strides.items()}
-        for c in range(NT + 3):
-            for s, st in strides.items():
-                assert c >= NT or ptr[s] == (cb + c) * st, (s, c)
-            if c < NT:
-                ptr = {s: v + strides[s] for s, v in ptr.items()}
+    # the carried sources advance by the stride at which hoist's render finds chunk ch's tile (ws + ch * stride), in
+    # bytes for the bf16 tiles (byte pointers) and in floats for exp(G_last) and u (float pointers); each starts at
+    # chunk cb (CARRY_LINES), and a call advances it only when it copies (c < NT), so call c reads chunk cb + c
+    env = {"C": C, "K": K, "V": V}
+    hoisted = dict(re.findall(r"reinterpret_cast<const unsigned char\*>\((ws_\w+) \+ ch \* ([CK] \* [CK])\)", hoist))
+    hoisted |= {"ws_gl": re.search(r"ws_gl \+ ch \* (K) \+ 4 \* tid", hoist).group(1),
+                "ws_u": re.search(r"ws_u \+ ch \* (C \* V);", hoist).group(1)}
+    carried = dict(re.findall(r"\b(s[wqkagu]) \+= ([^;]+);", carry))
+    for ptr, ws, size in (("sw", "ws_w", 2), ("sq", "ws_qg", 2), ("sk", "ws_kg", 2), ("sa", "ws_aqk", 2),
+                          ("sg", "ws_gl", 1), ("su", "ws_u", 1)):
+        assert eval(carried[ptr], {}, env) == size * eval(hoisted[ws], {}, env), (ptr, carried[ptr], hoisted[ws])
+    guarded = carry.split("if (c < NT) {", 1)[1].split('asm volatile("cp.async.commit_group;"', 1)[0]
+    assert all(f"{ptr} += " in guarded for ptr in carried), carried
     for lane in range(32):
         grp, tig = lane >> 2, lane & 3
         odd = grp & 1
