@@ -13,29 +13,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import sys
 from pathlib import Path
 
-from evo.build.nvrtc import Builder, compile_one, prepare
 from evo.build.sass import disassemble, inner_loops
-from evo.core.genome import Genome
 from evo.templates.template import load_templates
 from ops.kda.spec import prefill_matrix
+from recur_sass import build, chunk_loop  # this folder's: a point built by this NVRTC or $KF_NVRTC_ALT's
 
 CARRY_RULE = "carry_on_the_lean_ldsm_recurrence"
-
-
-def build(tdef, cell, params: dict):
-    """The point built by this process's NVRTC or by $KF_NVRTC_ALT's (no legality check: the caller's)."""
-    g = Genome.make("kda", tdef.name, tdef.source_hash, params)
-    bi = prepare(tdef, g, "sm_90a", cell.dtypes_dict(), cell.dims_dict())
-    alt = os.environ.get("KF_NVRTC_ALT")
-    if not alt:
-        return compile_one(bi)
-    with Builder(1, nvrtc=alt) as b:
-        (r,) = b.build([bi])
-    return r
 
 
 def measure(tdef, cell, params: dict) -> dict:
@@ -43,7 +29,7 @@ def measure(tdef, cell, params: dict) -> dict:
     if not r.status.ok:
         raise SystemExit(f"{params}: {r.status.name} {r.error}")
     res = dict(r.resources)["kda_chunk_recur"]
-    loop = max(inner_loops(disassemble(r.cubin, "kda_chunk_recur")), key=lambda lp: (lp.count("HMMA"), lp.size))
+    loop = chunk_loop(inner_loops(disassemble(r.cubin, "kda_chunk_recur")))
     return {"compiler": r.compiler, "regs": res.regs, "spill_stores": res.spill_stores, "spill_loads": res.spill_loads,
             "stack_bytes": res.stack_bytes, "chunk_loop": loop.size}
 
