@@ -48,8 +48,9 @@
 #               300 s: ~75 s a cell)
 #   kdabench OUT  KDA: a prefill dispatch table ($KDA_BENCH_TABLE, default kda_prefill_h200_13's) timed beside
 #               fla's chunk_kda in one process within $KDA_BENCH_S seconds (400), kda_bench.{csv,md,json}
-#   profile OUT Nsight Compute (ncu --clock-control none) over experiments/profile_h200.toml's targets, each
-#               launched as the gate would: profile/NAME.csv, summary.md (experiments/scripts/profile_launches.py)
+#   profile OUT Nsight Compute (ncu --clock-control none) over $PROFILE_TARGETS' targets (default
+#               experiments/profile_h200.toml) within $PROFILE_S seconds (540), each launched as the gate would:
+#               profile/NAME.csv, summary.md (experiments/scripts/profile_launches.py)
 #   fwdlong OUT the forward GA on the N >= 4096 cells with cta_row and cta_row_async (rmsnorm_h200_long.toml)
 #   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
 #               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
@@ -277,8 +278,9 @@ case "$stage" in
     (cd /tmp/kf_pkg && PYTHONPATH=/tmp/kf_pkg_site timeout 150 python3 -m pytest -q -rs tests) > "$out/export/tests.log" 2>&1
     echo "package tests rc=$?" >> "$log"
     cp /tmp/kf_pkg/README.md "$out/export/" 2>/dev/null ;;
-  profile)  # Nsight Compute over experiments/profile_h200.toml's kernels (launched as the gate would)
-    timeout 540 python3 experiments/scripts/profile_launches.py targets experiments/profile_h200.toml "$out/profile" \
+  profile)  # Nsight Compute over $PROFILE_TARGETS' kernels (launched as the gate would)
+    timeout "${PROFILE_S:-540}" python3 experiments/scripts/profile_launches.py targets \
+      "${PROFILE_TARGETS:-experiments/profile_h200.toml}" "$out/profile" \
       >> "$log" 2>&1
     echo "profile rc=$?" >> "$log" ;;
   stash) ;;

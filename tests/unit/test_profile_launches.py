@@ -30,6 +30,19 @@ def test_committed_targets_plan_and_build():
         assert all(r.spill_stores == 0 for _, r in b.resources), t.name
 
 
+def test_the_kda_carry_targets_take_the_carry_table_and_build_spill_free():
+    """experiments/profile_kda_carry.toml: the carry dispatch on the two cells its estimate left short of 2x fla."""
+    ts = P.load_targets(ROOT / "experiments" / "profile_kda_carry.toml")
+    table = json.loads((ROOT / "experiments/seeds/kda_prefill_carry.json").read_text())["dispatch"]
+    assert {t.cell.split()[1].split("-K")[0] for t in ts} == {"B1-H32-HV32", "B8-H16-HV16"}
+    for t in ts:
+        assert (t.template, t.params) == (table[t.cell]["template"], table[t.cell]["params"])
+        assert t.params["recur_addr"] == "carry"
+        b = P.build(t)
+        assert b.status.ok and {k for k, _ in b.resources} == {"kda_chunk_prep", "kda_chunk_recur"}
+        assert all(r.spill_stores == 0 for _, r in b.resources), t.name
+
+
 def test_a_dispatch_target_takes_the_entry_of_its_cell():
     t = next(t for t in P.load_targets(TARGETS) if t.name == "rmsnorm_bwd_bf16_M32768N4096")
     entry = json.loads((ROOT / "experiments/results/rmsnorm_bwd_h200_all3/dispatch.json").read_text())["dispatch"][t.cell]
