@@ -1,9 +1,9 @@
 """The KDA prep's hot loops in SASS (NVRTC builds, no GPU): kda_prefill_h200_13's dispatch genome (chunk 32, the mma
 prep) at 128 and 256 prep threads, with the prep's exponentials as __expf (prep_exp fast) or one ex2.approx.ftz on a
 base-2 decay (ex2), and its shared-memory offsets as swz of the flat offset or from row and column apart (prep_addr
-rowcol). Per build: registers, the prep's static instruction count, its innermost loops (evo/build/sass.py) and, for
-the loops that compute exponentials, their role, instructions an exponential and an estimate of the warp-instructions
-a CTA spends in them (instructions an exponential x the warp-level exponentials a CTA computes in that role, from the
+rowcol), the last also with w, u by bf16 mma on ldmatrix fragments (prep_wu bf16). Per build: registers, the prep's
+static instruction count, its innermost loops (evo/build/sass.py) and, for the loops that compute exponentials, their
+role, instructions an exponential and an estimate of the warp-instructions a CTA spends in them (instructions an exponential x the warp-level exponentials a CTA computes in that role, from the
 code at chunk 32, K = 128: q exp(G), k exp(G_last - G) and X = beta k exp(G) one a element, C K / 32 = 128 each; the
 two diagonal blocks' k-steps 8 a lane and step, 2 x 16 x 8 = 256; the off-diagonal block's 16 x 8 = 128). The
 decay's scan (no exponential) is counted as its body once a warp (K / prep_threads columns a thread: 1 at 128).
@@ -29,7 +29,8 @@ from ops.kda.spec import prefill_matrix
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = {"fast-swz": {"prep_exp": "fast", "prep_addr": "swz"}, "ex2-swz": {"prep_exp": "ex2", "prep_addr": "swz"},
             "fast-rowcol": {"prep_exp": "fast", "prep_addr": "rowcol"},
-            "ex2-rowcol": {"prep_exp": "ex2", "prep_addr": "rowcol"}}
+            "ex2-rowcol": {"prep_exp": "ex2", "prep_addr": "rowcol"},
+            "ex2-rowcol-bf16wu": {"prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"}}
 WARP_EXPS = {"qg": 128, "kgT": 128, "X": 128, "diagonal k-step": 256, "off-diagonal k-step": 128}  # chunk 32, K 128
 
 

@@ -202,6 +202,9 @@ CHUNK_POINTS += [CHUNK_POINTS[-2] | {"recur_addr": "carry"}, CHUNK_POINTS[-1] | 
 # without u_prefetch at a 3-deep ring
 CHUNK_POINTS += [CHUNK_POINTS[17] | {"recur_addr": "carry"},
                  CHUNK_POINTS[17] | {"u_prefetch": False, "stages": 3, "recur_addr": "carry"}]
+# w, u by bf16 mma (prep_wu = bf16: Tinv diag(beta) as bf16 hi + lo, k exp(G) as bf16, ldmatrix fragments) under the
+# two carry recurrences: the one-warp-a-column point and kwarps 2
+CHUNK_POINTS += [CHUNK_POINTS[-2] | {"prep_wu": "bf16"}, CHUNK_POINTS[-5] | {"prep_wu": "bf16"}]
 
 
 @pytest.mark.gpu

@@ -379,3 +379,19 @@ def test_recur_hoist_against_the_dispatch(worker, c):
     out = time_overrides(worker, c, "recur_hoist", params, {v: {"recur_addr": v} for v in addrs}, launch=1)
     print(f"\nkda recurrence {c.label()}: "
           + ", ".join(f"{v} {t:.1f} us ({t / out['swz']:.3f}x)" for v, t in out.items()))
+
+
+# w, u by bf16 mma (2026-12-05): the carry dispatch (experiments/seeds/kda_prefill_carry.json) with prep_wu tf32 (as it
+# is) and bf16 (Tinv diag(beta) as bf16 hi + lo tiles, k exp(G) over the staged k as bf16, A and B fragments by
+# ldmatrix: the items' tf32 rounding and widening of every B operand gone). A/B of the prep launch in one process.
+# Run: KF_LAUNCH_TIMES_OUT=kda_wu.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_wu
+CARRY_TABLE = Path(__file__).resolve().parents[2] / "experiments/seeds/kda_prefill_carry.json"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
+def test_prep_wu_against_the_carry_dispatch(worker, c):
+    params = json.loads(CARRY_TABLE.read_text())["dispatch"][c.label()]["params"]
+    out = time_overrides(worker, c, "prep_wu", params, {v: {"prep_wu": v} for v in ("tf32", "bf16")}, launch=0)
+    print(f"\nkda prep w, u {c.label()}: "
+          + ", ".join(f"{v} {t:.1f} us ({t / out['tf32']:.3f}x)" for v, t in out.items()))

@@ -184,7 +184,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
            "kwarps": 1, "prep_inv": "rows", "overlap": False,
-           "prep_addr": "swz", "recur_addr": "swz"}  # each option's off value: the code before it
+           "prep_addr": "swz", "recur_addr": "swz", "prep_wu": "tf32"}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -224,6 +224,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
             fixed = [f | {"overlap": False} for f in fixed]
         if "recur_addr" in names:  # the K-split recurrence's addresses as before (test_recur_addr_legality)
             fixed = [f | {"recur_addr": "swz"} for f in fixed]
+        if "prep_wu" in names:  # w, u by tf32 mma as before (test_prep_wu_legality)
+            fixed = [f | {"prep_wu": "tf32"} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
             out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
@@ -745,7 +747,7 @@ def test_recur_lean_legality():
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
                  "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
-                 "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"], "recur_addr": ["swz"]}
+                 "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"], "recur_addr": ["swz"], "prep_wu": ["tf32"]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -1565,9 +1567,17 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
         tinv[..., 16:, :16] = -mm(tinv[..., 16:, 16:], pm)
     else:
         tinv = forward_substitution(akk, beta)
-    t32 = tf(tinv)
-    ws["w"] = bf(-mm(t32, tf(beta[..., None] * k * ex(G))))
-    ws["u"] = mm(t32, tf(beta[..., None] * v))
+    if p.get("prep_wu") == "bf16":  # bf16 mma: Tinv diag(beta) as hi + lo bf16, k exp(G) rounded to bf16, v as staged
+        tb = (tinv * beta[..., None, :]).astype(f32)
+        hi = bf(tb)
+        lo = bf(tb - hi)
+        xk = bf(k * ex(G))
+        ws["w"] = bf(-(mm(hi, xk) + mm(lo, xk)))
+        ws["u"] = mm(hi, v) + mm(lo, v)
+    else:
+        t32 = tf(tinv)
+        ws["w"] = bf(-mm(t32, tf(beta[..., None] * k * ex(G))))
+        ws["u"] = mm(t32, tf(beta[..., None] * v))
     return {n: a.reshape(B * HV * NT, *a.shape[3:]) for n, a in ws.items()}
 
 
@@ -1616,14 +1626,16 @@ EMU_POINTS = [{"chunk": 64, "state_split": False}, {"chunk": 32, "state_split": 
               {"chunk": 64, "state_split": False} | MMA_DIAG,
               {"chunk": 32, "state_split": False, "prep_exp": "fast", "prep_inv": "blocked"} | MMA_DIAG,
               {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol"} | MMA_DIAG,
-              {"chunk": 64, "state_split": False, "prep_exp": "ex2"} | MMA_DIAG]
+              {"chunk": 64, "state_split": False, "prep_exp": "ex2"} | MMA_DIAG,
+              {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"} | MMA_DIAG]
 
 
 def emu_id(p: dict) -> str:
     return (f"C{p['chunk']}-split{int(p['state_split'])}"
             + {"fast": "-fastexp", "ex2": "-ex2"}.get(p.get("prep_exp"), "")
             + ("-rowcol" if p.get("prep_addr") == "rowcol" else "")
-            + ("-mmadiag" if p.get("prep_diag") == "mma" else "") + ("-blockedinv" if p.get("prep_inv") == "blocked" else ""))
+            + ("-mmadiag" if p.get("prep_diag") == "mma" else "") + ("-blockedinv" if p.get("prep_inv") == "blocked" else "")
+            + ("-bf16wu" if p.get("prep_wu") == "bf16" else ""))
 
 
 @pytest.mark.parametrize("fit", EMU_POINTS, ids=emu_id)
@@ -1655,6 +1667,12 @@ def test_long_sequence_with_decay_near_one_keeps_its_margin():
         for name in want:
             ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
             assert ok and share < bound, (split, exp, sign, name, share)
+    for sign in (1, -1):  # prep_wu = bf16: Tinv diag(beta) as bf16 hi + lo and k exp(G) as bf16 operands
+        p = TDEF.default_params() | MMA_DIAG | {"chunk": 32, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"}
+        got = emulate(inputs, scal, c, p, sign)
+        for name in want:
+            ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+            assert ok and share < 0.9, ("bf16 w, u", sign, name, share)
 
 
 @pytest.mark.parametrize("bug", ["decay_ref_at_chunk_start", "no_intra_decay", "state_not_decayed"])
@@ -1947,7 +1965,7 @@ def emulate_cell(inputs: dict, scal: dict, c: Cell, p: dict, exp_sign: int = 1) 
     return inputs, emulate(inputs, scal, c, p, exp_sign)
 
 
-@pytest.mark.parametrize("fit", EMU_POINTS[:4] + [EMU_POINTS[-2]], ids=emu_id)
+@pytest.mark.parametrize("fit", EMU_POINTS[:4] + [EMU_POINTS[-3], EMU_POINTS[-1]], ids=emu_id)
 @pytest.mark.parametrize("c", VARIANT_CELLS, ids=lambda c: c.label())
 def test_emulated_variants_match_the_float64_reference(c: Cell, fit: dict):
     """Each variant alone, the model's call and every switch on: every kind, from make_inputs and the device fill,
@@ -3084,3 +3102,151 @@ def test_recur_addr_carry_is_hoist_with_carried_addresses(C: int, W: int, KW: in
                     n = kw + KW * m
                     for kb in range(C // 16):
                         assert (16 * kb <= 8 * KW * m + 7 or 16 * kb <= 8 * (kw + KW * m) + 7) == (16 * kb <= 8 * n + 7)
+
+
+# ---- prep_wu = bf16: w, u by bf16 mma on ldmatrix fragments ----------------------------------------------------------
+
+WU_BASE = TDEF.default_params() | MMA_DIAG | {"chunk": 32, "prep_threads": 128, "prep_exp": "ex2", "prep_addr": "rowcol",
+                                              "warps": 2, "stages": 3}
+
+
+def test_prep_wu_legality():
+    """bf16 is offered on the rowcol prep with the row-a-thread inverse: every such tf32 point of the space has a legal
+    bf16 twin, and every other legal point's twin breaks exactly bf16_wu_on_the_rowcol_prep."""
+    assert TDEF.values("prep_wu") == ("tf32", "bf16")
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c, ksplit=True)
+    ok = [p for p in legal if p["prep_addr"] == "rowcol" and p["prep_inv"] == "rows"]
+    assert len(ok) > 100
+    rest = [p for p in legal if p not in ok]
+    for p in ok + random.Random(5).sample(rest, 300):
+        want = [] if p in ok else ["bf16_wu_on_the_rowcol_prep"]
+        assert TDEF.violations(p | {"prep_wu": "bf16"}, ARCH, c.dtypes_dict(), c.dims_dict()) == want, p
+
+
+def wu_model(src: str) -> dict:
+    """The bf16 w, u section's index expressions, read from the rendered CUDA (casts dropped; C's * + >> & mean the
+    same in Python): Tinv diag(beta)'s store offset, its row pitch, the A and B fragments' lane addresses."""
+    def grab(pattern: str) -> str:
+        m = re.search(pattern, src)
+        assert m, pattern
+        return m.group(1).replace("(unsigned)", "").replace("(int)", "")
+    store = grab(r"\*reinterpret_cast<bf16\*>\(gs \+ ([^)]+)\) = hi;")
+    store_lo = grab(r"\*reinterpret_cast<bf16\*>\(gs \+ (.+?)\) = __float2bfloat16_rn\(x - __bfloat162float\(hi\)\);")
+    pitch = grab(r"constexpr unsigned AB = ([^;]+);")
+    lanes = re.search(r"const unsigned ar = ([^,]+), ac = ([^;]+);", src)
+    a_addr = grab(r"ldsm_x4\(ab_s \+ ([^;]+), a\);")
+    a_lo = grab(r"ldsm_x4\(ab_s \+ ([^;]+), al\);")
+    b_args = grab(r"ldsm_x4_t\(src \+ \(unsigned\)stg<K>\((.+)\), b\);")
+    depth, cut = 0, None
+    for i, ch in enumerate(b_args):  # the top-level comma between stg's row and column
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            cut = i
+    assert lanes and cut is not None
+    mmas = ("mma_bf16(acc[2 * n2], a, b[0], b[1]);\n          mma_bf16(acc[2 * n2], al, b[0], b[1]);\n"
+            "          mma_bf16(acc[2 * n2 + 1], a, b[2], b[3]);\n          mma_bf16(acc[2 * n2 + 1], al, b[2], b[3]);")
+    for line in ("for (int kb = 0; kb < C / 16; ++kb) {", "if (kb > mt) break;", mmas, "for (int n2 = 0; n2 < 4; ++n2) {",
+                 "const float x = tc[i] * bj;", "const bf16 hi = __float2bfloat16_rn(x);",
+                 "const unsigned src = (unsigned)__cvta_generic_to_shared(ng < 2 ? ks : vs);"):
+        assert line in src, line
+    return {"store": store, "store_lo": store_lo, "a_lo": a_lo, "pitch": pitch, "ar": lanes.group(1).replace("(unsigned)", ""),
+            "ac": lanes.group(2).replace("(unsigned)", ""), "a": a_addr, "b_row": b_args[:cut], "b_col": b_args[cut + 1:]}
+
+
+def ldsm(rows: list[int], lane: int, trans: bool) -> list[list[int]]:
+    """ldmatrix.x4's registers of `lane` as the byte addresses of their two bf16 halves (low, high), from the 32 lanes'
+    row addresses (lanes 8 i .. 8 i + 7: matrix i's rows): non-trans row lane / 4, elements 2 (lane % 4) and the next;
+    trans column lane / 4 of rows 2 (lane % 4) and the next."""
+    g, t = lane // 4, lane % 4
+    if trans:
+        return [[rows[8 * i + 2 * t] + 2 * g, rows[8 * i + 2 * t + 1] + 2 * g] for i in range(4)]
+    return [[rows[8 * i + g] + 4 * t, rows[8 * i + g] + 4 * t + 2] for i in range(4)]
+
+
+@pytest.mark.parametrize("C", [32, 64])
+def test_prep_wu_bf16_fragments_are_the_mma_operands(C: int):
+    """Evaluated from the rendered code: Tinv diag(beta)'s store covers its tile once within G's region; every lane's
+    ldmatrix A fragment of every (row tile, k16-step) holds Tinv diag(beta)'s elements (g, 2t..), (g + 8, 2t..),
+    (g, 2t + 8..), (g + 8, 2t + 8..), and every ldmatrix.trans B fragment of every column pair the staged tile's
+    (k 2t.., n g) and (k 2t + 8.., n g) of its two n-tiles; the k16-steps stop at the tile's diagonal (Tinv is lower
+    triangular); each 8-lane phase of every load reads 8 distinct 16-byte bank groups (no conflict)."""
+    p = WU_BASE | {"chunk": C, "prep_wu": "bf16"}
+    c = PREFILL_CELLS[0]
+    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
+    src = source(TDEF, c, p)
+    # rowcol's stg is swz's byte for byte (test_rowcol_offsets_are_the_swizzled_offsets_over_every_row_and_column)
+    m, stg = wu_model(src), stg_offset(source(TDEF, c, p | {"prep_addr": "swz", "prep_wu": "tf32"}))
+    K = 128
+    AB = eval(m["pitch"], {}, {"C": C})  # noqa: S307 (read from our own render)
+    amap = {}  # byte -> (tile, row, column): tile 0 hi, 1 lo
+    for part, i, tid in product((0, 1), range(C), range(C)):
+        a = eval(m["store_lo" if part else "store"], {}, {"i": i, "tid": tid, "AB": AB, "C": C})  # noqa: S307
+        assert a % 2 == 0 and a + 2 <= C * K * 4 and a not in amap
+        amap[a] = (part, i, tid)
+    bmap = {stg(t, col, K): (t, col) for t in range(C) for col in range(K)}
+    for mt in range(C // 16):
+        for kb in range(mt + 1):  # k16-steps past kb = mt meet only Tinv's zeros above the diagonal
+            env = [{"lane": ln, "mt": mt, "kb": kb, "AB": AB} for ln in range(32)]
+            for e in env:
+                e["ar"], e["ac"] = (eval(m[k], {}, e) for k in ("ar", "ac"))  # noqa: S307
+            for part in (0, 1):
+                rows = [eval(m["a_lo" if part else "a"], {}, e | {"C": C}) for e in env]  # noqa: S307
+                for ph in range(4):
+                    assert len({r // 16 % 8 for r in rows[8 * ph: 8 * ph + 8]}) == 8
+                for ln in range(32):
+                    g, t = ln // 4, ln % 4
+                    got = [[amap[x] for x in reg] for reg in ldsm(rows, ln, trans=False)]
+                    r0, k0 = 16 * mt + g, 16 * kb + 2 * t
+                    assert got == [[(part, r0, k0), (part, r0, k0 + 1)], [(part, r0 + 8, k0), (part, r0 + 8, k0 + 1)],
+                                   [(part, r0, k0 + 8), (part, r0, k0 + 9)],
+                                   [(part, r0 + 8, k0 + 8), (part, r0 + 8, k0 + 9)]]
+            for col0, n2 in product((0, 64), range(4)):
+                brow = [stg(eval(m["b_row"], {}, e), eval(m["b_col"], {}, e | {"col0": col0, "n2": n2}), K)  # noqa: S307
+                        for e in env]
+                for ph in range(4):
+                    assert len({r // 16 % 8 for r in brow[8 * ph: 8 * ph + 8]}) == 8
+                for ln in range(32):
+                    g, t = ln // 4, ln % 4
+                    got = [[bmap[x] for x in reg] for reg in ldsm(brow, ln, trans=True)]
+                    k0, n0 = 16 * kb + 2 * t, col0 + 16 * n2 + g
+                    assert got == [[(k0, n0), (k0 + 1, n0)], [(k0 + 8, n0), (k0 + 9, n0)],
+                                   [(k0, n0 + 8), (k0 + 1, n0 + 8)], [(k0 + 8, n0 + 8), (k0 + 9, n0 + 8)]]
+
+
+def test_prep_wu_bf16_fragment_check_catches_a_wrong_lane_map():
+    """The fragment test's model fails on a mutated render: the A rows' half-tile bit taken from lane bit 4."""
+    p = WU_BASE | {"prep_wu": "bf16"}
+    src = source(TDEF, PREFILL_CELLS[0], p)
+    good = "const unsigned ar = (unsigned)((lane & 7) + 8 * ((lane >> 3) & 1)), ac = (unsigned)(16 * (lane >> 4));"
+    assert good in src
+    bad = src.replace(good, "const unsigned ar = (unsigned)((lane & 7) + 8 * ((lane >> 4) & 1)), ac = (unsigned)(16 * ((lane >> 3) & 1));")
+    m = wu_model(bad)
+    AB = eval(m["pitch"], {}, {"C": 32})  # noqa: S307
+    amap = {eval(m["store"], {}, {"i": i, "tid": j, "AB": AB}): (i, j) for i in range(32) for j in range(32)}  # noqa: S307
+    env = [{"lane": ln, "mt": 0, "kb": 0, "AB": AB} for ln in range(32)]
+    for e in env:
+        e["ar"], e["ac"] = (eval(m[k], {}, e) for k in ("ar", "ac"))  # noqa: S307
+    rows = [eval(m["a"], {}, e) for e in env]  # noqa: S307
+    got = [[amap[x] for x in reg] for reg in ldsm(rows, 5, trans=False)]
+    assert got[1] != [(9, 2), (9, 3)]  # lane 5 (g 1, t 1): a[1] should be (g + 8, 2t..)
+
+
+def test_prep_wu_bf16_builds_spill_free_with_half_the_mma():
+    """The bf16 w, u prep (chunk 32 at 128 and 256 threads, chunk 64 at 128; fla's default call and the model's varlen
+    call with its variants) builds for sm_90a without spills, stack or static smem, at no fewer CTAs an SM than its
+    tf32 twin; the w, u items' 192 m16n8k8 tf32 products become 96 m16n8k16 ones over hi and lo (as many HMMA: 40 in the
+    static SASS against 72, the A_kk, A_qk products' 8 tf32 ones in both and the tf32 items' k-loop unrolled for both
+    kinds), their B operands by ldmatrix.trans."""
+    from evo.build.sass import disassemble
+
+    points = [WU_BASE | {"prep_wu": "bf16", "chunk": ch, "prep_threads": pt} for ch, pt in ((32, 128), (32, 256), (64, 128))]
+    for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
+        for p, res in zip(points, compile_clean(cc, points)):
+            ref = compile_point(cc, p | {"prep_wu": "tf32"})
+            assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) >= prep_ctas_per_sm(
+                p, dict(ref.resources)["kda_chunk_prep"].regs), (cc.label(), p)
+    r, ref = (compile_point(PREFILL_CELLS[0], points[0] | {"prep_wu": wu}) for wu in ("bf16", "tf32"))
+    hmma = [sum("HMMA" in x for x in disassemble(b.cubin, "kda_chunk_prep")) for b in (r, ref)]
+    ldsm_n = sum("LDSM" in x for x in disassemble(r.cubin, "kda_chunk_prep"))
+    assert hmma == [40, 72] and ldsm_n >= 6
