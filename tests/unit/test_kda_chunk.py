@@ -1088,13 +1088,13 @@ RENDERS_BEFORE_LDSM = "d2925910c5553051520fedae03491a6fe22696a3516e6be9f74993574
 
 def test_recur_ldsm_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
-    # the later prep options (prep_round, prep_blocks, prep_vec) at their off values
+    # the later prep options (prep_round, prep_blocks, prep_vec, prep_wu) at their off values
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
-                                                      "kwarps")]
+                                                      "kwarps", "prep_wu")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
-                                      "prep_vec": False, "kwarps": 1}
+                                      "prep_vec": False, "kwarps": 1, "prep_wu": "tf32"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1276,11 +1276,11 @@ def test_recur_fuse_off_renders_the_code_from_before_it():
     # the later prep options (prep_round, prep_blocks, prep_vec) at their off values
     # (and recur_addr at swz: carry is legal on these points since 2026-12-05, a kernel of its own)
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
-                                                      "kwarps", "recur_addr")]
+                                                      "kwarps", "recur_addr", "prep_wu")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
-                                      "prep_vec": False, "kwarps": 1, "recur_addr": "swz"}
+                                      "prep_vec": False, "kwarps": 1, "recur_addr": "swz", "prep_wu": "tf32"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
