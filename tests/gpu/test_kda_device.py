@@ -164,6 +164,25 @@ PREFILL = [c for c in SPEC.matrix() if c.dim("T") > 1 and not is_varlen(c)]
 # kda_prefill_h200_4's fastest point (split prep, recur_lean + recur_ldsm), which the later prep options vary
 LDSM = {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
         "prep_diag": "split", "recur_lean": True, "recur_ldsm": True}
+# the GA's point (kda_prefill_h200_5) with the elementwise outputs vectorized
+VEC = LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast", "prep_vec": True}
+# that point's prep with launch 2's K split across a value group's warps (kwarps; the one-warp-a-column
+# recurrence's options off)
+KSPLIT = {k: v for k, v in VEC.items() if k not in ("u_prefetch", "recur_lean", "recur_ldsm")}
+# the diagonal blocks by tf32 mma (prep_diag = mma; decay_near_zero's chunks take the exact path): the one-warp
+# recurrence and kwarps 2
+MMA_W2 = VEC | {"prep_diag": "mma"}
+MMA_K2 = KSPLIT | {"warps": 1, "kwarps": 2, "stages": 3, "prep_diag": "mma"}
+# the mma prep's exponentials as one ex2.approx.ftz on a base-2 decay (prep_exp = ex2) and its shared-memory offsets
+# from row and column apart (prep_addr = rowcol)
+EX2_ROWCOL = {"prep_exp": "ex2", "prep_addr": "rowcol"}
+# K split over 4 warps a group, 3-deep ring
+K4 = KSPLIT | {"warps": 1, "kwarps": 4, "stages": 3}
+# carry on the lean, ldmatrix-fed one-warp-a-column recurrence (its items' slots carried a chunk at a time, each kind's
+# source a call at a time): kda_prefill_h200_15's B4/B8 point (ex2, rowcol, u_prefetch, warps 2, stages 6)
+CARRY_W2 = MMA_W2 | EX2_ROWCOL | {"recur_addr": "carry"}
+# carry on kwarps 2 (ex2, rowcol): kda_prefill_h200_15's B1-T8192 point
+CARRY_K2 = MMA_K2 | EX2_ROWCOL | {"recur_addr": "carry"}
 CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 {"chunk": 32, "warps": 4, "prep_threads": 128, "stage_in": True, "u_prefetch": True, "prep_exp": "fast"},
                 {"chunk": 64, "warps": 2, "stage_in": True},
@@ -175,36 +194,23 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 LDSM | {"recur_fuse": True},  # items 0, 1 fused
                 LDSM | {"prep_round": "add", "prep_blocks": 4},
                 LDSM | {"prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"},  # tf32 by one add, 64 registers, fast exp
-                # the GA's point (kda_prefill_h200_5) with the elementwise outputs vectorized
-                LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast", "prep_vec": True}]
-# that point's prep with launch 2's K split across a value group's warps (kwarps; the one-warp-a-column
-# recurrence's options off): one warp, 4 warps a group, 3- and 4-deep rings; two groups, 3-deep
-KSPLIT = {k: v for k, v in CHUNK_POINTS[-1].items() if k not in ("u_prefetch", "recur_lean", "recur_ldsm")}
-CHUNK_POINTS += [KSPLIT | {"warps": w, "kwarps": kw, "stages": s} for w, kw, s in [(1, 4, 3), (1, 4, 4), (2, 4, 3)]]
-# the diagonal blocks by tf32 mma (prep_diag = mma; decay_near_zero's chunks take the exact path): the one-warp
-# recurrence and kwarps 2
-CHUNK_POINTS += [CHUNK_POINTS[10] | {"prep_diag": "mma"}, KSPLIT | {"warps": 1, "kwarps": 2, "stages": 3, "prep_diag": "mma"}]
-# with (I + beta A_kk)^-1 by 16x16 blocks (prep_inv = blocked)
-CHUNK_POINTS += [CHUNK_POINTS[-1] | {"prep_inv": "blocked"}]
-# the mma prep's exponentials as one ex2.approx.ftz on a base-2 decay (prep_exp = ex2) and its shared-memory offsets
-# from row and column apart (prep_addr = rowcol): the one-warp recurrence and kwarps 2, both options on; ex2 alone
-CHUNK_POINTS += [CHUNK_POINTS[-3] | {"prep_exp": "ex2", "prep_addr": "rowcol"},
-                 CHUNK_POINTS[-2] | {"prep_exp": "ex2", "prep_addr": "rowcol"}, CHUNK_POINTS[-2] | {"prep_exp": "ex2"}]
-# the K-split recurrence's shared addresses as bases plus immediates (recur_addr = hoist): kwarps 2 (ex2, rowcol) and
-# kwarps 4 (4 warps a group, 3-deep ring)
-CHUNK_POINTS += [CHUNK_POINTS[-2] | {"recur_addr": "hoist"}, KSPLIT | {"warps": 1, "kwarps": 4, "stages": 3, "recur_addr": "hoist"}]
-# hoist with the refill's sources, u's words and o's address carried from chunk to chunk (recur_addr = carry): the same
-# two recurrences, and kwarps 4 with two value groups and a 6-deep ring (the GA's space)
-CHUNK_POINTS += [CHUNK_POINTS[-2] | {"recur_addr": "carry"}, CHUNK_POINTS[-1] | {"recur_addr": "carry"},
-                 KSPLIT | {"warps": 2, "kwarps": 4, "stages": 6, "recur_addr": "carry"}]
-# carry on the lean, ldmatrix-fed one-warp-a-column recurrence (its items' slots carried a chunk at a time, each kind's
-# source a call at a time): kda_prefill_h200_15's B4/B8 point (ex2, rowcol, u_prefetch, warps 2, stages 6), and
-# without u_prefetch at a 3-deep ring
-CHUNK_POINTS += [CHUNK_POINTS[17] | {"recur_addr": "carry"},
-                 CHUNK_POINTS[17] | {"u_prefetch": False, "stages": 3, "recur_addr": "carry"}]
-# w, u by bf16 mma (prep_wu = bf16: Tinv diag(beta) as bf16 hi + lo, k exp(G) as bf16, ldmatrix fragments) under the
-# two carry recurrences: the one-warp-a-column point and kwarps 2
-CHUNK_POINTS += [CHUNK_POINTS[-2] | {"prep_wu": "bf16"}, CHUNK_POINTS[-5] | {"prep_wu": "bf16"}]
+                VEC,
+                # K split: one warp, 4 warps a group, 3- and 4-deep rings; two groups, 3-deep
+                K4, K4 | {"stages": 4}, K4 | {"warps": 2},
+                MMA_W2, MMA_K2,
+                MMA_K2 | {"prep_inv": "blocked"},  # (I + beta A_kk)^-1 by 16x16 blocks (prep_inv = blocked)
+                MMA_W2 | EX2_ROWCOL, MMA_K2 | EX2_ROWCOL, MMA_K2 | {"prep_exp": "ex2"},  # both options; ex2 alone
+                # the K-split recurrence's shared addresses as bases plus immediates (recur_addr = hoist): kwarps 2
+                # (ex2, rowcol) and kwarps 4
+                MMA_K2 | EX2_ROWCOL | {"recur_addr": "hoist"}, K4 | {"recur_addr": "hoist"},
+                # hoist with the refill's sources, u's words and o's address carried from chunk to chunk
+                # (recur_addr = carry): the same two recurrences, and kwarps 4 with two value groups and a 6-deep ring
+                CARRY_K2, K4 | {"recur_addr": "carry"}, K4 | {"warps": 2, "stages": 6, "recur_addr": "carry"},
+                # carry on the one-warp-a-column recurrence, and without u_prefetch at a 3-deep ring
+                CARRY_W2, CARRY_W2 | {"u_prefetch": False, "stages": 3},
+                # w, u by bf16 mma (prep_wu = bf16: Tinv diag(beta) as bf16 hi + lo, k exp(G) as bf16, ldmatrix
+                # fragments) under the two carry recurrences
+                CARRY_W2 | {"prep_wu": "bf16"}, CARRY_K2 | {"prep_wu": "bf16"}]
 
 
 @pytest.mark.gpu
