@@ -32,26 +32,83 @@ def nvdisasm_path() -> str:
     return path
 
 
-def disassemble(cubin: bytes, kernel: str) -> list[str]:
-    """`kernel`'s instructions (predicate, opcode and operands, no address) and its labels (`.L_x_N:`), in order."""
+def _kernel_text(cubin: bytes, kernel: str, *flags: str) -> list[str]:
+    """nvdisasm's lines of `kernel`'s section (after its `.text.` head, up to the next function's)."""
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "k.cubin"
         f.write_bytes(cubin)
-        r = subprocess.run([nvdisasm_path(), "-c", str(f)], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([nvdisasm_path(), "-c", *flags, str(f)], capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         raise SassError(f"nvdisasm failed: {r.stderr.strip()[:300]}")
     head = f".text.{kernel}:"
     if head not in r.stdout:
         raise SassError(f"no kernel {kernel!r} in the cubin")
-    out: list[str] = []
+    out = []
     for line in r.stdout.split(head, 1)[1].splitlines():
         if line.lstrip().startswith(".section") and ".text." in line:
             break  # the next function
+        out.append(line)
+    return out
+
+
+def disassemble(cubin: bytes, kernel: str) -> list[str]:
+    """`kernel`'s instructions (predicate, opcode and operands, no address) and its labels (`.L_x_N:`), in order."""
+    out: list[str] = []
+    for line in _kernel_text(cubin, kernel):
         m = _INSTR.match(line)
         if m:
             out.append(m.group(2))
         elif _LABEL.match(line):
             out.append(_LABEL.match(line).group(1) + ":")
+    return out
+
+
+@dataclass(frozen=True)
+class Control:
+    """The scheduling bits ptxas puts in the top 23 of an sm_70+ instruction's 128 (sm_90 included): `stall`, the
+    cycles the warp waits before issuing its next instruction (fixed-latency results are covered by these); `yield_`;
+    the scoreboard (0-5) the instruction releases when its variable-latency result is written (`write`) or its
+    operands have been read (`read`), None for none; `wait`, the scoreboards (a 6-bit mask) that must be released
+    before it issues; `reuse`, its operand-reuse flags."""
+
+    stall: int
+    yield_: bool
+    write: int | None
+    read: int | None
+    wait: int
+    reuse: int
+
+
+def decode_control(high: int) -> Control:
+    """The control bits of the instruction whose upper 64-bit word (nvdisasm -hex's second word) is `high`."""
+    c = high >> 41
+    wb, rb = (c >> 5) & 7, (c >> 8) & 7
+    return Control(stall=c & 0xF, yield_=bool((c >> 4) & 1), write=None if wb == 7 else wb,
+                   read=None if rb == 7 else rb, wait=(c >> 11) & 0x3F, reuse=(c >> 17) & 0xF)
+
+
+_HEX = re.compile(r"/\*\s*(0x[0-9a-f]{16})\s*\*/\s*$")
+
+
+def scheduled(cubin: bytes, kernel: str) -> list[tuple[str, Control | None]]:
+    """disassemble's list (the same entries, the same indices: inner_loops' spans fit it) with each instruction's
+    control bits; labels carry None."""
+    out: list[tuple[str, Control | None]] = []
+    pending = None
+    for line in _kernel_text(cubin, kernel, "-hex"):
+        m = _INSTR.match(line)
+        if m:
+            pending = m.group(2)
+            continue
+        if _LABEL.match(line):
+            out.append((_LABEL.match(line).group(1) + ":", None))
+            continue
+        h = _HEX.search(line)
+        if h and pending is not None and not line.lstrip().startswith("/*0"):
+            out.append((pending, decode_control(int(h.group(1), 16))))
+            pending = None
+    if pending is not None:
+        raise SassError(f"no control word after {pending!r}")
     return out
 
 

@@ -210,7 +210,13 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 CARRY_W2, CARRY_W2 | {"u_prefetch": False, "stages": 3},
                 # w, u by bf16 mma (prep_wu = bf16: Tinv diag(beta) as bf16 hi + lo, k exp(G) as bf16, ldmatrix
                 # fragments) under the two carry recurrences
-                CARRY_W2 | {"prep_wu": "bf16"}, CARRY_K2 | {"prep_wu": "bf16"}]
+                CARRY_W2 | {"prep_wu": "bf16"}, CARRY_K2 | {"prep_wu": "bf16"},
+                # the K-split carry recurrence reading u and exp(G_last) at the chunk's start, its refill without a
+                # branch (recur_early): before the group's barrier (mid) at kwarps 2 and 4, after the state update
+                # (late) at kwarps 2 (the gate's T = 1 and 3 cells: loop calls past the last chunk copy chunk NT - 1
+                # again)
+                CARRY_K2 | {"recur_early": "mid"}, CARRY_K2 | {"recur_early": "late"},
+                K4 | {"recur_addr": "carry", "recur_early": "mid"}]
 
 
 @pytest.mark.gpu

@@ -395,3 +395,18 @@ def test_prep_wu_against_the_carry_dispatch(worker, c):
     out = time_overrides(worker, c, "prep_wu", params, {v: {"prep_wu": v} for v in ("tf32", "bf16")}, launch=0)
     print(f"\nkda prep w, u {c.label()}: "
           + ", ".join(f"{v} {t:.1f} us ({t / out['tf32']:.3f}x)" for v, t in out.items()))
+
+
+# recur_early (2026-12-05): the carry dispatch's K-split entries (the B = 1 cells) with the recurrence as it is (none),
+# u's words and exp(G_last) read at the chunk's start and the refill without a branch before the group's barrier (mid)
+# or after the state update (late). A/B of the recurrence launch in one process.
+# Run: KF_LAUNCH_TIMES_OUT=kda_early.json pytest -s tests/gpu/test_kda_launch_times.py -k recur_early
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
+def test_recur_early_against_the_carry_dispatch(worker, c):
+    params = json.loads(CARRY_TABLE.read_text())["dispatch"][c.label()]["params"]
+    assert params["kwarps"] > 1 and params["recur_addr"] == "carry", params
+    out = time_overrides(worker, c, "recur_early", params, {v: {"recur_early": v} for v in ("none", "mid", "late")},
+                         launch=1)
+    print(f"\nkda recurrence early {c.label()}: "
+          + ", ".join(f"{v} {t:.1f} us ({t / out['none']:.3f}x)" for v, t in out.items()))

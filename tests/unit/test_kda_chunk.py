@@ -19,6 +19,7 @@ import random
 import re
 import sys
 import hashlib
+import json
 from concurrent.futures import ThreadPoolExecutor
 from itertools import product
 
@@ -184,7 +185,7 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
            "kwarps": 1, "prep_inv": "rows", "overlap": False,
-           "prep_addr": "swz", "recur_addr": "swz", "prep_wu": "tf32"}  # each option's off value: the code before it
+           "prep_addr": "swz", "recur_addr": "swz", "prep_wu": "tf32", "recur_early": "none"}  # each option's off value
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -226,6 +227,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
             fixed = [f | {"recur_addr": "swz"} for f in fixed]
         if "prep_wu" in names:  # w, u by tf32 mma as before (test_prep_wu_legality)
             fixed = [f | {"prep_wu": "tf32"} for f in fixed]
+        if "recur_early" in names:  # the K-split recurrence's loads and refill as before (test_recur_early_legality)
+            fixed = [f | {"recur_early": "none"} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
             out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
@@ -747,7 +750,8 @@ def test_recur_lean_legality():
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
                  "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
-                 "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"], "recur_addr": ["swz"], "prep_wu": ["tf32"]}
+                 "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"], "recur_addr": ["swz"], "prep_wu": ["tf32"],
+                 "recur_early": ["none"]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -1090,11 +1094,11 @@ def test_recur_ldsm_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
     # the later prep options (prep_round, prep_blocks, prep_vec, prep_wu) at their off values
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
-                                                      "kwarps", "prep_wu")]
+                                                      "kwarps", "prep_wu", "recur_early")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
-                                      "prep_vec": False, "kwarps": 1, "prep_wu": "tf32"}
+                                      "prep_vec": False, "kwarps": 1, "prep_wu": "tf32", "recur_early": "none"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1276,11 +1280,12 @@ def test_recur_fuse_off_renders_the_code_from_before_it():
     # the later prep options (prep_round, prep_blocks, prep_vec) at their off values
     # (and recur_addr at swz: carry is legal on these points since 2026-12-05, a kernel of its own)
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
-                                                      "kwarps", "recur_addr", "prep_wu")]
+                                                      "kwarps", "recur_addr", "prep_wu", "recur_early")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
-                                      "prep_vec": False, "kwarps": 1, "recur_addr": "swz", "prep_wu": "tf32"}
+                                      "prep_vec": False, "kwarps": 1, "recur_addr": "swz", "prep_wu": "tf32",
+                                      "recur_early": "none"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -3250,3 +3255,88 @@ def test_prep_wu_bf16_builds_spill_free_with_half_the_mma():
     hmma = [sum("HMMA" in x for x in disassemble(b.cubin, "kda_chunk_prep")) for b in (r, ref)]
     ldsm_n = sum("LDSM" in x for x in disassemble(r.cubin, "kda_chunk_prep"))
     assert hmma == [40, 72] and ldsm_n >= 6
+
+
+# ---- recur_early: the K-split recurrence's slot loads first, its refill without a branch ------------------------------
+
+# The sha256 of the carry K-split recurrence's renders at recur_early = none over every legal K-split point (as
+# all_legal(ksplit=True) enumerates them, recur_addr carry) on PREFILL_CELLS[0], computed from the template before
+# recur_early existed (commit cbdcfb1): none must render exactly that code.
+CARRY_KSPLIT_BEFORE_EARLY = "6fd3e54dc8ad05703207f691f2acd4f5ba6c134130275b7f7f3a1aeb09f90907"
+CARRY_SEEDS = Path(__file__).resolve().parents[2] / "experiments" / "seeds" / "kda_prefill_carry.json"
+
+
+def test_recur_early_legality():
+    """mid and late are offered on the K-split recurrence with carry: every legal kwarps 2, 4 point with carry takes
+    either; with swz or hoist, or at kwarps 1 (the lean carry recurrence included), they break exactly
+    early_on_the_carry_split_k_recurrence."""
+    assert TDEF.values("recur_early") == ("none", "mid", "late")
+    c = PREFILL_CELLS[0]
+    dt, dims = c.dtypes_dict(), c.dims_dict()
+    ks = [p for p in all_legal(c, ksplit=True) if p["kwarps"] > 1]
+    one = [p for p in all_legal(c) if p["kwarps"] == 1]
+    lean = [p | {"recur_addr": "carry"} for p in one if p["recur_lean"] and p["recur_ldsm"] and not p["recur_fuse"]]
+    assert len(ks) > 1000 and lean and all(p["recur_early"] == "none" for p in ks + one)
+    assert all(TDEF.violations(p, ARCH, dt, dims) == [] for p in lean)
+    for v in ("mid", "late"):
+        for p in ks:
+            assert TDEF.violations(p | {"recur_addr": "carry", "recur_early": v}, ARCH, dt, dims) == [], p
+        for p in ks[::50] + [p | {"recur_addr": "hoist"} for p in ks[::50]] + one[:50] + lean:
+            assert TDEF.violations(p | {"recur_early": v}, ARCH, dt, dims) == ["early_on_the_carry_split_k_recurrence"], p
+
+
+def test_recur_early_none_renders_the_carry_recurrence_from_before_it():
+    c = PREFILL_CELLS[0]
+    h, n = hashlib.sha256(), 0
+    for p in all_legal(c, ksplit=True):
+        if p["kwarps"] > 1:
+            h.update(source(TDEF, c, p | {"recur_addr": "carry", "recur_early": "none"}).encode())
+            n += 1
+    assert (n, h.hexdigest()) == (1564, CARRY_KSPLIT_BEFORE_EARLY)
+
+
+def _recur_chunk_loop(build) -> list[str]:
+    """The recurrence's chunk loop in SASS (the innermost loop with the most HMMA), instructions only."""
+    from evo.build.sass import disassemble, inner_loops
+
+    lines = disassemble(build.cubin, "kda_chunk_recur")
+    lp = max(inner_loops(lines), key=lambda x: (x.count("HMMA"), x.size))
+    return [x for x in lines[lp.first:lp.last + 1] if not x.endswith(":")]
+
+
+@pytest.mark.parametrize("early", ["mid", "late"])
+def test_recur_early_moves_the_slot_loads_and_drops_the_refill_branch(early: str):
+    """On the carry seeds' K-split entries (B1-T8192: kwarps 2; B1-T32768: kwarps 4), recur_early builds spill-free
+    and its chunk loop keeps the mma and the refill's copies (as many HMMA and LDGSTS) but loses the refill's branch;
+    after the group's barrier it loads C / 8 x 4 fewer words of u and K / KW / 8 fewer pairs of exp(G_last) (read
+    before it); mid issues every copy before that barrier, late after o's stores."""
+    seeds = json.loads(CARRY_SEEDS.read_text())["dispatch"]
+    cells = {c.label(): c for c in PREFILL_CELLS}
+    entries = [(cells[k], TDEF.complete(e["params"])) for k, e in seeds.items() if e["params"]["kwarps"] > 1]
+    assert sorted(p["kwarps"] for _, p in entries) == [2, 4]
+    for c, p in entries:
+        loops = {}
+        for v, r in zip(("none", early), compile_clean(c, [p | {"recur_early": "none"}, p | {"recur_early": early}])):
+            assert r["kda_chunk_recur"].stack_bytes == 0
+            loops[v] = _recur_chunk_loop(compile_point(c, p | {"recur_early": v}))
+        count = {v: {op: sum(op in x.split()[0] or (x.startswith("@") and op in x.split()[1]) for x in lp)
+                     for op in ("HMMA", "LDGSTS", "BRA")} for v, lp in loops.items()}
+        assert count[early]["HMMA"] == count["none"]["HMMA"] > 0, count
+        assert count[early]["LDGSTS"] == count["none"]["LDGSTS"] > 0, count
+        assert count[early]["BRA"] == count["none"]["BRA"] - 1, count
+
+        def after_group_barrier(lp: list[str]) -> list[str]:
+            bars = [i for i, x in enumerate(lp) if x.startswith("BAR.SYNC")]
+            assert len(bars) == 2, bars  # the chunk's barrier, then the group's (named, by register)
+            return lp[bars[1]:]
+
+        lds = {v: sum(x.startswith("LDS") and not x.startswith("LDSM") for x in after_group_barrier(lp))
+               for v, lp in loops.items()}
+        assert lds["none"] - lds[early] == 32 // 8 * 4 + 128 // p["kwarps"] // 8, lds
+        lp = loops[early]
+        copies = [i for i, x in enumerate(lp) if "LDGSTS" in x]
+        if early == "mid":
+            assert max(copies) < [i for i, x in enumerate(lp) if x.startswith("BAR.SYNC")][1]
+        else:
+            # after o's stores, among the state update's mma (no branch: ptxas interleaves them)
+            assert min(copies) > max(i for i, x in enumerate(lp) if "STG" in x)

@@ -2,7 +2,9 @@
 found and counted; and the KDA prep's claim read from its SASS (experiments/scripts/prep_sass.py): prep_exp = ex2
 drops __expf's subnormal guard, and with prep_addr = rowcol every hot loop the estimate counts gets shorter and
 prep_vec's 16-byte stores become STG.E.128 (four 32-bit stores each without it); and the K-split recurrence's chunk loop
-with recur_addr = hoist or carry (experiments/scripts/recur_sass.py) keeps its mma and copies and loses integer instructions."""
+with recur_addr = hoist or carry (experiments/scripts/recur_sass.py) keeps its mma and copies and loses integer instructions;
+the scheduling bits ptxas writes (evo.build.sass.scheduled) and the one-warp issue model built on them
+(experiments/scripts/recur_issue_model.py)."""
 
 from __future__ import annotations
 
@@ -180,3 +182,57 @@ def test_recur_addr_carry_shortens_the_one_warp_chunk_loop():
         assert a.count(op) == b.count(op) > 0, op
     integer = {k: sum(n for o, n in lp.ops if o in R.INTEGER) for k, lp in got.items()}
     assert integer["carry"] <= 0.6 * integer["swz"] and b.size < 0.9 * a.size, (integer, a.size, b.size)
+
+
+# ---- scheduling bits (evo.build.sass.scheduled, decode_control) and the recurrence's issue model -------------------
+
+def test_control_bits_decode_from_the_upper_word():
+    """nvdisasm's second word of three instructions of a real sm_90a build: S2R (variable latency: sets write
+    scoreboard 1), the SHF that consumes its result (waits on scoreboard 1, 2 cycles), and an LDC that needs no
+    scoreboard."""
+    from evo.build.sass import Control, decode_control
+
+    assert decode_control(0x000E620000002100) == Control(stall=1, yield_=True, write=1, read=None, wait=0, reuse=0)
+    assert decode_control(0x002FE40000011400) == Control(stall=2, yield_=True, write=None, read=None, wait=0b10,
+                                                         reuse=0)
+    assert decode_control(0x000FE20000000800) == Control(stall=1, yield_=True, write=None, read=None, wait=0, reuse=0)
+    assert decode_control(0x040FE400078EC0FF).reuse == 1  # LOP3.LUT R10, R0.reuse, ...: the first operand's flag
+
+
+def test_scheduled_is_disassemble_with_bits_that_hang_together():
+    """scheduled lists what disassemble lists, index for index; and in a real build every scoreboard an instruction
+    waits for is one that some instruction of the kernel sets (as its write or read scoreboard), and stalls and masks
+    are in range: the bits are where decode_control reads them."""
+    from evo.build.sass import scheduled
+
+    code = cubin(NESTED)
+    sched = scheduled(code, "nested")
+    assert [t for t, _ in sched] == disassemble(code, "nested")
+    assert any(c is not None and c.write is not None for _, c in sched)
+    waits = [(i, c.wait) for i, (_, c) in enumerate(sched) if c is not None and c.wait]
+    assert waits
+    set_anywhere = {b for _, c in sched if c is not None for b in (c.write, c.read) if b is not None}
+    for i, mask in waits:
+        assert all(b in set_anywhere for b in range(6) if mask >> b & 1), (i, sched[i])
+    assert all((c.stall <= 15 and c.wait < 64) for _, c in sched if c is not None)
+
+
+_mspec = importlib.util.spec_from_file_location("recur_issue_model",
+                                                ROOT / "experiments" / "scripts" / "recur_issue_model.py")
+M = importlib.util.module_from_spec(_mspec)
+_mspec.loader.exec_module(M)
+
+
+def test_issue_model_waits_for_scoreboards_and_stalls():
+    """A shared load, an add that waits for it, a barrier: the add issues LATENCY['LDS'] cycles after the load (not
+    its 1-cycle stall), the barrier costs BARRIER, and the counts add up."""
+    from evo.build.sass import Control
+
+    body = [("LDS R0, [R1]", Control(1, True, 0, None, 0, 0)),
+            ("FADD R2, R0, R0", Control(4, True, None, None, 0b1, 0)),
+            ("BAR.SYNC.DEFER_BLOCKING 0x0", Control(1, True, None, None, 0, 0))]
+    got = M.simulate(body)
+    assert got == {"cycles": M.LATENCY["LDS"] + 4 + M.BARRIER + 1, "stall": 1 + 4 + 1,
+                   "scoreboard": M.LATENCY["LDS"] - 1, "barrier": M.BARRIER}
+    nowait = [body[0], ("FADD R2, R3, R3", Control(4, True, None, None, 0, 0)), body[2]]
+    assert M.simulate(nowait)["cycles"] == 1 + 4 + M.BARRIER + 1  # the same code without the dependence
