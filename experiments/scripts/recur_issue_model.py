@@ -15,7 +15,8 @@ kernel family (the K-split recurrence, the one-warp-a-column one) by the cycles 
 not predict a launch's time.
 
 Run: python experiments/scripts/recur_issue_model.py experiments/results/recur_early_model.json
-(KF_NVRTC_ALT=/tmp/nvrtc130 to build with the H200 image's NVRTC 13.0, as recur_sass.py)"""
+(KF_NVRTC_ALT=/tmp/nvrtc130 ... experiments/results/recur_early_model_nvrtc13_0.json: built by the H200 image's NVRTC 13.0, as
+recur_sass.py)"""
 
 from __future__ import annotations
 
