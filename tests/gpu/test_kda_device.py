@@ -216,7 +216,10 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 # (late) at kwarps 2 (the gate's T = 1 and 3 cells: loop calls past the last chunk copy chunk NT - 1
                 # again)
                 CARRY_K2 | {"recur_early": "mid"}, CARRY_K2 | {"recur_early": "late"},
-                K4 | {"recur_addr": "carry", "recur_early": "mid"}]
+                K4 | {"recur_addr": "carry", "recur_early": "mid"},
+                # chunk 32's A factored once at token 16, channels split over two warps (prep_aref = chunk; the gate's
+                # decay_near_zero chunks take the exact path): with tf32 and bf16 w, u
+                CARRY_W2 | {"prep_aref": "chunk"}, CARRY_K2 | {"prep_wu": "bf16", "prep_aref": "chunk"}]
 
 
 @pytest.mark.gpu

@@ -410,3 +410,19 @@ def test_recur_early_against_the_carry_dispatch(worker, c):
                          launch=1)
     print(f"\nkda recurrence early {c.label()}: "
           + ", ".join(f"{v} {t:.1f} us ({t / out['none']:.3f}x)" for v, t in out.items()))
+
+
+# prep_aref = chunk (2026-12-05): the carry dispatch with w, u by bf16 mma (experiments/seeds/kda_prefill_carry_bf16wu.json)
+# and A_kk, A_qk factored at each block's first token (block, as it is) or once at token 16 for the whole chunk
+# (chunk: each fragment formed once, the channels split over two warps). A/B of the prep launch in one process.
+# Run: KF_LAUNCH_TIMES_OUT=kda_aref.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_aref
+BF16_TABLE = Path(__file__).resolve().parents[2] / "experiments/seeds/kda_prefill_carry_bf16wu.json"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
+def test_prep_aref_against_the_bf16_dispatch(worker, c):
+    params = json.loads(BF16_TABLE.read_text())["dispatch"][c.label()]["params"]
+    out = time_overrides(worker, c, "prep_aref", params, {v: {"prep_aref": v} for v in ("block", "chunk")}, launch=0)
+    print(f"\nkda prep A reference {c.label()}: "
+          + ", ".join(f"{v} {t:.1f} us ({t / out['block']:.3f}x)" for v, t in out.items()))

@@ -185,7 +185,8 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
            "kwarps": 1, "prep_inv": "rows", "overlap": False,
-           "prep_addr": "swz", "recur_addr": "swz", "prep_wu": "tf32", "recur_early": "none"}  # each option's off value
+           "prep_addr": "swz", "recur_addr": "swz", "prep_wu": "tf32", "recur_early": "none",
+           "prep_aref": "block"}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -229,6 +230,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
             fixed = [f | {"prep_wu": "tf32"} for f in fixed]
         if "recur_early" in names:  # the K-split recurrence's loads and refill as before (test_recur_early_legality)
             fixed = [f | {"recur_early": "none"} for f in fixed]
+        if "prep_aref" in names:  # A's blocks factored at their own tokens as before (test_prep_aref_legality)
+            fixed = [f | {"prep_aref": "block"} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
             out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
@@ -751,7 +754,7 @@ def test_recur_lean_legality():
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
                  "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
                  "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"], "recur_addr": ["swz"], "prep_wu": ["tf32"],
-                 "recur_early": ["none"]}
+                 "recur_early": ["none"], "prep_aref": ["block"]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -1094,11 +1097,12 @@ def test_recur_ldsm_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
     # the later prep options (prep_round, prep_blocks, prep_vec, prep_wu) at their off values
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
-                                                      "kwarps", "prep_wu", "recur_early")]
+                                                      "kwarps", "prep_wu", "recur_early", "prep_aref")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
-                                      "prep_vec": False, "kwarps": 1, "prep_wu": "tf32", "recur_early": "none"}
+                                      "prep_vec": False, "kwarps": 1, "prep_wu": "tf32", "recur_early": "none",
+                                      "prep_aref": "block"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1280,12 +1284,12 @@ def test_recur_fuse_off_renders_the_code_from_before_it():
     # the later prep options (prep_round, prep_blocks, prep_vec) at their off values
     # (and recur_addr at swz: carry is legal on these points since 2026-12-05, a kernel of its own)
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
-                                                      "kwarps", "recur_addr", "prep_wu", "recur_early")]
+                                                      "kwarps", "recur_addr", "prep_wu", "recur_early", "prep_aref")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
                                       "prep_vec": False, "kwarps": 1, "recur_addr": "swz", "prep_wu": "tf32",
-                                      "recur_early": "none"}
+                                      "recur_early": "none", "prep_aref": "block"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1493,6 +1497,12 @@ def diag_is_wide(G: np.ndarray, bound: np.float32 = f32(DIAG_RANGE)) -> np.ndarr
     return (np.abs(blocks - blocks[..., :1, :]) > bound).any(axis=(-3, -2, -1))
 
 
+def chunk_is_wide(G: np.ndarray, bound: np.float32 = f32(DIAG_RANGE)) -> np.ndarray:
+    """prep_aref = chunk's per-chunk flag from G [..., 32, K]: some channel's |G_t - G_16| > bound (those chunks take
+    the exact diagonal blocks and the off-diagonal one factored at token 16, as prep_aref = block's wide chunks)."""
+    return (np.abs(G - G[..., 16:17, :]) > bound).any(axis=(-2, -1))
+
+
 def forward_substitution(akk: np.ndarray, beta: np.ndarray) -> np.ndarray:
     """(I + diag(beta) A)^-1 for A [..., n, n] strictly lower (its upper part ignored), row by row in fp32 sums."""
     n = akk.shape[-1]
@@ -1537,8 +1547,11 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
     aqk = np.zeros_like(akk)
     tri = np.tril(np.ones((16, 16), bool))
     wide = None
+    bound = f32(DIAG_RANGE) * LOG2E if base2 else f32(DIAG_RANGE)
     if p.get("prep_diag") == "mma":
-        wide = diag_is_wide(G, f32(DIAG_RANGE) * LOG2E) if base2 else diag_is_wide(G)
+        wide = diag_is_wide(G, bound)
+        if p.get("prep_aref") == "chunk":  # the blocks below are then a wide chunk's path: exact diagonal blocks
+            wide = np.ones_like(wide)
     for blk in range(C // 16):
         rs = slice(16 * blk, 16 * blk + 16)
         gi = G[..., rs, :]
@@ -1562,6 +1575,15 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
             kr = np.swapaxes(tf(k[..., :r, :] * ex(G[..., r:r + 1, :] - G[..., :r, :])), -1, -2)
             akk[..., rs, :r] = mm(tf(k[..., rs, :] * fa), kr)
             aqk[..., rs, :r] = mm(tf(q[..., rs, :] * fa), kr)
+    if p.get("prep_aref") == "chunk":  # every block factored at token 16, each half of the channels summed apart
+        h, r = K // 2, slice(16, 17)
+        with np.errstate(over="ignore", invalid="ignore"):  # only a wide chunk's factors overflow: not taken
+            fa, kr = ex(G - G[..., r, :]), np.swapaxes(tf(k * ex(G[..., r, :] - G)), -1, -2)
+            mk, mq = ((mm(tf(x[..., :h] * fa[..., :h]), kr[..., :h, :]) + mm(tf(x[..., h:] * fa[..., h:]), kr[..., h:, :]))
+                      for x in (k, q))
+        w = chunk_is_wide(G, bound)[..., None, None]
+        akk = np.where(w, akk, np.where(np.tri(C, k=-1, dtype=bool), mk, 0)).astype(f32)
+        aqk = np.where(w, aqk, np.where(np.tri(C, dtype=bool), mq, 0)).astype(f32)
     ws["aqk"] = bf(s * aqk)
     if p.get("prep_inv") == "blocked":  # the two diagonal 16x16 blocks, then -Tinv_22 (beta_2 A_21) Tinv_11
         assert C == 32
@@ -1632,7 +1654,9 @@ EMU_POINTS = [{"chunk": 64, "state_split": False}, {"chunk": 32, "state_split": 
               {"chunk": 32, "state_split": False, "prep_exp": "fast", "prep_inv": "blocked"} | MMA_DIAG,
               {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol"} | MMA_DIAG,
               {"chunk": 64, "state_split": False, "prep_exp": "ex2"} | MMA_DIAG,
-              {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"} | MMA_DIAG]
+              {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"} | MMA_DIAG,
+              {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16",
+               "prep_aref": "chunk"} | MMA_DIAG]
 
 
 def emu_id(p: dict) -> str:
@@ -1640,7 +1664,7 @@ def emu_id(p: dict) -> str:
             + {"fast": "-fastexp", "ex2": "-ex2"}.get(p.get("prep_exp"), "")
             + ("-rowcol" if p.get("prep_addr") == "rowcol" else "")
             + ("-mmadiag" if p.get("prep_diag") == "mma" else "") + ("-blockedinv" if p.get("prep_inv") == "blocked" else "")
-            + ("-bf16wu" if p.get("prep_wu") == "bf16" else ""))
+            + ("-bf16wu" if p.get("prep_wu") == "bf16" else "") + ("-chunkref" if p.get("prep_aref") == "chunk" else ""))
 
 
 @pytest.mark.parametrize("fit", EMU_POINTS, ids=emu_id)
@@ -1678,6 +1702,10 @@ def test_long_sequence_with_decay_near_one_keeps_its_margin():
         for name in want:
             ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
             assert ok and share < 0.9, ("bf16 w, u", sign, name, share)
+        got = emulate(inputs, scal, c, p | {"prep_aref": "chunk"}, sign)  # and A factored once at token 16
+        for name in want:
+            ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+            assert ok and share < 0.9, ("chunk reference", sign, name, share)
 
 
 @pytest.mark.parametrize("bug", ["decay_ref_at_chunk_start", "no_intra_decay", "state_not_decayed"])
@@ -1970,7 +1998,7 @@ def emulate_cell(inputs: dict, scal: dict, c: Cell, p: dict, exp_sign: int = 1) 
     return inputs, emulate(inputs, scal, c, p, exp_sign)
 
 
-@pytest.mark.parametrize("fit", EMU_POINTS[:4] + [EMU_POINTS[-3], EMU_POINTS[-1]], ids=emu_id)
+@pytest.mark.parametrize("fit", EMU_POINTS[:4] + [EMU_POINTS[-4], EMU_POINTS[-2], EMU_POINTS[-1]], ids=emu_id)
 @pytest.mark.parametrize("c", VARIANT_CELLS, ids=lambda c: c.label())
 def test_emulated_variants_match_the_float64_reference(c: Cell, fit: dict):
     """Each variant alone, the model's call and every switch on: every kind, from make_inputs and the device fill,
@@ -3340,3 +3368,66 @@ def test_recur_early_moves_the_slot_loads_and_drops_the_refill_branch(early: str
         else:
             # after o's stores, among the state update's mma (no branch: ptxas interleaves them)
             assert min(copies) > max(i for i, x in enumerate(lp) if "STG" in x)
+
+
+# ---- prep_aref = chunk: chunk 32's A factored once at token 16 ---------------------------------------------------------
+
+# The sha256 of the renders at prep_aref = block of every legal point of all_legal(ksplit=True) with the mma diagonal at
+# chunk 32 and prep_addr rowcol (2508 points), on PREFILL_CELLS[0], computed from the
+# template before prep_aref existed (commit 26eca63): block must render exactly that code.
+BLOCK_AREF_BEFORE = "c9620eb487333e56fddb409545c46342a8bbf5e846f5356ac9a7db8e36c901a8"
+AREF_BASE = {"chunk": 32, "prep_diag": "mma", "prep_exp": "ex2", "prep_addr": "rowcol", "prep_round": "add",
+             "prep_vec": True, "stage_in": True, "prep_threads": 128}
+
+
+def test_prep_aref_legality():
+    """chunk is offered on the mma prep at chunk 32 with the rowcol offsets at 128 threads (every such legal point
+    takes it), and elsewhere breaks exactly chunk_reference_on_the_mma_prep_at_chunk_32."""
+    assert TDEF.values("prep_aref") == ("block", "chunk")
+    c = PREFILL_CELLS[0]
+    dt, dims = c.dtypes_dict(), c.dims_dict()
+    pts = all_legal(c, ksplit=True)
+    ok = [p for p in pts if p["chunk"] == 32 and p["prep_diag"] == "mma" and p["prep_addr"] == "rowcol"
+          and p["prep_threads"] == 128]
+    rest = [p for p in pts if p not in ok]
+    assert len(ok) > 1000 and len(rest) > 1000 and all(p["prep_aref"] == "block" for p in pts)
+    assert all(TDEF.violations(p | {"prep_aref": "chunk"}, ARCH, dt, dims) == [] for p in ok)
+    assert all(TDEF.violations(p | {"prep_aref": "chunk"}, ARCH, dt, dims)
+               == ["chunk_reference_on_the_mma_prep_at_chunk_32"] for p in rest[::7])
+
+
+def test_prep_aref_block_renders_the_code_from_before_it():
+    c = PREFILL_CELLS[0]
+    h, n = hashlib.sha256(), 0
+    for p in all_legal(c, ksplit=True):
+        if p["prep_diag"] == "mma" and p["chunk"] == 32 and p["prep_addr"] == "rowcol":
+            h.update(source(TDEF, c, p | {"prep_aref": "block"}).encode())
+            n += 1
+    assert (n, h.hexdigest()) == (2508, BLOCK_AREF_BEFORE)
+
+
+def test_prep_aref_chunk_forms_each_fragment_once_with_fewer_instructions():
+    """With tf32 and bf16 w, u, on fla's default call and the model's varlen call: the chunk-reference prep builds
+    spill-free at no fewer CTAs an SM,
+    and its A loop (12 HMMA and 16 MUFU a channel step: two row tiles' q, k fragments, four column tiles' k fragments,
+    once) run K / 16 times by two warps issues fewer instructions than block's diagonal loop (4 HMMA, 8 MUFU) run
+    K / 8 times by two warps plus its off-diagonal loop (4 HMMA, 8 MUFU) run K / 8 times by one, which stay (a wide
+    chunk's path) but are not run on the others."""
+    from evo.build.sass import disassemble, inner_loops
+
+    for c in (PREFILL_CELLS[0], MODEL_VARLEN):
+        K = c.dim("K")
+        for wu in ("tf32", "bf16"):
+            p = TDEF.default_params() | AREF_BASE | {"prep_wu": wu}
+            chunk, block = compile_clean(c, [p | {"prep_aref": "chunk"}, p | {"prep_aref": "block"}])
+            assert prep_ctas_per_sm(p, chunk["kda_chunk_prep"].regs) >= prep_ctas_per_sm(p, block["kda_chunk_prep"].regs)
+            loops = {}
+            for aref in ("chunk", "block"):
+                lines = disassemble(compile_point(c, p | {"prep_aref": aref}).cubin, "kda_chunk_prep")
+                loops[aref] = [lp for lp in inner_loops(lines) if lp.count("HMMA") and lp.count("MUFU")]
+            (new,) = [lp for lp in loops["chunk"] if lp.count("HMMA") == 12]
+            assert new.count("MUFU") == 16
+            diag, off = sorted((lp for lp in loops["block"] if lp.count("HMMA") == 4), key=lambda lp: lp.first)
+            assert all(lp.count("MUFU") == 8 for lp in (diag, off))
+            assert [lp.size for lp in loops["chunk"] if lp.count("HMMA") == 4] == [off.size]  # the wide chunks' path
+            assert new.size * (K // 16) * 2 < diag.size * (K // 8) * 2 + off.size * (K // 8), (c, wu, new, diag, off)
