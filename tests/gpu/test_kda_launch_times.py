@@ -371,14 +371,24 @@ def test_prep_ex2_and_rowcol_against_the_dispatch(worker, c):
 HOIST_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h200_15/dispatch.json"
 
 
+def table_params(table: Path, c) -> dict:
+    return json.loads(table.read_text())["dispatch"][c.label()]["params"]
+
+
+def ab(worker, c, test: str, params: dict, param: str, values: tuple, launch: int, title: str) -> dict:
+    """`param`'s values on `params`, one launch timed for each in this process (time_overrides: the outputs checked
+    first), printed as times and ratios to the first value's."""
+    out = time_overrides(worker, c, test, params, {v: {param: v} for v in values}, launch=launch)
+    print(f"\n{title} {c.label()}: " + ", ".join(f"{v} {t:.1f} us ({t / out[values[0]]:.3f}x)" for v, t in out.items()))
+    return out
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
 def test_recur_hoist_against_the_dispatch(worker, c):
-    params = json.loads(HOIST_TABLE.read_text())["dispatch"][c.label()]["params"]
+    params = table_params(HOIST_TABLE, c)
     addrs = ("swz", "hoist", "carry") if params["kwarps"] > 1 else ("swz", "carry")
-    out = time_overrides(worker, c, "recur_hoist", params, {v: {"recur_addr": v} for v in addrs}, launch=1)
-    print(f"\nkda recurrence {c.label()}: "
-          + ", ".join(f"{v} {t:.1f} us ({t / out['swz']:.3f}x)" for v, t in out.items()))
+    ab(worker, c, "recur_hoist", params, "recur_addr", addrs, 1, "kda recurrence")
 
 
 # w, u by bf16 mma (2026-12-05): the carry dispatch (experiments/seeds/kda_prefill_carry.json) with prep_wu tf32 (as it
@@ -391,10 +401,7 @@ CARRY_TABLE = Path(__file__).resolve().parents[2] / "experiments/seeds/kda_prefi
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
 def test_prep_wu_against_the_carry_dispatch(worker, c):
-    params = json.loads(CARRY_TABLE.read_text())["dispatch"][c.label()]["params"]
-    out = time_overrides(worker, c, "prep_wu", params, {v: {"prep_wu": v} for v in ("tf32", "bf16")}, launch=0)
-    print(f"\nkda prep w, u {c.label()}: "
-          + ", ".join(f"{v} {t:.1f} us ({t / out['tf32']:.3f}x)" for v, t in out.items()))
+    ab(worker, c, "prep_wu", table_params(CARRY_TABLE, c), "prep_wu", ("tf32", "bf16"), 0, "kda prep w, u")
 
 
 # recur_early (2026-12-05): the carry dispatch's K-split entries (the B = 1 cells) with the recurrence as it is (none),
@@ -404,12 +411,9 @@ def test_prep_wu_against_the_carry_dispatch(worker, c):
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
 def test_recur_early_against_the_carry_dispatch(worker, c):
-    params = json.loads(CARRY_TABLE.read_text())["dispatch"][c.label()]["params"]
+    params = table_params(CARRY_TABLE, c)
     assert params["kwarps"] > 1 and params["recur_addr"] == "carry", params
-    out = time_overrides(worker, c, "recur_early", params, {v: {"recur_early": v} for v in ("none", "mid", "late")},
-                         launch=1)
-    print(f"\nkda recurrence early {c.label()}: "
-          + ", ".join(f"{v} {t:.1f} us ({t / out['none']:.3f}x)" for v, t in out.items()))
+    ab(worker, c, "recur_early", params, "recur_early", ("none", "mid", "late"), 1, "kda recurrence early")
 
 
 # prep_aref = chunk (2026-12-05): the carry dispatch with w, u by bf16 mma (experiments/seeds/kda_prefill_carry_bf16wu.json)
@@ -422,7 +426,4 @@ BF16_TABLE = Path(__file__).resolve().parents[2] / "experiments/seeds/kda_prefil
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
 def test_prep_aref_against_the_bf16_dispatch(worker, c):
-    params = json.loads(BF16_TABLE.read_text())["dispatch"][c.label()]["params"]
-    out = time_overrides(worker, c, "prep_aref", params, {v: {"prep_aref": v} for v in ("block", "chunk")}, launch=0)
-    print(f"\nkda prep A reference {c.label()}: "
-          + ", ".join(f"{v} {t:.1f} us ({t / out['block']:.3f}x)" for v, t in out.items()))
+    ab(worker, c, "prep_aref", table_params(BF16_TABLE, c), "prep_aref", ("block", "chunk"), 0, "kda prep A reference")
