@@ -81,6 +81,16 @@ CHUNK_POINTS = [  # (cell, params over the defaults)
     (PREFILL, {"chunk": 32, "warps": 8, "stages": 3, "state_split": True, "recur_lean": True}),
     (PREFILL, LEAN_H200 | {"recur_ldsm": True, "recur_addr": "carry"}),  # carry: the items' slots, sources carried
     (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry"}),
+    # recur_early: the refill without a branch, u and exp(G_last) read first (at kwarps 4 and a 6-deep ring, carry
+    # without it spills 8 B under 13.0: experiments/results/recur_sass_nvrtc13_0.json)
+    (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry",
+               "recur_early": "mid"}),
+    (PREFILL, {"chunk": 32, "warps": 1, "stages": 6, "stage_in": True, "kwarps": 4, "recur_addr": "carry",
+               "recur_early": "late"}),
+    # every option compiled since kda_prefill_h200_15 (experiments/seeds/kda_prefill_compiled.json's B1-T8192 entry)
+    (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry",
+               "recur_early": "late", "prep_diag": "mma", "prep_exp": "ex2", "prep_addr": "rowcol", "prep_round": "add",
+               "prep_vec": True, "prep_threads": 128, "prep_wu": "bf16", "prep_aref": "chunk"}),
     (VARLEN, LEAN_H200),
     (VARLEN, LEAN_H200 | {"recur_ldsm": True}),
     (VARLEN, {"chunk": 32, "stage_in": True, "prep_diag": "split", "prep_threads": 256, "recur_lean": True,
