@@ -1549,7 +1549,7 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
     wide = None
     bound = f32(DIAG_RANGE) * LOG2E if base2 else f32(DIAG_RANGE)
     if p.get("prep_diag") == "mma":
-        wide = diag_is_wide(G, bound)
+        wide = diag_is_wide(G, bound) if base2 else diag_is_wide(G)
         if p.get("prep_aref") == "chunk":  # the blocks below are then a wide chunk's path: exact diagonal blocks
             wide = np.ones_like(wide)
     for blk in range(C // 16):
