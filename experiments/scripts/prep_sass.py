@@ -1,11 +1,14 @@
 """The KDA prep's hot loops in SASS (NVRTC builds, no GPU): kda_prefill_h200_13's dispatch genome (chunk 32, the mma
 prep) at 128 and 256 prep threads, with the prep's exponentials as __expf (prep_exp fast) or one ex2.approx.ftz on a
 base-2 decay (ex2), and its shared-memory offsets as swz of the flat offset or from row and column apart (prep_addr
-rowcol), the last also with w, u by bf16 mma on ldmatrix fragments (prep_wu bf16). Per build: registers, the prep's
+rowcol), the last also with w, u by bf16 mma on ldmatrix fragments (prep_wu bf16), and that with every A block
+factored at token 16 (prep_aref chunk, 128 threads only: its constraint). Per build: registers, the prep's
 static instruction count, its innermost loops (evo/build/sass.py) and, for the loops that compute exponentials, their
 role, instructions an exponential and an estimate of the warp-instructions a CTA spends in them (instructions an exponential x the warp-level exponentials a CTA computes in that role, from the
 code at chunk 32, K = 128: q exp(G), k exp(G_last - G) and X = beta k exp(G) one a element, C K / 32 = 128 each; the
-two diagonal blocks' k-steps 8 a lane and step, 2 x 16 x 8 = 256; the off-diagonal block's 16 x 8 = 128). The
+two diagonal blocks' k-steps 8 a lane and step, 2 x 16 x 8 = 256; the off-diagonal block's 16 x 8 = 128; prep_aref
+chunk's k-step, 8 steps in each of 2 warps of 16 each, 256, in place of the two block loops, which only a wide chunk
+runs then and the estimate leaves out). The
 decay's scan (no exponential) is counted as its body once a warp (K / prep_threads columns a thread: 1 at 128).
 
 Run: python experiments/scripts/prep_sass.py experiments/results/prep_sass.json
@@ -30,8 +33,12 @@ ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = {"fast-swz": {"prep_exp": "fast", "prep_addr": "swz"}, "ex2-swz": {"prep_exp": "ex2", "prep_addr": "swz"},
             "fast-rowcol": {"prep_exp": "fast", "prep_addr": "rowcol"},
             "ex2-rowcol": {"prep_exp": "ex2", "prep_addr": "rowcol"},
-            "ex2-rowcol-bf16wu": {"prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"}}
-WARP_EXPS = {"qg": 128, "kgT": 128, "X": 128, "diagonal k-step": 256, "off-diagonal k-step": 128}  # chunk 32, K 128
+            "ex2-rowcol-bf16wu": {"prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"},
+            "ex2-rowcol-bf16wu-arefchunk": {"prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16",
+                                            "prep_aref": "chunk"}}
+ONLY_128 = {"ex2-rowcol-bf16wu-arefchunk"}  # prep_aref chunk's constraint: 128 prep threads
+WARP_EXPS = {"qg": 128, "kgT": 128, "X": 128, "diagonal k-step": 256, "off-diagonal k-step": 128,
+             "chunk-reference k-step": 256}  # chunk 32, K 128
 
 
 def roles(loops: list[Loop]) -> dict[str, Loop]:
@@ -43,7 +50,9 @@ def roles(loops: list[Loop]) -> dict[str, Loop]:
     elementwise = []
     for lp in loops:
         mufu, hmma, stg = lp.count("MUFU"), lp.count("HMMA"), lp.count("STG")
-        if hmma == 4:
+        if hmma == 12:
+            out.setdefault("chunk-reference k-step", lp)
+        elif hmma == 4:
             out.setdefault("diagonal k-step", lp) if "diagonal k-step" not in out else out.setdefault(
                 "off-diagonal k-step", lp)
         elif hmma >= 16:
@@ -76,8 +85,9 @@ def analyse(tdef, params: dict, r) -> dict:
     loops = inner_loops(lines)
     found = roles(loops)
     est = {}
+    wide_only = {"diagonal k-step", "off-diagonal k-step"} if "chunk-reference k-step" in found else set()
     for name, lp in found.items():
-        if name in WARP_EXPS:
+        if name in WARP_EXPS and name not in wide_only:
             per = lp.size / lp.count("MUFU")
             est[name] = {"instructions": lp.size, "exponentials": lp.count("MUFU"), "per_exponential": round(per, 2),
                          "warp_instructions_a_cta": round(per * WARP_EXPS[name])}
@@ -89,7 +99,7 @@ def analyse(tdef, params: dict, r) -> dict:
     return {"params": tdef.default_params() | params, "compiler": r.compiler, "regs": res.regs,
             "spill_stores": res.spill_stores, "stack_bytes": res.stack_bytes,
             "static_instructions": sum(1 for x in lines if not x.endswith(":")),
-            "roles": est, "estimated_warp_instructions_a_cta": sum(v["warp_instructions_a_cta"] for v in est.values()),
+            "roles": est, "wide_chunk_only_loops": {n: found[n].size for n in sorted(wide_only) if n in found}, "estimated_warp_instructions_a_cta": sum(v["warp_instructions_a_cta"] for v in est.values()),
             "w_u_loop_instructions": found["w, u items"].size if "w, u items" in found else None,
             "inner_loops": [{"first": lp.first, "size": lp.size, "MUFU": lp.count("MUFU"), "HMMA": lp.count("HMMA"),
                              "LDS": lp.count("LDS"), "STG": lp.count("STG"), "STS": lp.count("STS")} for lp in loops]}
@@ -100,7 +110,8 @@ def main(out: str) -> None:
     cells = prefill_matrix()
     table = json.loads((ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
     base = table[cells[0].label()]["params"]
-    points = [(name, pt, base | {"prep_threads": pt} | over) for pt in (128, 256) for name, over in VARIANTS.items()]
+    points = [(name, pt, base | {"prep_threads": pt} | over) for pt in (128, 256) for name, over in VARIANTS.items()
+              if pt == 128 or name not in ONLY_128]
     alt = os.environ.get("KF_NVRTC_ALT")
     if alt:  # another NVRTC (the H200 image's 13.0: docs/nvrtc_13_0.md), in compile processes that load it
         c = cells[0]

@@ -1,0 +1,83 @@
+"""The KDA chunk prep's numerics by emulation (numpy, no GPU): the share of each output's tolerance (RMS-relative
+error against the float64 reference over the bound) that the emulated kernel uses, the worst over every fill kind,
+both input sources and both directions of the exponential's error, on the plain emulation cells and on the variant
+cells; and the share of chunks each of prep_diag = mma's wide flags marks on each fill kind (prep_aref = block: some
+diagonal block's channel moves by more than DIAG_RANGE from the block's first token; chunk: from token 16).
+
+The emulation is the unit tests' (tests/unit/test_kda_chunk.py: emulate, emulate_cell), at the points the tests check
+(EMU_POINTS' ex2 + rowcol + mma diagonal points: tf32 w, u; bf16 w, u; bf16 w, u with the chunk reference).
+
+Run from the project root: PYTHONPATH=. python experiments/scripts/prep_emulation.py experiments/results/prep_emulation.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ops.kda import SPEC
+from ops.kda.spec import FILLS
+from tests.unit.test_kda_chunk import (DIAG_RANGE, EMU_CELLS, EMU_POINTS, LOG2E, TDEF, VARIANT_CELLS, base2_cumsum,
+                                       chunk_is_wide, diag_is_wide, emu_id, emulate, emulate_cell, emulation_inputs,
+                                       variant_inputs)
+from tests.unit.test_kda_recurrent import passes
+
+POINTS = [p for p in EMU_POINTS if p.get("prep_exp") == "ex2" and p.get("prep_addr") == "rowcol"]
+
+
+def worst_shares(cells, inputs_of, emulate_one, p: dict) -> dict[str, float]:
+    """The largest share of the tolerance used, per output, over the cells, their inputs and both error signs."""
+    worst: dict[str, float] = {}
+    for c in cells:
+        scal = SPEC.scalar_values(c)
+        for _, _, inputs in inputs_of(c):
+            for sign in (1, -1):
+                ins, got = emulate_one(inputs, scal, c, p, sign)
+                want = SPEC.reference(ins, scal)
+                for name in want:
+                    ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+                    if not ok:
+                        raise SystemExit(f"{emu_id(p)} fails on {c.label()} {name}: {share:.3f} of the tolerance")
+                    worst[name] = max(worst.get(name, 0.0), round(share, 4))
+    return worst
+
+
+def wide_shares(chunk: int = 32) -> dict[str, dict[str, float]]:
+    """Per fill kind, the share of the plain cells' full chunks each wide flag marks (prep_exp = ex2's base-2 G)."""
+    out = {}
+    bound = np.float32(DIAG_RANGE) * LOG2E
+    for kind in FILLS:
+        block = ref = n = 0
+        for c in EMU_CELLS:
+            T = c.dim("T")
+            if T < chunk:
+                continue
+            g = np.asarray(SPEC.make_inputs(c, kind, np.random.default_rng(1))["g"], np.float32)  # [B, T, HV, K]
+            nt = T // chunk
+            G = base2_cumsum(g[:, :nt * chunk].reshape(g.shape[0], nt, chunk, *g.shape[2:]), 2)  # [B, NT, C, HV, K]
+            G = np.moveaxis(G, 3, 2)  # [B, NT, HV, C, K]
+            block += int(diag_is_wide(G, bound).sum())
+            ref += int(chunk_is_wide(G, bound).sum())
+            n += G[..., 0, 0].size
+        out[kind] = {"chunks": n, "block_wide": round(block / n, 4), "chunk_wide": round(ref / n, 4)}
+    return out
+
+
+def main(out: str) -> None:
+    rows = []
+    for fit in POINTS:
+        p = TDEF.default_params() | fit
+        plain = worst_shares(EMU_CELLS, emulation_inputs, lambda i, s, c, q, e: (i, emulate(i, s, c, q, e)), p)
+        variants = worst_shares(VARIANT_CELLS, variant_inputs, emulate_cell, p)
+        rows.append({"point": emu_id(p), "params": fit, "plain_cells": plain, "variant_cells": variants})
+        print(f"{emu_id(p)}: plain {plain}, variants {variants}")
+    doc = {"what": __doc__.split("\n\n")[0], "plain_cells": [c.label() for c in EMU_CELLS],
+           "variant_cells": [c.label() for c in VARIANT_CELLS], "points": rows, "wide_flags": wide_shares()}
+    Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "prep_emulation.json")
