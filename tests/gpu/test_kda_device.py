@@ -219,7 +219,11 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 K4 | {"recur_addr": "carry", "recur_early": "mid"},
                 # chunk 32's A factored once at token 16, channels split over two warps (prep_aref = chunk; the gate's
                 # decay_near_zero chunks take the exact path): with tf32 and bf16 w, u
-                CARRY_W2 | {"prep_aref": "chunk"}, CARRY_K2 | {"prep_wu": "bf16", "prep_aref": "chunk"}]
+                CARRY_W2 | {"prep_aref": "chunk"}, CARRY_K2 | {"prep_wu": "bf16", "prep_aref": "chunk"},
+                # v staged over q after the A phase (prep_v = late: 6 prep CTAs an SM) under the two carry
+                # recurrences, the K-split one with recur_early late (experiments/seeds/kda_prefill_vlate.json)
+                CARRY_W2 | {"prep_wu": "bf16", "prep_v": "late"},
+                CARRY_K2 | {"prep_wu": "bf16", "prep_v": "late", "recur_early": "late"}]
 
 
 @pytest.mark.gpu

@@ -427,3 +427,10 @@ BF16_TABLE = Path(__file__).resolve().parents[2] / "experiments/seeds/kda_prefil
 @pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
 def test_prep_aref_against_the_bf16_dispatch(worker, c):
     ab(worker, c, "prep_aref", table_params(BF16_TABLE, c), "prep_aref", ("block", "chunk"), 0, "kda prep A reference")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
+def test_prep_v_against_the_bf16_dispatch(worker, c):
+    """The prep launch with v staged with q and k (5 CTAs an SM) and over q after the A phase (prep_v = late: 6)."""
+    ab(worker, c, "prep_v", table_params(BF16_TABLE, c), "prep_v", ("early", "late"), 0, "kda prep v staging")

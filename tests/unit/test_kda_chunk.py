@@ -232,6 +232,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
             fixed = [f | {"recur_early": "none"} for f in fixed]
         if "prep_aref" in names:  # A's blocks factored at their own tokens as before (test_prep_aref_legality)
             fixed = [f | {"prep_aref": "block"} for f in fixed]
+        if "prep_v" in names:  # v staged with q and k as before (test_prep_v_legality)
+            fixed = [f | {"prep_v": "early"} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
             out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
@@ -1331,11 +1333,12 @@ def test_recur_fuse_points_compile_without_spills():
 
 def prep_smem(p: dict, K: int, V: int) -> int:
     """kda_chunk_prep's layout, written out: G [C][K] and A [C][C] fp32; with stage_in q and k [C][K], v [C][V]
-    bf16 and beta [C] fp32 after A (qs = as + C C 4, ks = qs + C K 2, vs = ks + C K 2, bs = vs + C V 2)."""
+    bf16 and beta [C] fp32 after A (qs = as + C C 4, ks = qs + C K 2, vs = ks + C K 2, bs = vs + C V 2; prep_v = late
+    stages v over q)."""
     C = p["chunk"]
     size = C * K * 4 + C * C * 4
-    if p["stage_in"]:
-        size += C * K * 2 + C * K * 2 + C * V * 2 + C * 4
+    if p["stage_in"]:  # prep_v = late: v over q (vs = qs, bs = ks + C K 2)
+        size += C * K * 2 + C * K * 2 + (C * V * 2 if p.get("prep_v", "early") == "early" else 0) + C * 4
     return size
 
 
@@ -3431,3 +3434,83 @@ def test_prep_aref_chunk_forms_each_fragment_once_with_fewer_instructions():
             assert all(lp.count("MUFU") == 8 for lp in (diag, off))
             assert [lp.size for lp in loops["chunk"] if lp.count("HMMA") == 4] == [off.size]  # the wide chunks' path
             assert new.size * (K // 16) * 2 < diag.size * (K // 8) * 2 + off.size * (K // 8), (c, wu, new, diag, off)
+
+
+# ---- prep_v = late: v staged over q after the A phase (6 prep CTAs an SM) ---------------------------
+
+# the 3762 rowcol points at chunk 32 with stage_in (tf32 and bf16 w, u) rendered before prep_v existed (commit 9dc8454)
+EARLY_V_BEFORE = "1e4d51e3c370ee4b7f6e24b8e23dbc98b86fe2f8f215f3db85b5254b4c1f00fa"
+VLATE_BASE = AREF_BASE | {"prep_wu": "bf16"}
+
+
+def test_prep_v_legality():
+    """late is offered on the staged bf16 w, u prep at 128 threads with A factored at the blocks' own tokens (every
+    such point takes it), and elsewhere breaks exactly late_v_on_the_bf16_wu_prep_at_128_threads."""
+    assert TDEF.values("prep_v") == ("early", "late")
+    c = PREFILL_CELLS[0]
+    dt, dims = c.dtypes_dict(), c.dims_dict()
+    legal = all_legal(c, ksplit=True)
+    bf16 = [p | {"prep_wu": "bf16"} for p in legal if p["prep_addr"] == "rowcol" and p["prep_inv"] == "rows"]
+    ok = [p for p in bf16 if p["stage_in"] and p["prep_threads"] == 128]
+    rest = [p for p in legal + bf16 if p not in ok]
+    assert len(ok) > 100 and len(rest) > 1000
+    assert all(TDEF.violations(p | {"prep_v": "late"}, ARCH, dt, dims) == [] for p in ok)
+    assert all(TDEF.violations(p | {"prep_v": "late"}, ARCH, dt, dims)
+               == ["late_v_on_the_bf16_wu_prep_at_128_threads"] for p in rest[::5])
+    assert TDEF.violations(ok[0] | {"prep_v": "late", "prep_aref": "chunk"}, ARCH, dt, dims) == [
+        "late_v_on_the_bf16_wu_prep_at_128_threads"]
+
+
+def test_prep_v_early_renders_the_code_from_before_it():
+    c = PREFILL_CELLS[0]
+    pts = [p for p in all_legal(c, ksplit=True) if p["chunk"] == 32 and p["stage_in"] and p["prep_addr"] == "rowcol"]
+    pts += [p | {"prep_wu": "bf16"} for p in pts if p["prep_inv"] == "rows"]
+    pts = [p for p in pts if TDEF.is_valid(p, 90, c.dtypes_dict(), c.dims_dict())]
+    h = hashlib.sha256()
+    for p in pts:
+        h.update(source(TDEF, c, p | {"prep_v": "early"}).encode())
+    assert (len(pts), h.hexdigest()) == (3762, EARLY_V_BEFORE)
+
+
+def test_prep_v_late_copies_v_over_q_after_its_last_read_and_waits_before_the_items():
+    """In the rendered prep (fla's default call and the model's varlen call with its variants): q's staged tile is
+    last read before a CTA barrier, after which v's copies into it are issued; each thread waits for its copies before
+    the barrier that precedes the w, u items, the first reader of vs; v is not copied anywhere else."""
+    for c in (PREFILL_CELLS[0], MODEL_VARLEN):
+        src = source(TDEF, c, TDEF.default_params() | VLATE_BASE | {"prep_v": "late"})
+        prep = src[src.index("kda_chunk_prep("):src.index("kda_chunk_recur(")]
+        assert "unsigned char* vs = qs;" in prep
+        copies = [m.start() for m in re.finditer(r"stage16\(vs \+ stg<V>", prep)]
+        assert len(copies) == 1
+        v_copy = copies[0]
+        q_reads = [m.start() for m in re.finditer(r"\bqs\b", prep)
+                   if not prep.startswith(("qs = ", "qs + stg<K>(t, c), q + e"), m.start())
+                   and not prep[:m.start()].endswith("vs = ")]
+        q_reads = [i for i in q_reads if not prep[i - 40:i].rstrip().endswith("unsigned char*")]
+        assert q_reads and max(q_reads) < v_copy
+        assert "__syncthreads();" in prep[max(q_reads):v_copy]
+        first_v_read = prep.index("ng < 2 ? ks : vs")
+        between = prep[v_copy:first_v_read]
+        wait = between.rindex("cp.async.wait_all")
+        assert "__syncthreads();" in between[wait:] and "qs" not in between
+
+
+def test_prep_v_late_fits_six_ctas_an_sm_with_the_same_copies():
+    """late builds spill-free with 8 KB less shared memory (36992 B at chunk 32) and registers within
+    __launch_bounds__(128, 6): 6 CTAs an SM against early's 5; as many 16-byte copies (LDGSTS), one more wait."""
+    from evo.build.sass import disassemble
+
+    for c in (PREFILL_CELLS[0], MODEL_VARLEN):
+        p = TDEF.default_params() | VLATE_BASE
+        early, late = compile_clean(c, [p, p | {"prep_v": "late"}])
+        smem = {v: TDEF.plan(p | {"prep_v": v}, ARCH, c.dtypes_dict(), c.dims_dict())[0][0].smem for v in ("early", "late")}
+        assert smem["late"] == smem["early"] - 32 * 128 * 2
+        assert prep_smem(p | {"prep_v": "late"}, 128, 128) == prep_smem(p, 128, 128) - 32 * 128 * 2 == 36992
+        assert prep_ctas_per_sm(p, early["kda_chunk_prep"].regs) == 5
+        assert late["kda_chunk_prep"].regs <= 80
+        assert prep_ctas_per_sm(p | {"prep_v": "late"}, late["kda_chunk_prep"].regs) == 6
+        sass = {v: disassemble(compile_point(c, p | {"prep_v": v}).cubin, "kda_chunk_prep") for v in ("early", "late")}
+        count = {v: {op: sum(1 for x in lines if op in x) for op in ("LDGSTS", "DEPBAR", "HMMA")}
+                 for v, lines in sass.items()}
+        assert count["late"]["LDGSTS"] == count["early"]["LDGSTS"] and count["late"]["HMMA"] == count["early"]["HMMA"]
+        assert count["late"]["DEPBAR"] > count["early"]["DEPBAR"]
