@@ -434,3 +434,23 @@ def test_prep_aref_against_the_bf16_dispatch(worker, c):
 def test_prep_v_against_the_bf16_dispatch(worker, c):
     """The prep launch with v staged with q and k (5 CTAs an SM) and over q after the A phase (prep_v = late: 6)."""
     ab(worker, c, "prep_v", table_params(BF16_TABLE, c), "prep_v", ("early", "late"), 0, "kda prep v staging")
+
+
+H100_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h100_2/dispatch.json"
+# the K-split recurrence's shapes on the B = 1 cells, each 128-256 CTAs: value groups a CTA (warps), warps a group
+# (kwarps), ring depth (stages) and recur_early; the dispatch's own entry first
+RECUR_SHAPES = {"dispatch": {}, "k2w2s3": {"kwarps": 2, "warps": 2, "stages": 3},
+                "k2w1s3": {"kwarps": 2, "warps": 1, "stages": 3}, "k4w1s3": {"kwarps": 4, "warps": 1, "stages": 3},
+                "k4w2s3": {"kwarps": 4, "warps": 2, "stages": 3}, "k4w2s6": {"kwarps": 4, "warps": 2, "stages": 6},
+                "k4w1s6": {"kwarps": 4, "warps": 1, "stages": 6}}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
+@pytest.mark.parametrize("early", ["mid", "late"])
+def test_recur_shape_on_the_h100_dispatch(worker, c, early):
+    """The recurrence launch of kda_prefill_h100_2's B = 1 entries at each K-split shape and recur_early mode."""
+    params = table_params(H100_TABLE, c) | {"recur_early": early}
+    out = time_overrides(worker, c, f"recur_shape_{early}", params, RECUR_SHAPES, launch=1)
+    print(f"\nkda recurrence shape, recur_early {early}, {c.label()}: "
+          + ", ".join(f"{v} {t:.1f} us ({t / out['dispatch']:.3f}x)" for v, t in out.items()))
