@@ -223,7 +223,10 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 # v staged over q after the A phase (prep_v = late: 6 prep CTAs an SM) under the two carry
                 # recurrences, the K-split one with recur_early late (experiments/seeds/kda_prefill_vlate.json)
                 CARRY_W2 | {"prep_wu": "bf16", "prep_v": "late"},
-                CARRY_K2 | {"prep_wu": "bf16", "prep_v": "late", "recur_early": "late"}]
+                CARRY_K2 | {"prep_wu": "bf16", "prep_v": "late", "recur_early": "late"},
+                # the off-diagonal block's A_kk and A_qk on two warps (prep_aoff = two), with v staged late and early
+                CARRY_W2 | {"prep_wu": "bf16", "prep_v": "late", "prep_aoff": "two"},
+                CARRY_K2 | {"prep_aoff": "two"}]
 
 
 @pytest.mark.gpu

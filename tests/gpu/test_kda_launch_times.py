@@ -454,3 +454,11 @@ def test_recur_shape_on_the_h100_dispatch(worker, c, early):
     out = time_overrides(worker, c, f"recur_shape_{early}", params, RECUR_SHAPES, launch=1)
     print(f"\nkda recurrence shape, recur_early {early}, {c.label()}: "
           + ", ".join(f"{v} {t:.1f} us ({t / out['dispatch']:.3f}x)" for v, t in out.items()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
+def test_prep_aoff_against_the_h100_dispatch(worker, c):
+    """The prep launch of kda_prefill_h100_2's entries (bf16 w, u, v staged late) with the off-diagonal block on one
+    warp and on two (prep_aoff = two: A_kk on warp 0, A_qk on warp 3)."""
+    ab(worker, c, "prep_aoff", table_params(H100_TABLE, c), "prep_aoff", ("one", "two"), 0, "kda prep off-diagonal warps")

@@ -234,6 +234,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
             fixed = [f | {"prep_aref": "block"} for f in fixed]
         if "prep_v" in names:  # v staged with q and k as before (test_prep_v_legality)
             fixed = [f | {"prep_v": "early"} for f in fixed]
+        if "prep_aoff" in names:  # the off-diagonal block on one warp as before (test_prep_aoff_legality)
+            fixed = [f | {"prep_aoff": "one"} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
             out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
@@ -756,7 +758,7 @@ def test_recur_lean_legality():
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
                  "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
                  "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"], "recur_addr": ["swz"], "prep_wu": ["tf32"],
-                 "recur_early": ["none"], "prep_aref": ["block"]}
+                 "recur_early": ["none"], "prep_aref": ["block"], "prep_v": ["early"], "prep_aoff": ["one"]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -3453,23 +3455,33 @@ def test_prep_v_legality():
     bf16 = [p | {"prep_wu": "bf16"} for p in legal if p["prep_addr"] == "rowcol" and p["prep_inv"] == "rows"]
     ok = [p for p in bf16 if p["stage_in"] and p["prep_threads"] == 128]
     rest = [p for p in legal + bf16 if p not in ok]
-    assert len(ok) > 100 and len(rest) > 1000
-    assert all(TDEF.violations(p | {"prep_v": "late"}, ARCH, dt, dims) == [] for p in ok)
-    assert all(TDEF.violations(p | {"prep_v": "late"}, ARCH, dt, dims)
-               == ["late_v_on_the_bf16_wu_prep_at_128_threads"] for p in rest[::5])
+    assert_offered_exactly(c, {"prep_v": "late"}, ok, rest, "late_v_on_the_bf16_wu_prep_at_128_threads")
     assert TDEF.violations(ok[0] | {"prep_v": "late", "prep_aref": "chunk"}, ARCH, dt, dims) == [
         "late_v_on_the_bf16_wu_prep_at_128_threads"]
+
+
+def assert_offered_exactly(c: Cell, over: dict, ok: list[dict], rest: list[dict], constraint: str) -> None:
+    """`over` is legal on every point of ok and breaks exactly `constraint` on every fifth of rest (both sizable)."""
+    dt, dims = c.dtypes_dict(), c.dims_dict()
+    assert len(ok) > 100 and len(rest) > 1000
+    assert all(TDEF.violations(p | over, ARCH, dt, dims) == [] for p in ok)
+    assert all(TDEF.violations(p | over, ARCH, dt, dims) == [constraint] for p in rest[::5])
+
+
+def rendered_digest(c: Cell, pts: list[dict], over: dict) -> tuple[int, str]:
+    """How many of `pts` are legal with `over`, and the sha256 of their rendered sources in order."""
+    pts = [p | over for p in pts if TDEF.is_valid(p | over, ARCH, c.dtypes_dict(), c.dims_dict())]
+    h = hashlib.sha256()
+    for p in pts:
+        h.update(source(TDEF, c, p).encode())
+    return len(pts), h.hexdigest()
 
 
 def test_prep_v_early_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
     pts = [p for p in all_legal(c, ksplit=True) if p["chunk"] == 32 and p["stage_in"] and p["prep_addr"] == "rowcol"]
     pts += [p | {"prep_wu": "bf16"} for p in pts if p["prep_inv"] == "rows"]
-    pts = [p for p in pts if TDEF.is_valid(p, 90, c.dtypes_dict(), c.dims_dict())]
-    h = hashlib.sha256()
-    for p in pts:
-        h.update(source(TDEF, c, p | {"prep_v": "early"}).encode())
-    assert (len(pts), h.hexdigest()) == (3762, EARLY_V_BEFORE)
+    assert rendered_digest(c, pts, {"prep_v": "early"}) == (3762, EARLY_V_BEFORE)
 
 
 def test_prep_v_late_copies_v_over_q_after_its_last_read_and_waits_before_the_items():
@@ -3514,3 +3526,72 @@ def test_prep_v_late_fits_six_ctas_an_sm_with_the_same_copies():
                  for v, lines in sass.items()}
         assert count["late"]["LDGSTS"] == count["early"]["LDGSTS"] and count["late"]["HMMA"] == count["early"]["HMMA"]
         assert count["late"]["DEPBAR"] > count["early"]["DEPBAR"]
+
+
+# ---- prep_aoff = two: the off-diagonal block's A_kk and A_qk on two warps ----------------------------
+
+# the 6897 mma-diagonal points at chunk 32 (tf32 and bf16 w, u, v staged early and late) rendered before prep_aoff
+# existed (commit 5ab4ae0's template)
+ONE_AOFF_BEFORE = "0fa25c13e200c7e7f4a81ebedf2c23bbba2eba805bd26326a07f52f6d82539e4"
+
+
+def test_prep_aoff_legality():
+    """two is offered on the mma prep at chunk 32 and 128 threads with A factored at the blocks' own tokens (every
+    such point takes it), and elsewhere breaks exactly two_warp_off_diagonal_on_the_mma_prep_at_128_threads."""
+    assert TDEF.values("prep_aoff") == ("one", "two")
+    c = PREFILL_CELLS[0]
+    dt, dims = c.dtypes_dict(), c.dims_dict()
+    legal = all_legal(c, ksplit=True)
+    ok = [p for p in legal if p["chunk"] == 32 and p["prep_diag"] == "mma" and p["prep_threads"] == 128]
+    rest = [p for p in legal if p not in ok]
+    assert_offered_exactly(c, {"prep_aoff": "two"}, ok, rest, "two_warp_off_diagonal_on_the_mma_prep_at_128_threads")
+    aref = [p | {"prep_aref": "chunk"} for p in ok if p["prep_addr"] == "rowcol"][0]
+    assert TDEF.violations(aref | {"prep_aoff": "two"}, ARCH, dt, dims) == [
+        "two_warp_off_diagonal_on_the_mma_prep_at_128_threads"]
+
+
+def test_prep_aoff_one_renders_the_code_from_before_it():
+    c = PREFILL_CELLS[0]
+    pts = [p for p in all_legal(c, ksplit=True) if p["prep_diag"] == "mma" and p["chunk"] == 32]
+    pts += [p | {"prep_wu": "bf16"} for p in pts if p["prep_addr"] == "rowcol" and p["prep_inv"] == "rows"]
+    pts += [p | {"prep_v": "late"} for p in pts if p["prep_wu"] == "bf16" and p["prep_threads"] == 128]
+    assert rendered_digest(c, pts, {"prep_aoff": "one"}) == (6897, ONE_AOFF_BEFORE)
+
+
+def test_prep_aoff_two_writes_each_product_once_from_its_own_warp():
+    """In the rendered prep: the off-diagonal block's A_kk is written to A by warp 0 only and its A_qk to the workspace
+    by warp NW - 1 only, each from the same row factor, k column fragments and mma as one's loop, and one's loop (both
+    products on warp (I - 1) % NW) is gone."""
+    c = PREFILL_CELLS[0]
+    p = TDEF.default_params() | VLATE_BASE | {"prep_v": "late"}
+    one, two = (source(TDEF, c, p | {"prep_aoff": a}) for a in ("one", "two"))
+    assert "if (warp != (I - 1) % NW" in one and "if (warp != (I - 1) % NW" not in two
+    bodies = re.findall(r"if \(warp == (0|NW - 1)\) \{\n    constexpr int r = 16;(.*?)\n  \}\n", two, re.S)
+    assert [w for w, _ in bodies] == ["0", "NW - 1"]
+    (_, kk), (_, qk) = bodies
+    assert "A_AT(r + grp, j) = acc[n][0];" in kk and "ws_aqk" not in kk
+    assert "ws_aqk + (cidx * C + r + grp) * C + j) = pack_bf16(scale * acc[n][0]" in qk and "A_AT(r + grp, j) =" not in qk
+    assert "qk_at(ks, rows[e], cols[e])" in kk and "qk_at(qs, rows[e], cols[e])" in qk
+    for body in (kk, qk):  # the column fragments: k with the factor exp(G_r - G_j), as one's
+        assert "qk_at(ks, j, c0 + tig) * ex2(gr0 - G_AT(j, c0 + tig))" in body
+        assert body.count("mma_tf32(") == 1
+
+
+def test_prep_aoff_two_builds_two_shorter_loops_at_the_same_occupancy():
+    """Spill-free at the same CTAs an SM (with v late: 6); one's off-diagonal loop (4 HMMA, 8 MUFU a k-step) becomes
+    two loops of 2 HMMA and 8 MUFU, each shorter than it; the diagonal loop is unchanged."""
+    from evo.build.sass import disassemble, inner_loops
+
+    for c in (PREFILL_CELLS[0], MODEL_VARLEN):
+        for v in ("early", "late"):
+            p = TDEF.default_params() | VLATE_BASE | {"prep_v": v}
+            one, two = compile_clean(c, [p, p | {"prep_aoff": "two"}])
+            assert prep_ctas_per_sm(p, two["kda_chunk_prep"].regs) == prep_ctas_per_sm(p, one["kda_chunk_prep"].regs)
+            loops = {}
+            for a in ("one", "two"):
+                lines = disassemble(compile_point(c, p | {"prep_aoff": a}).cubin, "kda_chunk_prep")
+                loops[a] = sorted((lp for lp in inner_loops(lines) if lp.count("HMMA") in (2, 4)), key=lambda lp: lp.first)
+            diag, off = loops["one"]
+            assert [lp.count("HMMA") for lp in loops["two"]] == [4, 2, 2]
+            assert loops["two"][0].size == diag.size
+            assert all(lp.count("MUFU") == 8 and lp.size < off.size for lp in loops["two"][1:])

@@ -95,6 +95,10 @@ CHUNK_POINTS = [  # (cell, params over the defaults)
     (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry",
                "recur_early": "late", "prep_diag": "mma", "prep_exp": "ex2", "prep_addr": "rowcol", "prep_round": "add",
                "prep_vec": True, "prep_threads": 128, "prep_wu": "bf16", "prep_v": "late"}),
+    # prep_aoff = two: the off-diagonal block's A_kk and A_qk on two warps
+    (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry",
+               "recur_early": "late", "prep_diag": "mma", "prep_exp": "ex2", "prep_addr": "rowcol", "prep_round": "add",
+               "prep_vec": True, "prep_threads": 128, "prep_wu": "bf16", "prep_v": "late", "prep_aoff": "two"}),
     (VARLEN, LEAN_H200),
     (VARLEN, LEAN_H200 | {"recur_ldsm": True}),
     (VARLEN, {"chunk": 32, "stage_in": True, "prep_diag": "split", "prep_threads": 256, "recur_lean": True,
