@@ -186,7 +186,7 @@ OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_dia
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
            "kwarps": 1, "prep_inv": "rows", "overlap": False,
            "prep_addr": "swz", "recur_addr": "swz", "prep_wu": "tf32", "recur_early": "none",
-           "prep_aref": "block"}  # each option's off value: the code before it
+           "prep_aref": "block", "prep_v": "early", "prep_aoff": "one"}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -1101,12 +1101,13 @@ def test_recur_ldsm_off_renders_the_code_from_before_it():
     c = PREFILL_CELLS[0]
     # the later prep options (prep_round, prep_blocks, prep_vec, prep_wu) at their off values
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
-                                                      "kwarps", "prep_wu", "recur_early", "prep_aref")]
+                                                      "kwarps", "prep_wu", "recur_early", "prep_aref", "prep_v",
+                                                      "prep_aoff")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
                                       "prep_vec": False, "kwarps": 1, "prep_wu": "tf32", "recur_early": "none",
-                                      "prep_aref": "block"}
+                                      "prep_aref": "block", "prep_v": "early", "prep_aoff": "one"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1288,12 +1289,13 @@ def test_recur_fuse_off_renders_the_code_from_before_it():
     # the later prep options (prep_round, prep_blocks, prep_vec) at their off values
     # (and recur_addr at swz: carry is legal on these points since 2026-12-05, a kernel of its own)
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
-                                                      "kwarps", "recur_addr", "prep_wu", "recur_early", "prep_aref")]
+                                                      "kwarps", "recur_addr", "prep_wu", "recur_early", "prep_aref",
+                                                      "prep_v", "prep_aoff")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
                                       "prep_vec": False, "kwarps": 1, "recur_addr": "swz", "prep_wu": "tf32",
-                                      "recur_early": "none", "prep_aref": "block"}
+                                      "recur_early": "none", "prep_aref": "block", "prep_v": "early", "prep_aoff": "one"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
