@@ -2,13 +2,16 @@
 prep) at 128 and 256 prep threads, with the prep's exponentials as __expf (prep_exp fast) or one ex2.approx.ftz on a
 base-2 decay (ex2), and its shared-memory offsets as swz of the flat offset or from row and column apart (prep_addr
 rowcol), the last also with w, u by bf16 mma on ldmatrix fragments (prep_wu bf16), and that with every A block
-factored at token 16 (prep_aref chunk, 128 threads only: its constraint). Per build: registers, the prep's
+factored at token 16 (prep_aref chunk, 128 threads only: its constraint); and at 128 threads the bf16 w, u prep with
+v staged late (prep_v late: 6 CTAs an SM), alone and with the off-diagonal block's A_kk and A_qk on two warps
+(prep_aoff two). Per build also the A phase's longest warp: each A loop's size times the k-steps one warp runs it
+(K / 8 = 16 for the block loops, K / 16 = 8 for prep_aref chunk's). Per build: registers, the prep's
 static instruction count, its innermost loops (evo/build/sass.py) and, for the loops that compute exponentials, their
 role, instructions an exponential and an estimate of the warp-instructions a CTA spends in them (instructions an exponential x the warp-level exponentials a CTA computes in that role, from the
 code at chunk 32, K = 128: q exp(G), k exp(G_last - G) and X = beta k exp(G) one a element, C K / 32 = 128 each; the
 two diagonal blocks' k-steps 8 a lane and step, 2 x 16 x 8 = 256; the off-diagonal block's 16 x 8 = 128; prep_aref
 chunk's k-step, 8 steps in each of 2 warps of 16 each, 256, in place of the two block loops, which only a wide chunk
-runs then and the estimate leaves out). The
+runs then and the estimate leaves out; prep_aoff two's two off-diagonal loops, 128 each). The
 decay's scan (no exponential) is counted as its body once a warp (K / prep_threads columns a thread: 1 at 128).
 
 Run: python experiments/scripts/prep_sass.py experiments/results/prep_sass.json
@@ -35,10 +38,17 @@ VARIANTS = {"fast-swz": {"prep_exp": "fast", "prep_addr": "swz"}, "ex2-swz": {"p
             "ex2-rowcol": {"prep_exp": "ex2", "prep_addr": "rowcol"},
             "ex2-rowcol-bf16wu": {"prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"},
             "ex2-rowcol-bf16wu-arefchunk": {"prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16",
-                                            "prep_aref": "chunk"}}
-ONLY_128 = {"ex2-rowcol-bf16wu-arefchunk"}  # prep_aref chunk's constraint: 128 prep threads
+                                            "prep_aref": "chunk"},
+            "ex2-rowcol-bf16wu-vlate": {"prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16", "prep_v": "late"},
+            "ex2-rowcol-bf16wu-vlate-aofftwo": {"prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16",
+                                                "prep_v": "late", "prep_aoff": "two"}}
+# 128 prep threads only (their constraints)
+ONLY_128 = {"ex2-rowcol-bf16wu-arefchunk", "ex2-rowcol-bf16wu-vlate", "ex2-rowcol-bf16wu-vlate-aofftwo"}
 WARP_EXPS = {"qg": 128, "kgT": 128, "X": 128, "diagonal k-step": 256, "off-diagonal k-step": 128,
-             "chunk-reference k-step": 256}  # chunk 32, K 128
+             "chunk-reference k-step": 256, "off-diagonal A_kk k-step": 128,
+             "off-diagonal A_qk k-step": 128}  # chunk 32, K 128
+A_STEPS = {"diagonal k-step": 16, "off-diagonal k-step": 16, "chunk-reference k-step": 8, "off-diagonal A_kk k-step": 16,
+           "off-diagonal A_qk k-step": 16}  # k-steps one warp runs an A loop (K / 8; prep_aref chunk's K / 16)
 
 
 def roles(loops: list[Loop]) -> dict[str, Loop]:
@@ -52,6 +62,9 @@ def roles(loops: list[Loop]) -> dict[str, Loop]:
         mufu, hmma, stg = lp.count("MUFU"), lp.count("HMMA"), lp.count("STG")
         if hmma == 12:
             out.setdefault("chunk-reference k-step", lp)
+        elif hmma == 2:  # prep_aoff two: A_kk's loop (warp 0) first in code order, then A_qk's (warp 3)
+            out.setdefault("off-diagonal A_kk k-step", lp) if "off-diagonal A_kk k-step" not in out else out.setdefault(
+                "off-diagonal A_qk k-step", lp)
         elif hmma == 4:
             out.setdefault("diagonal k-step", lp) if "diagonal k-step" not in out else out.setdefault(
                 "off-diagonal k-step", lp)
@@ -99,6 +112,8 @@ def analyse(tdef, params: dict, r) -> dict:
     return {"params": tdef.default_params() | params, "compiler": r.compiler, "regs": res.regs,
             "spill_stores": res.spill_stores, "stack_bytes": res.stack_bytes,
             "static_instructions": sum(1 for x in lines if not x.endswith(":")),
+            "a_phase_longest_warp_instructions": max(found[n].size * k for n, k in A_STEPS.items()
+                                                     if n in found and n not in wide_only),
             "roles": est, "wide_chunk_only_loops": {n: found[n].size for n in sorted(wide_only) if n in found}, "estimated_warp_instructions_a_cta": sum(v["warp_instructions_a_cta"] for v in est.values()),
             "w_u_loop_instructions": found["w, u items"].size if "w, u items" in found else None,
             "inner_loops": [{"first": lp.first, "size": lp.size, "MUFU": lp.count("MUFU"), "HMMA": lp.count("HMMA"),
