@@ -73,8 +73,10 @@ def table_seeds(paths: Sequence[str], op: str, templates: Mapping[str, TemplateD
                 cells_by_label: Mapping[str, Cell]) -> TableSeeds:
     """The first-generation genomes of the tables: for each of this run's cells (`cells_by_label`), the
     usable entry with the lowest recorded median over all the tables (the factory's own timings, each in its
-    run: only a choice of where to start, the run times them again), then each usable entry of a predictions
-    table for the cell, in cell order, each genome once.
+    run: only a choice of where to start, the run times them again), all cells' before any prediction; then
+    the usable entries of predictions tables, round by round over the cells (each cell's first prediction, in
+    table order, then each cell's second, ...), each genome once. A population smaller than the seeds takes
+    them in this order.
     Entries of cells not in this run are not used. Raises ConfigError naming the file for a missing or
     malformed table or entry."""
     skipped: dict[str, int] = {}
@@ -104,10 +106,16 @@ def table_seeds(paths: Sequence[str], op: str, templates: Mapping[str, TemplateD
             rank = (float(t) if isinstance(t, (int, float)) and t > 0 else float("inf"), i)
             if label not in best or rank < best[label][:2]:
                 best[label] = (*rank, g)
+    # Order: every cell's measured best first, then the predictions, a cell's first ones before any cell's
+    # second, so that a population smaller than the seeds still starts from each cell's measured best (a
+    # cell with many predictions once pushed the other cells' bests past the first generation).
+    order: list[tuple[str, Genome]] = [(label, best[label][2]) for label in sorted(best)]
+    rounds = max((len(v) for v in predicted.values()), default=0)
+    order += [(label, predicted[label][i]) for i in range(rounds) for label in sorted(predicted)
+              if i < len(predicted[label])]
     seeds: dict[str, TableSeed] = {}
-    for label in sorted(set(best) | set(predicted)):
-        cell = cells_by_label[label]
-        for g in ([best[label][2]] if label in best else []) + predicted.get(label, []):
-            if g.key() not in seeds:
-                seeds[g.key()] = TableSeed(g, (Q.dtype_key(cell.dtypes_dict()), cell.dims_dict()))
+    for label, g in order:
+        if g.key() not in seeds:
+            cell = cells_by_label[label]
+            seeds[g.key()] = TableSeed(g, (Q.dtype_key(cell.dtypes_dict()), cell.dims_dict()))
     return TableSeeds(tuple(seeds.values()), skipped)

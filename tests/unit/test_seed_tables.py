@@ -88,6 +88,56 @@ def test_per_cell_the_fastest_usable_entry_of_all_tables_wins(tmp_path):
                                                                           "vec": 4} for s in got.seeds)
 
 
+def test_every_cells_measured_best_comes_before_any_prediction(tmp_path):
+    """Seeds are ordered: each cell's measured best, then the predictions round by round over the cells (a
+    cell's first prediction before any cell's second). Before, cell by cell: a cell with many predictions
+    pushed the later cells' measured bests out of a 16-genome first generation (kda_prefill_h100_3)."""
+    t = load_templates("rmsnorm")
+    run = {"cta_row": t["cta_row"]}
+    a, b = "w=bf16,x=bf16 M4096-N1024", "w=bf16,x=bf16 M4096-N8192"
+    cells = {k: _cells()[k] for k in (a, b)}
+    p = [{"threads": n, "vec": v} for n in (128, 256, 512, 1024) for v in (2, 4)]
+    measured = {"dispatch": {a: {"template": "cta_row", "params": p[0], "median_us": 9.0},
+                             b: {"template": "cta_row", "params": p[1], "median_us": 50.0}}}
+    guesses = {"kind": "predictions", "dispatch": {}}
+    paths = []
+    for i, doc in enumerate([guesses | {"dispatch": {a: {"template": "cta_row", "params": p[2]},
+                                                     b: {"template": "cta_row", "params": p[5]}}},
+                             guesses | {"dispatch": {a: {"template": "cta_row", "params": p[3]}}},
+                             guesses | {"dispatch": {a: {"template": "cta_row", "params": p[4]},
+                                                     b: {"template": "cta_row", "params": p[6]}}},
+                             measured]):
+        (tmp_path / f"{i}.json").write_text(json.dumps(doc))
+        paths.append(str(tmp_path / f"{i}.json"))
+    got = table_seeds(paths, "rmsnorm", run, cells)
+    order = [(s.source[1]["N"], s.genome.params_dict()["threads"], s.genome.params_dict()["vec"]) for s in got.seeds]
+    assert order == [(1024, 128, 2), (8192, 128, 4),  # the measured bests, whichever table held them
+                     (1024, 256, 2), (8192, 512, 4),  # each cell's first prediction
+                     (1024, 256, 4), (8192, 1024, 2),  # then each cell's second
+                     (1024, 512, 2)]  # a's third
+
+
+def test_the_kda_prefill_configs_first_generation_holds_every_cells_measured_best():
+    """The committed prefill config's tables (measured and predicted): all of each cell's fastest measured
+    entries are within the first population. On 2026-12-05 the B4 and B8 winners of kda_prefill_h100_2
+    were not, and a 140 s GA never timed them."""
+    from evo.core.config import load_config
+    from evo.loop.pipeline import Session
+
+    cfg = load_config(ROOT / "experiments/kda_prefill_h200.toml")
+    measured = [p for p in cfg.search.seed_tables if json.loads(Path(p).read_text()).get("kind") != "predictions"]
+    assert len(measured) < len(cfg.search.seed_tables)  # the config has predictions tables too
+    with Store.open(":memory:") as s:
+        session = Session(cfg, s, "check")
+        cells = {c.label(): c for c in session.cells}
+        every = table_seeds(cfg.search.seed_tables, session.op.name, session.templates, cells)
+        bests = table_seeds(measured, session.op.name, session.templates, cells)
+    assert len(every.seeds) > cfg.search.population  # more seeds than a generation holds
+    assert 1 <= len(bests.seeds) <= len(cells)
+    first = [x.genome.key() for x in every.seeds[:cfg.search.population]]
+    assert [x.genome.key() for x in bests.seeds] == first[:len(bests.seeds)]
+
+
 @pytest.mark.parametrize("text, words", [
     (None, "no such file"), ("{not json", "not JSON"), ('{"runs": {}}', "no 'dispatch' object"),
     ('{"dispatch": {"c": {"params": {}}}}', "entry 'c' has no template and params"),
