@@ -189,3 +189,22 @@ def test_the_readme_says_which_entry_points_have_kernels(exported):
     text = (exported / "README.md").read_text()
     assert "**This export has none**" in text and "recurrent" in text
     assert Path(exported / "pyproject.toml").read_text().count("kf-kda-test") == 1
+
+
+def test_a_prefill_only_package_passes_its_own_tests(tmp_path):
+    """A package of a prefill run alone (no decode cell): its own tests start from the prefill cell and call
+    chunk_kda. They indexed the first decode cell and failed four ways on the GPU (2026-12-05, the export of
+    kda_prefill_h100_4's run); the CPU one among them is checked here."""
+    path = tmp_path / "s.duckdb"
+    with Store.open(path) as s:
+        kx.write_prefill_run(s)
+    out = tmp_path / "kf_kda_prefill"
+    assert main(["export", kx.PREFILL_RUN, "--store", str(path), "--out", str(out), "--name", "kf_kda_prefill"]) == 0
+    doc = json.loads((out / "kf_kda_prefill" / "data" / "dispatch.json").read_text())
+    assert {t["name"] for t in doc["ops"]["kda"]["templates"].values()} == {"chunk"}
+    site = pip_install(out, tmp_path / "pip")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(out / "tests")],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False,
+                       env={**CHILD_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(site), TORCH_SITE) if p)})
+    assert r.returncode == 0 and " passed" in r.stdout and " failed" not in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "no decode cell exported" in r.stdout  # the decode-only checks skip, naming why

@@ -68,13 +68,20 @@ def test_every_searched_cell_takes_its_table_kernel(entry):
     assert all(32 <= ln.block[0] <= 1024 for ln in launches)
 
 
+# The cell the calls below start from: the first decode cell, or in a package without one the first prefill cell
+# (its entry point, chunk_kda, then takes the calls)
+BASE = DECODE[0] if DECODE else ENTRIES[0]
+BASE_ENTRY = _entry_point(BASE)
+
+
 def _decode(**over):
-    """explain() of a decode call near the first decode cell, with `over` replacing q/v dims or keywords."""
-    d = dict(DECODE[0].dims)
+    """explain() of a call of BASE_ENTRY near BASE, with `over` replacing q/v dims or keywords."""
+    d = dict(BASE.dims)
     b, t, h, k, hv, v = (over.pop(n, d[m]) for n, m in (("b", "B"), ("t", "T"), ("h", "H"), ("k", "K"),
                                                          ("hv", "HV"), ("v", "V")))
-    dt = dict(DECODE[0].dtypes)
-    return kf.explain((b, t, h, k), (b, t, hv, v), dt["x"], g_dtype=dt["g"], arch=over.pop("arch", ARCH), **over)
+    dt = dict(BASE.dtypes)
+    return kf.explain((b, t, h, k), (b, t, hv, v), dt["x"], entry=BASE_ENTRY, g_dtype=dt["g"],
+                      arch=over.pop("arch", ARCH), **over)
 
 
 @pytest.mark.skipif(not DECODE, reason="no decode cell exported")
@@ -108,6 +115,8 @@ def test_variants_the_decode_template_refuses_take_torch_and_say_which(over, wor
 
 
 def test_compiled_in_variants_are_served_by_a_kernel():
+    """In-kernel q, k L2 norm and beta sigmoid with negative eigenvalues: a kernel of the package's templates
+    (decode, or chunk_kda's in a package without decode) compiles them in."""
     c = _decode(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
     assert c.kernel and dict(c.consts).get("beta_act", 2) == 2, str(c)
 

@@ -11,12 +11,16 @@ torch = pytest.importorskip("torch")
 
 import kf_pkg as kf
 from kf_pkg import bench, verify
-from kf_pkg.choose import call_dims, kind_of, variant_dims
+from kf_pkg.choose import ENTRY_POINTS, call_dims, kind_of, variant_dims
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="SKIPPED: needs a CUDA GPU (none visible)")
 
 TABLE = kf.tables()["kda"]
 DECODE = [e for e in TABLE.entries if kind_of(TABLE.templates[e.template].name) == "decode"]
+# The cell the calls below start from: the first decode cell, or in a package without one the first prefill cell
+# at T = 64 (its entry point, chunk_kda, then takes the calls)
+BASE = DECODE[0] if DECODE else next(iter(TABLE.entries))
+BASE_ENTRY = next(ep for ep, (k, _) in ENTRY_POINTS.items() if k == kind_of(TABLE.templates[BASE.template].name))
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -78,10 +82,10 @@ def test_a_decode_call_is_captured_in_a_cuda_graph_and_replays_right():
 
 
 def _near(**over) -> tuple[dict, dict]:
-    e = DECODE[0]
-    dims, dt = dict(e.dims), dict(e.dtypes)
+    dims, dt = dict(BASE.dims), dict(BASE.dtypes)
     var = {d: over.pop(d, dims[d]) for d in ("gate", "beta_act", "qk_l2norm", "v_first")}
-    q = (over.pop("B", dims["B"]), over.pop("T", dims["T"]), over.pop("H", dims["H"]), over.pop("K", dims["K"]))
+    t = dims["T"] if DECODE else 64
+    q = (over.pop("B", dims["B"]), over.pop("T", t), over.pop("H", dims["H"]), over.pop("K", dims["K"]))
     v = (q[0], q[1], over.pop("HV", q[2] * dims["HV"] // dims["H"]), over.pop("V", dims["V"]))
     dt = {**dt, **{r: over.pop(r) for r in ("x", "g") if r in over}}
     return call_dims(q, v, over.pop("N", None), var), dt
@@ -110,14 +114,15 @@ def test_off_table_and_variant_calls_are_right_on_the_path_explain_names(name):
 def test_fla_return_convention_and_no_initial_state():
     dims, dt = _near(B=2)
     t, kw = bench.inputs(dims, dt)
-    o, none = kf.fused_recurrent_kda(**t)
+    call = getattr(kf, BASE_ENTRY)
+    o, none = call(**t)
     assert none is None and o.dtype == t["v"].dtype
-    o2, ht = kf.fused_recurrent_kda(**t, initial_state=kw["initial_state"].bfloat16(), output_final_state=True)
+    o2, ht = call(**t, initial_state=kw["initial_state"].bfloat16(), output_final_state=True)
     assert ht.dtype == torch.float32  # fla: a new fp32 final state whatever the initial state's dtype
     s = {"scale": dims["K"] ** -0.5, "lower_bound": -5.0, **variant_dims()}
     assert not verify.check({**t, "initial_state": kw["initial_state"].bfloat16().float()}, s, o2, ht)
     zeros = torch.zeros_like(kw["initial_state"])
-    o3, _ = kf.fused_recurrent_kda(**t, initial_state=zeros)
+    o3, _ = call(**t, initial_state=zeros)
     assert torch.equal(o, o3)
 
 
@@ -136,6 +141,6 @@ def test_inputs_that_need_grad_take_the_differentiable_torch_path():
     dims, dt = _near(B=2)
     t, _ = bench.inputs(dims, dt)
     q = t.pop("q").float().requires_grad_()
-    o, _ = kf.fused_recurrent_kda(q, **{n: x.float() for n, x in t.items()})
+    o, _ = getattr(kf, BASE_ENTRY)(q, **{n: x.float() for n, x in t.items()})
     o.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
