@@ -4,8 +4,9 @@ both input sources and both directions of the exponential's error, on the plain 
 cells; and the share of chunks each of prep_diag = mma's wide flags marks on each fill kind (prep_aref = block: some
 diagonal block's channel moves by more than DIAG_RANGE from the block's first token; chunk: from token 16).
 
-The emulation is the unit tests' (tests/unit/test_kda_chunk.py: emulate, emulate_cell), at the points the tests check
-(EMU_POINTS' ex2 + rowcol + mma diagonal points: tf32 w, u; bf16 w, u; bf16 w, u with the chunk reference).
+The emulation is ops/kda/emulate_chunk.py's (emulate, emulate_cell), at the points and on the cells the unit tests
+check (tests/unit/test_kda_chunk.py: EMU_POINTS' ex2 + rowcol + mma diagonal points: tf32 w, u; bf16 w, u; bf16 w, u
+with the chunk reference; EMU_CELLS, VARIANT_CELLS).
 
 Run from the project root: PYTHONPATH=. python experiments/scripts/prep_emulation.py experiments/results/prep_emulation.json
 """
@@ -20,9 +21,8 @@ import numpy as np
 
 from ops.kda import SPEC
 from ops.kda.spec import FILLS
-from tests.unit.test_kda_chunk import (DIAG_RANGE, EMU_CELLS, EMU_POINTS, LOG2E, TDEF, VARIANT_CELLS, base2_cumsum,
-                                       chunk_is_wide, diag_is_wide, emu_id, emulate, emulate_cell, emulation_inputs,
-                                       variant_inputs)
+from ops.kda.emulate_chunk import DIAG_RANGE, LOG2E, base2_cumsum, chunk_is_wide, diag_is_wide, emulate, emulate_cell
+from tests.unit.test_kda_chunk import EMU_CELLS, EMU_POINTS, TDEF, VARIANT_CELLS, emu_id, emulation_inputs, variant_inputs
 from tests.unit.test_kda_recurrent import passes
 
 POINTS = [p for p in EMU_POINTS if p.get("prep_exp") == "ex2" and p.get("prep_addr") == "rowcol"]
