@@ -47,7 +47,8 @@
 #               or 240 s), then its dispatch timed against fla's chunk_kda in one process (kfactory bench --dispatch,
 #               300 s: ~75 s a cell)
 #   kdabench OUT  KDA: a prefill dispatch table ($KDA_BENCH_TABLE, default kda_prefill_h200_13's) timed beside
-#               fla's chunk_kda in one process within $KDA_BENCH_S seconds (400), kda_bench.{csv,md,json}
+#               fla's chunk_kda in one process within $KDA_BENCH_S seconds (400), kda_bench.{csv,md,json}; on a
+#               fresh machine fla's Triton JIT takes ~90 s before the first entry is timed (kda_prefill_h200_16)
 #   profile OUT Nsight Compute (ncu --clock-control none) over $PROFILE_TARGETS' targets (default
 #               experiments/profile_h200.toml) within $PROFILE_S seconds (540), each launched as the gate would:
 #               profile/NAME.csv, summary.md (experiments/scripts/profile_launches.py)

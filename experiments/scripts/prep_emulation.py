@@ -2,7 +2,8 @@
 error against the float64 reference over the bound) that the emulated kernel uses, the worst over every fill kind,
 both input sources and both directions of the exponential's error, on the plain emulation cells and on the variant
 cells; and the share of chunks each of prep_diag = mma's wide flags marks on each fill kind (prep_aref = block: some
-diagonal block's channel moves by more than DIAG_RANGE from the block's first token; chunk: from token 16).
+diagonal block's channel moves by more than DIAG_RANGE from the block's first token; chunk: from token 16); and, as a
+what-if, the shares with the workspace's u stored as bf16 (u_stored_as_bf16: not a template option).
 
 The emulation is ops/kda/emulate_chunk.py's (emulate, emulate_cell), at the points and on the cells the unit tests
 check (tests/unit/test_kda_chunk.py: EMU_POINTS' ex2 + rowcol + mma diagonal points: tf32 w, u; bf16 w, u; bf16 w, u
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from ops.kda import SPEC
 from ops.kda.spec import FILLS
+from ops.kda import emulate_chunk
 from ops.kda.emulate_chunk import DIAG_RANGE, LOG2E, base2_cumsum, chunk_is_wide, diag_is_wide, emulate, emulate_cell
 from tests.unit.test_kda_chunk import EMU_CELLS, EMU_POINTS, TDEF, VARIANT_CELLS, emu_id, emulation_inputs, variant_inputs
 from tests.unit.test_kda_recurrent import passes
@@ -66,6 +69,19 @@ def wide_shares(chunk: int = 32) -> dict[str, dict[str, float]]:
     return out
 
 
+@contextmanager
+def u_stored_as_bf16():
+    """A what-if, not an option of the template: the workspace's u rounded to bf16 after launch 1 (as if the prep stored
+    it as bf16 and the recurrence widened it back), the rest unchanged. emulate and emulate_cell reach launch 1 through
+    the module's emulate_prep, which this wraps for the block's duration."""
+    plain = emulate_chunk.emulate_prep
+    emulate_chunk.emulate_prep = lambda *a, **k: (lambda ws: ws | {"u": emulate_chunk.bf(ws["u"])})(plain(*a, **k))
+    try:
+        yield
+    finally:
+        emulate_chunk.emulate_prep = plain
+
+
 def main(out: str) -> None:
     rows = []
     for fit in POINTS:
@@ -74,8 +90,17 @@ def main(out: str) -> None:
         variants = worst_shares(VARIANT_CELLS, variant_inputs, emulate_cell, p)
         rows.append({"point": emu_id(p), "params": fit, "plain_cells": plain, "variant_cells": variants})
         print(f"{emu_id(p)}: plain {plain}, variants {variants}")
+    what_if = []
+    for fit in [f for f in POINTS if f.get("prep_wu") == "bf16" and f.get("prep_aref") != "chunk"]:
+        p = TDEF.default_params() | fit
+        with u_stored_as_bf16():
+            plain = worst_shares(EMU_CELLS, emulation_inputs, lambda i, s, c, q, e: (i, emulate(i, s, c, q, e)), p)
+            variants = worst_shares(VARIANT_CELLS, variant_inputs, emulate_cell, p)
+        what_if.append({"point": emu_id(p), "params": fit, "plain_cells": plain, "variant_cells": variants})
+        print(f"{emu_id(p)} with u stored as bf16: plain {plain}, variants {variants}")
     doc = {"what": __doc__.split("\n\n")[0], "plain_cells": [c.label() for c in EMU_CELLS],
-           "variant_cells": [c.label() for c in VARIANT_CELLS], "points": rows, "wide_flags": wide_shares()}
+           "variant_cells": [c.label() for c in VARIANT_CELLS], "points": rows, "wide_flags": wide_shares(),
+           "what_if_u_bf16": {"what": u_stored_as_bf16.__doc__.split(". ")[0], "points": what_if}}
     Path(out).write_text(json.dumps(doc, indent=1) + "\n")
 
 
