@@ -82,22 +82,20 @@ def u_stored_as_bf16():
         emulate_chunk.emulate_prep = plain
 
 
+def point_row(fit: dict, label: str = "") -> dict:
+    """The worst shares at one point on the plain cells and on the variant cells, printed and as a JSON row."""
+    p = TDEF.default_params() | fit
+    plain = worst_shares(EMU_CELLS, emulation_inputs, lambda i, s, c, q, e: (i, emulate(i, s, c, q, e)), p)
+    variants = worst_shares(VARIANT_CELLS, variant_inputs, emulate_cell, p)
+    print(f"{emu_id(p)}{label}: plain {plain}, variants {variants}")
+    return {"point": emu_id(p), "params": fit, "plain_cells": plain, "variant_cells": variants}
+
+
 def main(out: str) -> None:
-    rows = []
-    for fit in POINTS:
-        p = TDEF.default_params() | fit
-        plain = worst_shares(EMU_CELLS, emulation_inputs, lambda i, s, c, q, e: (i, emulate(i, s, c, q, e)), p)
-        variants = worst_shares(VARIANT_CELLS, variant_inputs, emulate_cell, p)
-        rows.append({"point": emu_id(p), "params": fit, "plain_cells": plain, "variant_cells": variants})
-        print(f"{emu_id(p)}: plain {plain}, variants {variants}")
-    what_if = []
-    for fit in [f for f in POINTS if f.get("prep_wu") == "bf16" and f.get("prep_aref") != "chunk"]:
-        p = TDEF.default_params() | fit
-        with u_stored_as_bf16():
-            plain = worst_shares(EMU_CELLS, emulation_inputs, lambda i, s, c, q, e: (i, emulate(i, s, c, q, e)), p)
-            variants = worst_shares(VARIANT_CELLS, variant_inputs, emulate_cell, p)
-        what_if.append({"point": emu_id(p), "params": fit, "plain_cells": plain, "variant_cells": variants})
-        print(f"{emu_id(p)} with u stored as bf16: plain {plain}, variants {variants}")
+    rows = [point_row(fit) for fit in POINTS]
+    with u_stored_as_bf16():
+        what_if = [point_row(fit, " with u stored as bf16") for fit in POINTS
+                   if fit.get("prep_wu") == "bf16" and fit.get("prep_aref") != "chunk"]
     doc = {"what": __doc__.split("\n\n")[0], "plain_cells": [c.label() for c in EMU_CELLS],
            "variant_cells": [c.label() for c in VARIANT_CELLS], "points": rows, "wide_flags": wide_shares(),
            "what_if_u_bf16": {"what": u_stored_as_bf16.__doc__.split(". ")[0], "points": what_if}}

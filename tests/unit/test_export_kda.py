@@ -24,6 +24,13 @@ CHILD_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 TORCH_SITE = os.environ.get("KF_TEST_TORCH_PATH", "")  # extra sys.path entries with torch, for the API tests
 
 
+def run_package_tests(pkg: Path, site: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """The exported package's own tests (`pkg`/tests), run where it is installed (`site`, and torch if given)."""
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(pkg / "tests")],
+                          capture_output=True, text=True, timeout=600, cwd=cwd, check=False,
+                          env={**CHILD_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(site), TORCH_SITE) if p)})
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     path = tmp_path_factory.mktemp("store") / "s.duckdb"
@@ -116,10 +123,7 @@ def test_installed_package_imports_without_a_gpu_and_explains_its_paths(installe
 
 
 def test_the_package_own_cpu_tests_pass_where_it_is_installed(installed, exported, tmp_path):
-    path = os.pathsep.join(p for p in (str(installed), TORCH_SITE) if p)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(exported / "tests")],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False,
-                       env={**CHILD_ENV, "PYTHONPATH": path})
+    r = run_package_tests(exported, installed, tmp_path)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and " failed" not in r.stdout
 
@@ -179,9 +183,7 @@ def test_a_decode_run_and_a_prefill_run_export_into_one_package(store, tmp_path)
     assert got["fused_recurrent_kda"]["template"].startswith("recurrent-"), got
     text = (out / "README.md").read_text()
     assert "**This export has none**" not in text
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(out / "tests")],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False,
-                       env={**CHILD_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(site), TORCH_SITE) if p)})
+    r = run_package_tests(out, site, tmp_path)
     assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
 
 
@@ -203,8 +205,6 @@ def test_a_prefill_only_package_passes_its_own_tests(tmp_path):
     doc = json.loads((out / "kf_kda_prefill" / "data" / "dispatch.json").read_text())
     assert {t["name"] for t in doc["ops"]["kda"]["templates"].values()} == {"chunk"}
     site = pip_install(out, tmp_path / "pip")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(out / "tests")],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False,
-                       env={**CHILD_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(site), TORCH_SITE) if p)})
+    r = run_package_tests(out, site, tmp_path)
     assert r.returncode == 0 and " passed" in r.stdout and " failed" not in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
     assert "no decode cell exported" in r.stdout  # the decode-only checks skip, naming why
