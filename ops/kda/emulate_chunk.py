@@ -218,6 +218,8 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
         t32 = tf(tinv)
         ws["w"] = bf(-mm(t32, tf(beta[..., None] * k * ex(G))))
         ws["u"] = mm(t32, tf(beta[..., None] * v))
+    if p.get("prep_u") == "bf16":  # u written to the workspace as bf16 (round to nearest), widened back by launch 2
+        ws["u"] = bf(ws["u"])
     return {n: a.reshape(B * HV * NT, *a.shape[3:]) for n, a in ws.items()}
 
 

@@ -226,7 +226,11 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 CARRY_K2 | {"prep_wu": "bf16", "prep_v": "late", "recur_early": "late"},
                 # the off-diagonal block's A_kk and A_qk on two warps (prep_aoff = two), with v staged late and early
                 CARRY_W2 | {"prep_wu": "bf16", "prep_v": "late", "prep_aoff": "two"},
-                CARRY_K2 | {"prep_aoff": "two"}]
+                CARRY_K2 | {"prep_aoff": "two"},
+                # u written as bf16 and widened by the K-split carry recurrence (prep_u = bf16): kda_prefill_h100_5's
+                # B1-T8192 point, and kwarps 4 with two value groups and a 6-deep ring under the tf32 w, u prep
+                CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "stages": 4, "prep_u": "bf16"},
+                K4 | {"warps": 2, "stages": 6, "recur_addr": "carry", "prep_u": "bf16"}]
 
 
 @pytest.mark.gpu
@@ -280,7 +284,8 @@ VARLEN = [cell(DType.BF16, 1, 8192, 32, n=8), cell(DType.BF16, 1, 1000, 16, n=5)
 VARLEN_POINTS = [{"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
                  {"chunk": 64, "warps": 2, "stage_in": True},
                  {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "mma",
-                  "prep_vec": True, "prep_round": "add", "prep_exp": "fast", "prep_threads": 128}]
+                  "prep_vec": True, "prep_round": "add", "prep_exp": "fast", "prep_threads": 128},
+                 CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "prep_u": "bf16"}]
 
 
 @pytest.mark.gpu

@@ -462,3 +462,32 @@ def test_prep_aoff_against_the_h100_dispatch(worker, c):
     """The prep launch of kda_prefill_h100_2's entries (bf16 w, u, v staged late) with the off-diagonal block on one
     warp and on two (prep_aoff = two: A_kk on warp 0, A_qk on warp 3)."""
     ab(worker, c, "prep_aoff", table_params(H100_TABLE, c), "prep_aoff", ("one", "two"), 0, "kda prep off-diagonal warps")
+
+
+# prep_u = bf16 (2026-12-05, twenty-first session): u written to the workspace as bf16 by the prep and widened by the
+# K-split carry recurrence (8 KB less written and read a chunk and head). The B = 1 entries of kda_prefill_h100_5's
+# table (B1-T8192) and kda_prefill_h100_4's (B1-T32768, at warps 2: bf16 u needs 2 warps a value group), each launch
+# timed for u as fp32 and as bf16, twice in the order fp32, bf16, fp32, bf16 (a row each; printed: the two medians'
+# mean a launch).
+# Run: KF_LAUNCH_TIMES_OUT=kda_u.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_u
+H100_5_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h100_5/dispatch.json"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
+def test_prep_u_against_the_h100_dispatch(worker, c):
+    table = H100_5_TABLE if c.label() in json.loads(H100_5_TABLE.read_text())["dispatch"] else H100_TABLE
+    params = table_params(table, c) | {"warps": 2}
+    mod, ref_obj = worker._op("kda")
+    times: dict[str, list[list[float]]] = {"fp32": [], "bf16": []}
+    for u in ("fp32", "bf16", "fp32", "bf16"):
+        p = params | {"prep_u": u}
+        build = build_for(c, p)
+        g, job = plan_job(c, p, build)
+        res = time_variant(worker, c, "prep_u", u, p, g, build, job, mod, ref_obj)
+        times[u].append([ln["median_us"] for ln in res["launches"]])
+    mean = {u: [sum(x) / len(t) for x in zip(*t)] for u, t in times.items()}  # each launch's two medians, averaged
+    assert all(math.isfinite(x) and x > 0 for m in mean.values() for x in m), mean
+    print(f"\nkda prep_u {c.label()}: " + ", ".join(
+        f"{u} prep {m[0]:.1f} recur {m[1]:.1f} total {sum(m):.1f} us" for u, m in mean.items())
+          + f"; bf16 / fp32 total {sum(mean['bf16']) / sum(mean['fp32']):.3f}")

@@ -189,7 +189,7 @@ OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_dia
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
            "kwarps": 1, "prep_inv": "rows", "overlap": False,
            "prep_addr": "swz", "recur_addr": "swz", "prep_wu": "tf32", "recur_early": "none",
-           "prep_aref": "block", "prep_v": "early", "prep_aoff": "one"}  # each option's off value: the code before it
+           "prep_aref": "block", "prep_v": "early", "prep_aoff": "one", "prep_u": "fp32"}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -239,6 +239,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
             fixed = [f | {"prep_v": "early"} for f in fixed]
         if "prep_aoff" in names:  # the off-diagonal block on one warp as before (test_prep_aoff_legality)
             fixed = [f | {"prep_aoff": "one"} for f in fixed]
+        if "prep_u" in names:  # u written and read as fp32 as before (test_prep_u_legality)
+            fixed = [f | {"prep_u": "fp32"} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
             out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
@@ -761,7 +763,7 @@ def test_recur_lean_legality():
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
                  "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
                  "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"], "recur_addr": ["swz"], "prep_wu": ["tf32"],
-                 "recur_early": ["none"], "prep_aref": ["block"], "prep_v": ["early"], "prep_aoff": ["one"]}
+                 "recur_early": ["none"], "prep_aref": ["block"], "prep_v": ["early"], "prep_aoff": ["one"], "prep_u": ["fp32"]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -1105,12 +1107,13 @@ def test_recur_ldsm_off_renders_the_code_from_before_it():
     # the later prep options (prep_round, prep_blocks, prep_vec, prep_wu) at their off values
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
                                                       "kwarps", "prep_wu", "recur_early", "prep_aref", "prep_v",
-                                                      "prep_aoff")]
+                                                      "prep_aoff", "prep_u")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
                                       "prep_vec": False, "kwarps": 1, "prep_wu": "tf32", "recur_early": "none",
-                                      "prep_aref": "block", "prep_v": "early", "prep_aoff": "one"}
+                                      "prep_aref": "block", "prep_v": "early", "prep_aoff": "one",
+                                      "prep_u": "fp32"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1293,12 +1296,13 @@ def test_recur_fuse_off_renders_the_code_from_before_it():
     # (and recur_addr at swz: carry is legal on these points since 2026-12-05, a kernel of its own)
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
                                                       "kwarps", "recur_addr", "prep_wu", "recur_early", "prep_aref",
-                                                      "prep_v", "prep_aoff")]
+                                                      "prep_v", "prep_aoff", "prep_u")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
                                       "prep_vec": False, "kwarps": 1, "recur_addr": "swz", "prep_wu": "tf32",
-                                      "recur_early": "none", "prep_aref": "block", "prep_v": "early", "prep_aoff": "one"}
+                                      "recur_early": "none", "prep_aref": "block", "prep_v": "early", "prep_aoff": "one",
+                                      "prep_u": "fp32"}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1433,7 +1437,9 @@ EMU_POINTS = [{"chunk": 64, "state_split": False}, {"chunk": 32, "state_split": 
               {"chunk": 64, "state_split": False, "prep_exp": "ex2"} | MMA_DIAG,
               {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"} | MMA_DIAG,
               {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16",
-               "prep_aref": "chunk", "prep_threads": 128} | MMA_DIAG]
+               "prep_aref": "chunk", "prep_threads": 128} | MMA_DIAG,
+              {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16",
+               "prep_u": "bf16", "kwarps": 2, "recur_addr": "carry"} | MMA_DIAG]
 
 
 def emu_id(p: dict) -> str:
@@ -1441,7 +1447,8 @@ def emu_id(p: dict) -> str:
             + {"fast": "-fastexp", "ex2": "-ex2"}.get(p.get("prep_exp"), "")
             + ("-rowcol" if p.get("prep_addr") == "rowcol" else "")
             + ("-mmadiag" if p.get("prep_diag") == "mma" else "") + ("-blockedinv" if p.get("prep_inv") == "blocked" else "")
-            + ("-bf16wu" if p.get("prep_wu") == "bf16" else "") + ("-chunkref" if p.get("prep_aref") == "chunk" else ""))
+            + ("-bf16wu" if p.get("prep_wu") == "bf16" else "") + ("-chunkref" if p.get("prep_aref") == "chunk" else "")
+            + ("-bf16u" if p.get("prep_u") == "bf16" else ""))
 
 
 @pytest.mark.parametrize("fit", EMU_POINTS, ids=emu_id)
@@ -1512,6 +1519,11 @@ def test_emulation_catches_classic_chunking_bugs(bug: str):
 # ---- the real gate on the fake device: the two launches, emulated, through the workspace ----------------
 
 WS_DTYPES = {"qg": BF, "kgT": BF, "w": BF, "aqk": BF, "u": FP32, "gl": FP32}
+
+
+def ws_dtypes(p: dict) -> dict:
+    """The workspace's dtypes at p: u is bf16 with prep_u = bf16."""
+    return WS_DTYPES | ({"u": BF} if p.get("prep_u") == "bf16" else {})
 WS_ARGS = {"ws_qg": "qg", "ws_kg": "kgT", "ws_w": "w", "ws_aqk": "aqk", "ws_u": "u", "ws_gl": "gl"}
 
 
@@ -1533,7 +1545,7 @@ def emulated_kernels(c0: Cell, p: dict, bug: str = "") -> dict:
         if bug == "no_decay":
             inputs["g"] = np.zeros_like(inputs["g"])
         for arg, name in WS_ARGS.items():
-            dev.write(a[arg], WS_DTYPES[name], emulate_prep(inputs, c, p, a["scale"])[name].astype(np.float64))
+            dev.write(a[arg], ws_dtypes(p)[name], emulate_prep(inputs, c, p, a["scale"])[name].astype(np.float64))
 
     def recur(dev: KdaFakeDevice, args: tuple) -> None:
         names = (*WS_ARGS, "initial_state", "o", "final_state", "T", "HV")
@@ -1545,7 +1557,7 @@ def emulated_kernels(c0: Cell, p: dict, bug: str = "") -> dict:
         nc = B * HV * -(-T // p["chunk"])
         C = p["chunk"]
         shapes = {"qg": (nc, C, K), "kgT": (nc, K, C), "w": (nc, C, K), "aqk": (nc, C, C), "u": (nc, C, V), "gl": (nc, K)}
-        ws = {name: dev.read(a[arg], WS_DTYPES[name], shapes[name]).astype(f32) for arg, name in WS_ARGS.items()}
+        ws = {name: dev.read(a[arg], ws_dtypes(p)[name], shapes[name]).astype(f32) for arg, name in WS_ARGS.items()}
         out = emulate_recur(ws, dev.read(a["initial_state"], FP32, (B, HV, K, V)), c, p)
         dev.write(a["o"], BF, out["o"])
         dev.write(a["final_state"], FP32, out["final_state"])
@@ -1554,16 +1566,20 @@ def emulated_kernels(c0: Cell, p: dict, bug: str = "") -> dict:
     return {"kda_chunk_prep": prep, "kda_chunk_recur": recur}
 
 
+@pytest.mark.parametrize("u", ["fp32", "bf16"])
 @pytest.mark.parametrize("bug", ["", "no_decay"])
-def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str):
+def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str, u: str):
     """make_job's kda job for the chunk template (two launches, six workspaces, gate cells of T = 1 and 3)
-    through the real Gate with the emulated launches: OK, and WRONG_ANSWER with a bug."""
+    through the real Gate with the emulated launches: OK, and WRONG_ANSWER with a bug; with u as fp32 and, on the
+    K-split carry recurrence, as bf16 (its workspace half the bytes, written and read as bf16)."""
     from evo.measure.evaluate import make_job
     from evo.measure.evaluators import gate_cells_for
     from evo.measure.jobs import Timing
 
     c = cell(BF, 2, 70, 2)
     p = TDEF.default_params() | {"chunk": 32}
+    if u == "bf16":
+        p |= {"kwarps": 2, "recur_addr": "carry", "prep_u": "bf16"}
     g = Genome.make("kda", "chunk", TDEF.source_hash, p)
     gates = gate_cells_for(SPEC, TDEF, g, c, ARCH)
     assert {(x.dim("B"), x.dim("T")) for x in gates} >= {(1, 1), (3, 1), (2, 3)}
@@ -1715,7 +1731,7 @@ def variant_inputs(c: Cell):
 
 
 
-@pytest.mark.parametrize("fit", EMU_POINTS[:4] + [EMU_POINTS[-4], EMU_POINTS[-2], EMU_POINTS[-1]], ids=emu_id)
+@pytest.mark.parametrize("fit", EMU_POINTS[:4] + [EMU_POINTS[8], EMU_POINTS[10], EMU_POINTS[11]], ids=emu_id)
 @pytest.mark.parametrize("c", VARIANT_CELLS, ids=lambda c: c.label())
 def test_emulated_variants_match_the_float64_reference(c: Cell, fit: dict):
     """Each variant alone, the model's call and every switch on: every kind, from make_inputs and the device fill,
@@ -3307,3 +3323,113 @@ def test_prep_aoff_two_builds_two_shorter_loops_at_the_same_occupancy():
             assert [lp.count("HMMA") for lp in loops["two"]] == [4, 2, 2]
             assert loops["two"][0].size == diag.size
             assert all(lp.count("MUFU") == 8 and lp.size < off.size for lp in loops["two"][1:])
+
+
+# ---- prep_u = bf16: u written to the workspace as bf16 and widened by the K-split carry recurrence ----------
+
+# the 918 K-split carry points (chunk 32, mma diagonal, rowcol; recur_early none, mid, late; tf32 and bf16 w, u)
+# rendered before prep_u existed (commit 42db69c's template)
+FP32_U_BEFORE = "6001b1a68838e755758bb4cbbaa6bf4ec30ae569ebb63261e45b4dd04090131d"
+# kda_prefill_h100_5's B1-T8192 winner: the K-split carry recurrence under the bf16 w, u prep with v staged late
+BF16U_BASE = VLATE_BASE | {"prep_v": "late", "kwarps": 2, "warps": 2, "stages": 4, "recur_addr": "carry",
+                           "recur_early": "late"}
+
+
+def carry_ksplit_points(c: Cell) -> list[dict]:
+    legal = [p for p in all_legal(c, ksplit=True)
+             if p["kwarps"] > 1 and p["chunk"] == 32 and p["prep_diag"] == "mma" and p["prep_addr"] == "rowcol"]
+    pts = [p | {"recur_addr": "carry", "recur_early": e} for p in legal for e in ("none", "mid", "late")]
+    return pts + [p | {"prep_wu": "bf16"} for p in pts if p["prep_inv"] == "rows"]
+
+
+def test_prep_u_legality():
+    """bf16 is offered on the K-split carry recurrence at 2 or more warps a value group (every such point takes it),
+    elsewhere it breaks exactly bf16_u_on_the_carry_split_k_recurrence, and so it does at beta = 2 sigmoid."""
+    assert TDEF.values("prep_u") == ("fp32", "bf16")
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c, ksplit=True)
+    carry = [p | {"recur_addr": "carry"} for p in legal if p["kwarps"] > 1]
+    carry = [p for p in carry if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())]
+    ok = [p for p in carry if p["warps"] >= 2]
+    rest = [p for p in legal + carry if p not in ok]
+    assert any(p["warps"] == 1 for p in rest if p["kwarps"] > 1)
+    assert_offered_exactly(c, {"prep_u": "bf16"}, ok, rest, "bf16_u_on_the_carry_split_k_recurrence")
+    sig2 = VARIANT_CELLS[1]
+    assert variant_of(sig2).beta_act is BetaAct.SIGMOID2
+    p = TDEF.default_params() | BF16U_BASE
+    assert TDEF.violations(p | {"prep_u": "bf16"}, ARCH, c.dtypes_dict(), c.dims_dict()) == []
+    assert TDEF.violations(p | {"prep_u": "bf16"}, ARCH, sig2.dtypes_dict(), sig2.dims_dict()) == [
+        "bf16_u_on_the_carry_split_k_recurrence"]
+
+
+def test_prep_u_fp32_renders_the_code_from_before_it():
+    c = PREFILL_CELLS[0]
+    assert rendered_digest(c, carry_ksplit_points(c), {"prep_u": "fp32"}) == (918, FP32_U_BEFORE)
+
+
+def test_prep_u_bf16_stores_and_reads_u_as_bf16_and_nothing_else_changes():
+    """The rendered bf16 source differs from fp32's only in u: the prep's u stores as packed bf16 pairs (no float2
+    store to ws_u left), the recurrence's ws_u and su as bf16, its u words widened from bf16 loads, the slot's u rows
+    16 W bf16 (2 W 16-byte pieces) at the same swizzle's 8-line periods; -w's stores and every other line alike."""
+    c = PREFILL_CELLS[0]
+    p = TDEF.default_params() | BF16U_BASE
+    fp, bf = (source(TDEF, c, p | {"prep_u": u}) for u in ("fp32", "bf16"))
+    assert "reinterpret_cast<float2*>(ws_u" in fp and "reinterpret_cast<float2*>(ws_u" not in bf
+    assert bf.count("reinterpret_cast<unsigned*>(ws_u") == fp.count("reinterpret_cast<float2*>(ws_u") > 0
+    assert "bf16* __restrict__ ws_u" in bf and "const bf16* su = ws_u" in bf
+    assert bf.count("__bfloat162float(*reinterpret_cast<const bf16*>(sl + uo_") == 1  # recur_early late: one read
+    assert "constexpr int SLOT = OFF_U + C * 16 * W * 2;" in bf and "constexpr int SLOT = OFF_U + C * 16 * W * 4;" in fp
+    gone = set(fp.splitlines()) - set(bf.splitlines())
+    assert gone and all("ws_u" in ln or "su" in ln or "OFF_U" in ln or "W * 4" in ln or "4 * W" in ln
+                        or "fp32, 4 W" in ln or "64 * W" in ln for ln in gone), sorted(gone)
+
+
+@pytest.mark.parametrize("c", [PREFILL_CELLS[0], MODEL_VARLEN], ids=lambda c: c.label())
+def test_prep_u_bf16_builds_spill_free_with_half_the_u_traffic(c: Cell):
+    """Spill-free with the prep at the same CTAs an SM; the recurrence's smem smaller by a slot's half of u a stage;
+    its u copies (16-byte LDGSTS) halved, its 16 u words a chunk read by 16-bit shared loads; as many mma either way."""
+    from evo.build.sass import disassemble
+
+    p = TDEF.default_params() | BF16U_BASE
+    fp, bf = compile_clean(c, [p, p | {"prep_u": "bf16"}])
+    assert prep_ctas_per_sm(p, bf["kda_chunk_prep"].regs) == prep_ctas_per_sm(p, fp["kda_chunk_prep"].regs) == 6
+    smem = {u: TDEF.plan(p | {"prep_u": u}, ARCH, c.dtypes_dict(), c.dims_dict())[0][-1].smem for u in ("fp32", "bf16")}
+    assert smem["fp32"] - smem["bf16"] == p["stages"] * 32 * 16 * p["warps"] * 2
+    ws = {u: TDEF.plan(p | {"prep_u": u}, ARCH, c.dtypes_dict(), c.dims_dict())[1]["ws_u"] for u in ("fp32", "bf16")}
+    assert ws["fp32"] == 2 * ws["bf16"] > 0
+    count = {}
+    for u in ("fp32", "bf16"):
+        cubin = compile_point(c, p | {"prep_u": u}).cubin
+        lines = disassemble(cubin, "kda_chunk_recur")
+        count[u] = {op: sum(1 for x in lines if op in x) for op in ("LDGSTS", "LDS.U16", "HMMA")}
+        count[u]["prep HMMA"] = sum(1 for x in disassemble(cubin, "kda_chunk_prep") if "HMMA" in x)
+    nu = 32 * 4 * p["warps"] // (32 * p["warps"] * p["kwarps"])  # fp32 u pieces a thread a chunk
+    assert count["fp32"]["LDS.U16"] == 0 and count["bf16"]["LDS.U16"] == 16
+    assert count["fp32"]["LDGSTS"] - count["bf16"]["LDGSTS"] == nu // 2 * p["stages"]
+    assert count["fp32"]["HMMA"] == count["bf16"]["HMMA"] and count["fp32"]["prep HMMA"] == count["bf16"]["prep HMMA"]
+
+
+def test_prep_u_bf16_keeps_the_margin_on_every_variant_it_serves_and_not_at_beta_2():
+    """The emulation with u rounded to bf16 (prep_u's only arithmetic change; the plain cells: EMU_POINTS' last, in
+    test_emulated_template_matches_the_float64_reference) within 0.85 of the tolerance on every variant cell where it
+    is legal, and past 0.85 on a beta = 2 sigmoid cell (the constraint refuses it on every such cell)."""
+    p = TDEF.default_params() | EMU_POINTS[-1]
+    assert p["prep_u"] == "bf16"
+    refused = []
+    for c in VARIANT_CELLS:
+        legal = TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())
+        assert legal == (variant_of(c).beta_act is not BetaAct.SIGMOID2), c.label()
+        scal, worst = SPEC.scalar_values(c), 0.0
+        for kind, src, inputs in variant_inputs(c):
+            for sign in (1, -1):
+                ins, got = emulate_cell(inputs, scal, c, p, sign)
+                want = SPEC.reference(ins, scal)
+                for name in want:
+                    ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
+                    assert ok, (c.label(), kind, src, name, share)
+                    worst = max(worst, share)
+        if legal:
+            assert worst < 0.85, (c.label(), worst)
+        else:
+            refused.append(worst)
+    assert len(refused) == 2 and max(refused) > 0.85, refused
