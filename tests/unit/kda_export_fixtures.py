@@ -104,10 +104,10 @@ CHUNK = parse_template(_CHUNK_PATH.read_text(), str(_CHUNK_PATH), trusted=True)
 PREFILL_CELL = cell("bf16", 1, 256, 2)
 
 
-def write_prefill_run(store: Store, run_id: str = PREFILL_RUN) -> Genome:
-    """PREFILL_RUN in the store, finished: the chunk template's default point on PREFILL_CELL (a real sm_90a
-    build); the genome."""
-    g = Genome.make("kda", "chunk", CHUNK.source_hash, CHUNK.default_params())
+def write_prefill_run(store: Store, run_id: str = PREFILL_RUN, params: dict | None = None) -> Genome:
+    """PREFILL_RUN in the store, finished: the chunk template's default point (or it with `params` over it) on
+    PREFILL_CELL (a real sm_90a build); the genome."""
+    g = Genome.make("kda", "chunk", CHUNK.source_hash, CHUNK.default_params() | (params or {}))
     bi = prepare(CHUNK, g, ARCH, PREFILL_CELL.dtypes_dict(), PREFILL_CELL.dims_dict())
     with Builder(1) as b:
         (r,) = b.build([bi])

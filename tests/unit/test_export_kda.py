@@ -193,18 +193,36 @@ def test_the_readme_says_which_entry_points_have_kernels(exported):
     assert Path(exported / "pyproject.toml").read_text().count("kf-kda-test") == 1
 
 
-def test_a_prefill_only_package_passes_its_own_tests(tmp_path):
+# u written to the workspace as bf16 (prep_u = bf16) on the K-split carry recurrence, as kda_prefill_h100_5's winner
+BF16_U = {"chunk": 32, "kwarps": 2, "warps": 2, "recur_addr": "carry", "prep_u": "bf16"}
+
+
+@pytest.mark.parametrize("params", [{}, BF16_U], ids=["default", "bf16-u"])
+def test_a_prefill_only_package_passes_its_own_tests(tmp_path, params):
     """A package of a prefill run alone (no decode cell): its own tests start from the prefill cell and call
     chunk_kda. They indexed the first decode cell and failed four ways on the GPU (2026-12-05, the export of
-    kda_prefill_h100_4's run); the CPU one among them is checked here."""
+    kda_prefill_h100_4's run); the CPU one among them is checked here. With u as bf16 the package's plan sizes u's
+    workspace at 2 bytes an element (the template's expression, evaluated by the package's own evaluator)."""
     path = tmp_path / "s.duckdb"
     with Store.open(path) as s:
-        kx.write_prefill_run(s)
+        g = kx.write_prefill_run(s, params=params)
     out = tmp_path / "kf_kda_prefill"
     assert main(["export", kx.PREFILL_RUN, "--store", str(path), "--out", str(out), "--name", "kf_kda_prefill"]) == 0
     doc = json.loads((out / "kf_kda_prefill" / "data" / "dispatch.json").read_text())
     assert {t["name"] for t in doc["ops"]["kda"]["templates"].values()} == {"chunk"}
+    (entry,) = doc["ops"]["kda"]["entries"]
+    assert entry["genome_key"] == g.key()
     site = pip_install(out, tmp_path / "pip")
+    d = kx.PREFILL_CELL.dims_dict()
+    code = ("import json, sys; from kf_kda_prefill.table import tables; e = json.loads(sys.argv[1]); "
+            "t = tables()['kda'].templates[e['template']]; "
+            "print(t.plan(e['params'], 90, json.loads(sys.argv[2]), json.loads(sys.argv[3]))[1]['ws_u'])")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(entry), json.dumps(kx.PREFILL_CELL.dtypes_dict()),
+                        json.dumps(d)], capture_output=True, text=True, timeout=120, cwd=site, check=False,
+                       env={**CHILD_ENV, "PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stderr
+    chunks = d["B"] * d["HV"] * -(-d["T"] // g.params_dict()["chunk"])
+    assert int(r.stdout) == (2 if params else 4) * chunks * g.params_dict()["chunk"] * d["V"]
     r = run_package_tests(out, site, tmp_path)
     assert r.returncode == 0 and " passed" in r.stdout and " failed" not in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
     assert "no decode cell exported" in r.stdout  # the decode-only checks skip, naming why
