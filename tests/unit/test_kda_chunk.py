@@ -3433,3 +3433,53 @@ def test_prep_u_bf16_keeps_the_margin_on_every_variant_it_serves_and_not_at_beta
         else:
             refused.append(worst)
     assert len(refused) == 2 and max(refused) > 0.85, refused
+
+
+def u_slot_layout(ub: int, W: int, KW: int, C: int = 32, V: int = 128) -> tuple[dict, int]:
+    """The K-split carry recurrence's u in a ring slot, modelled from the rendered formulas at ub bytes an element
+    (4: fp32, 2: bf16): each thread's pieces (ou_[0] + j NTH 16 from su + j (NTH / (ub W)) V, asserted equal to piece
+    i = tid + j NTH's own swizzled offset and source), and every lane's 4 u words of each token tile n (uo_[n & 1][e]
+    plus n / 2 16-row periods) asserted to hold u[8 n + 2 tig + e % 2][vl + 8 (e / 2)]. Returns the slot's byte map
+    and the most distinct 4-byte words one bank serves in one warp-wide read."""
+    NTH, RB, P, EPP = 32 * W * KW, 16 * ub * W, ub * W, 16 // ub
+    slot: dict[int, tuple[int, int]] = {}
+    for tid in range(NTH):
+        for j in range(-(-C * P // NTH)):
+            i = tid + j * NTH
+            if i >= C * P:
+                continue
+            dst, src = _swz(tid * 16, RB) + j * NTH * 16, (tid // P) * V + EPP * (tid % P) + j * (NTH // P) * V
+            assert (dst, src) == (_swz(i * 16, RB), (i // P) * V + EPP * (i % P)), (ub, W, KW, tid, j)
+            for e in range(EPP):
+                for b in range(ub):
+                    assert dst + e * ub + b not in slot
+                    slot[dst + e * ub + b] = divmod(src + e, V) if b == 0 else None
+    assert len(slot) == C * 16 * W * ub
+    ways = 0
+    for vg, n, e in product(range(W), range(C // 8), range(4)):
+        words: dict[int, set] = {}
+        for lane in range(32):
+            grp, tig = lane >> 2, lane & 3
+            vl, t = 16 * vg + grp, 8 * (n & 1) + 2 * tig
+            row, col = t + e % 2, vl + 8 * (e // 2)
+            off = _swz((row * 16 * W + col) * ub, RB) + n // 2 * 16 * RB
+            assert slot[off] == (8 * n + 2 * tig + e % 2, col), (ub, W, KW, vg, n, e, lane)
+            words.setdefault(off // 4 % 32, set()).add(off // 4)
+        ways = max(ways, max(len(s) for s in words.values()))
+    return slot, ways
+
+
+@pytest.mark.parametrize("W, KW", [(2, 2), (2, 4), (4, 2), (4, 4)])
+def test_prep_u_bf16_slot_holds_every_u_word_where_each_lane_reads_it(W: int, KW: int):
+    """At bf16 the ring's u pieces and the lanes' u words agree (as at fp32) and each read is conflict-free; at one warp
+    a value group the pieces' carried offsets break (16 rows of 32 B are not whole 8-line periods): why
+    bf16_u_on_the_carry_split_k_recurrence asks for warps >= 2."""
+    src = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | BF16U_BASE | {"prep_u": "bf16", "warps": W, "kwarps": KW})
+    for line in ("ou_[j] = (unsigned)(OFF_U + swz<32 * W>(i * 16));", "su_[j] = (i / (2 * W)) * V + v0 + 8 * (i % (2 * W));",
+                 "cp(d + ou_[0] + (unsigned)(j * NTH * 16), su + j * (NTH / (2 * W)) * V);",
+                 "uo_[h][1] = (unsigned)(OFF_U + swz<32 * W>(((t + 1) * 16 * W + vl) * 2));",
+                 "sl + uo_[n & 1][e] + (unsigned)(n / 2 * 16 * 32 * W)"):
+        assert line in src, line
+    assert u_slot_layout(4, W, KW)[1] == u_slot_layout(2, W, KW)[1] == 1
+    with pytest.raises(AssertionError):
+        u_slot_layout(2, 1, KW)
