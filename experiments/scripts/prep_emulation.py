@@ -24,28 +24,22 @@ import numpy as np
 
 from ops.kda import SPEC
 from ops.kda.spec import FILLS
-from ops.kda.emulate_chunk import DIAG_RANGE, LOG2E, base2_cumsum, chunk_is_wide, diag_is_wide, emulate, emulate_cell
-from tests.unit.test_kda_chunk import ARCH, EMU_CELLS, EMU_POINTS, TDEF, VARIANT_CELLS, emu_id, emulation_inputs, variant_inputs
-from tests.unit.test_kda_recurrent import passes
+from ops.kda.emulate_chunk import DIAG_RANGE, LOG2E, base2_cumsum, chunk_is_wide, diag_is_wide, emulate_cell
+from tests.unit.test_kda_chunk import (ARCH, EMU_CELLS, EMU_POINTS, TDEF, VARIANT_CELLS, emu_id, emulate_plain, emulated_shares,
+                                      emulation_inputs, variant_inputs)
 
 POINTS = [p for p in EMU_POINTS if p.get("prep_exp") == "ex2" and p.get("prep_addr") == "rowcol"]
 
 
 def worst_shares(cells, inputs_of, emulate_one, p: dict, strict: bool = True) -> dict[str, float]:
-    """The largest share of the tolerance used, per output, over the cells, their inputs and both error signs (strict:
+    """The largest share of the tolerance used, per output, over the cells, their inputs and both error signs (every point here is ex2) (strict:
     a failing case stops the run)."""
     worst: dict[str, float] = {}
     for c in cells:
-        scal = SPEC.scalar_values(c)
-        for _, _, inputs in inputs_of(c):
-            for sign in (1, -1):
-                ins, got = emulate_one(inputs, scal, c, p, sign)
-                want = SPEC.reference(ins, scal)
-                for name in want:
-                    ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
-                    if not ok and strict:
-                        raise SystemExit(f"{emu_id(p)} fails on {c.label()} {name}: {share:.3f} of the tolerance")
-                    worst[name] = max(worst.get(name, 0.0), round(share, 4))
+        for _, _, name, _, ok, share in emulated_shares(c, p, inputs_of(c), emulate_one):
+            if not ok and strict:
+                raise SystemExit(f"{emu_id(p)} fails on {c.label()} {name}: {share:.3f} of the tolerance")
+            worst[name] = max(worst.get(name, 0.0), round(share, 4))
     return worst
 
 
@@ -75,7 +69,7 @@ def point_row(fit: dict) -> dict:
     on those where it is refused), printed and as a JSON row."""
     p = TDEF.default_params() | fit
     served = [c for c in VARIANT_CELLS if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())]
-    plain = worst_shares(EMU_CELLS, emulation_inputs, lambda i, s, c, q, e: (i, emulate(i, s, c, q, e)), p)
+    plain = worst_shares(EMU_CELLS, emulation_inputs, emulate_plain, p)
     variants = worst_shares(served, variant_inputs, emulate_cell, p)
     row = {"point": emu_id(p), "params": fit, "plain_cells": plain, "variant_cells": variants}
     refused = [c for c in VARIANT_CELLS if c not in served]

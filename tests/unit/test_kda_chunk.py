@@ -1451,20 +1451,32 @@ def emu_id(p: dict) -> str:
             + ("-bf16u" if p.get("prep_u") == "bf16" else ""))
 
 
+def emulate_plain(inputs: dict, scal: dict, c: Cell, p: dict, exp_sign: int = 1) -> tuple[dict, dict]:
+    """emulate by batch rows, shaped as emulate_cell: (the inputs, the emulated outputs)."""
+    return inputs, emulate(inputs, scal, c, p, exp_sign)
+
+
+def emulated_shares(c: Cell, p: dict, cases, emulate_one=emulate_cell):
+    """(kind, source, output, sign, ok, share) of the emulation at p on each of cell c's input cases (kind, source,
+    inputs) against the float64 reference; both signs of the error bound where p's exp has one (fast, ex2)."""
+    scal = SPEC.scalar_values(c)
+    for kind, source, inputs in cases:
+        want = None
+        for sign in (1, -1) if p["prep_exp"] in ("fast", "ex2") else (1,):
+            ins, got = emulate_one(inputs, scal, c, p, sign)
+            want = SPEC.reference(ins, scal) if want is None else want
+            for name in want:
+                yield (kind, source, name, sign, *passes(got[name], want[name], SPEC.tolerance(c, name)))
+
+
 @pytest.mark.parametrize("fit", EMU_POINTS, ids=emu_id)
 @pytest.mark.parametrize("c", EMU_CELLS, ids=lambda c: c.label())
 def test_emulated_template_matches_the_float64_reference(c: Cell, fit: dict):
     """prep_exp = fast with its error bound spent one way, then the other."""
     p = TDEF.default_params() | fit
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
-    scal = SPEC.scalar_values(c)
-    for kind, source, inputs in emulation_inputs(c):
-        want = SPEC.reference(inputs, scal)
-        for sign in (1, -1) if p["prep_exp"] in ("fast", "ex2") else (1,):
-            got = emulate(inputs, scal, c, p, sign)
-            for name in want:
-                ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
-                assert ok and share < 0.85, (kind, source, name, sign, share)
+    for kind, source, name, sign, ok, share in emulated_shares(c, p, emulation_inputs(c), emulate_plain):
+        assert ok and share < 0.85, (kind, source, name, sign, share)
 
 
 def test_long_sequence_with_decay_near_one_keeps_its_margin():
@@ -1738,14 +1750,8 @@ def test_emulated_variants_match_the_float64_reference(c: Cell, fit: dict):
     within 0.85 of the tolerance (prep_exp = fast with its error spent both ways)."""
     p = TDEF.default_params() | fit
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
-    scal = SPEC.scalar_values(c)
-    for kind, src, inputs in variant_inputs(c):
-        for sign in (1, -1) if p["prep_exp"] in ("fast", "ex2") else (1,):
-            inputs, got = emulate_cell(inputs, scal, c, p, sign)
-            want = SPEC.reference(inputs, scal)
-            for name in want:
-                ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
-                assert ok and share < 0.85, (kind, src, name, sign, share)
+    for kind, src, name, sign, ok, share in emulated_shares(c, p, variant_inputs(c)):
+        assert ok and share < 0.85, (kind, src, name, sign, share)
 
 
 @pytest.mark.parametrize("switch", ["gate", "beta_act", "qk_l2norm", "v_first"])
@@ -1855,6 +1861,27 @@ def test_the_varlen_experiment_searches_the_matrix_model_cell_over_legal_points(
         legal = all_legal(c, ses.templates["chunk"])
     assert len(legal) >= 32, len(legal)
     assert any(p["recur_lean"] for p in legal) and any(p["prep_diag"] == "split" for p in legal)
+
+
+@pytest.mark.parametrize("name, cells, points, bf16_u", [("kda_prefill_h200_t8192.toml", 1, 152, 36),
+                                                         ("kda_prefill_h200.toml", 4, 2600, 312)])
+def test_prefill_configs_hold_the_legal_points_their_comments_state(name: str, cells: int, points: int, bf16_u: int):
+    """The prefill GA configs' narrowed spaces hold, on each of their cells, the number of legal points (and of
+    them with u stored as bf16) that the configs' comments state."""
+    from evo.core.config import load_config
+    from evo.loop.pipeline import Session
+    from memory.store import Store
+
+    path = Path(__file__).resolve().parents[2] / "experiments" / name
+    comment = "".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
+    assert f"{points}" in comment and f"{bf16_u}" in comment
+    with Store.open(":memory:") as s:
+        ses = Session(load_config(path), s, "check")
+        assert len(ses.cells) == cells
+        t = ses.templates["chunk"]
+        for c in ses.cells:
+            legal = t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict())
+            assert (len(legal), sum(p["prep_u"] == "bf16" for p in legal)) == (points, bf16_u), c.label()
 
 
 # ---- prep_round (tf32 by one integer add) and prep_blocks (the split prep's CTAs an SM) ----------------------
@@ -3419,15 +3446,10 @@ def test_prep_u_bf16_keeps_the_margin_on_every_variant_it_serves_and_not_at_beta
     for c in VARIANT_CELLS:
         legal = TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())
         assert legal == (variant_of(c).beta_act is not BetaAct.SIGMOID2), c.label()
-        scal, worst = SPEC.scalar_values(c), 0.0
-        for kind, src, inputs in variant_inputs(c):
-            for sign in (1, -1):
-                ins, got = emulate_cell(inputs, scal, c, p, sign)
-                want = SPEC.reference(ins, scal)
-                for name in want:
-                    ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
-                    assert ok, (c.label(), kind, src, name, share)
-                    worst = max(worst, share)
+        worst = 0.0
+        for kind, src, name, sign, ok, share in emulated_shares(c, p, variant_inputs(c)):
+            assert ok, (c.label(), kind, src, name, sign, share)
+            worst = max(worst, share)
         if legal:
             assert worst < 0.85, (c.label(), worst)
         else:
