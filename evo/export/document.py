@@ -37,14 +37,16 @@ def template_doc(op: str, t: TemplateDef) -> dict[str, Any]:
 
 
 def _launch_doc(d: LaunchDecl) -> dict[str, Any]:
-    """A declared launch as the package's table reads it; `when`, `stream` and `fork_after` only where set, so
-    a plan without them exports as before."""
+    """A declared launch as the package's table reads it; `when`, `stream`, `fork_after` and `pdl` only where set,
+    so a plan without them exports as before."""
     doc: dict[str, Any] = {"kernel": d.kernel, "grid": [e.text for e in d.grid], "block": [e.text for e in d.block],
                            "smem": d.smem.text, "args": list(d.args)}
     if d.when is not None:
         doc["when"] = d.when.text
     if d.stream != "main":
         doc |= {"stream": d.stream, "fork_after": d.fork_after}
+    if d.pdl is not None:
+        doc["pdl"] = d.pdl.text
     return doc
 
 

@@ -64,7 +64,7 @@ def bind_cell(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell,
                 args.append((typ or scalar_kinds[name], scalars[name]))
             else:
                 raise KeyError(f"template {tdef.name}: launch arg {name!r} is not a tensor, dim or scalar of {op.name}")
-        jobs.append(LaunchJob(ln.kernel, ln.grid, ln.block, ln.smem, tuple(args), ln.stream, ln.fork_after))
+        jobs.append(LaunchJob(ln.kernel, ln.grid, ln.block, ln.smem, tuple(args), ln.stream, ln.fork_after, ln.pdl))
     return tuple(jobs), tuple(buffers), tuple(sorted(scalars.items()))
 
 

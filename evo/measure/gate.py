@@ -74,8 +74,9 @@ class GateDevice(Protocol):
     def audit(self, bufs: Sequence[Any], key: int) -> list[tuple[int, int]]:
         """(keyed checksum, guard-zone bytes hit) of each buffer, with one read-back."""
     def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple,
-               side: bool = False) -> None:
-        """Launch on the device's stream, or with side=True on its side stream (launch_plan)."""
+               side: bool = False, pdl: bool = False) -> None:
+        """Launch on the device's stream, or with side=True on its side stream (launch_plan); pdl: as a
+        programmatic dependent launch of the stream's launch before it (LaunchDecl.pdl)."""
     def mark(self) -> Any:
         """A point on the device's stream: what its work so far has reached (an event)."""
     def fork(self, mark: Any) -> None:
@@ -106,7 +107,8 @@ class GateDevice(Protocol):
 def launch_plan(dev: GateDevice, obj: Any, bound: Sequence[tuple[LaunchJob, tuple]]) -> None:
     """A plan's launches with their bound args, issued in declared order: a main launch on the device's stream
     (marked when a side launch forks after it), a side launch on the side stream once the main stream reaches
-    the mark of its fork_after, and the device's stream joined to the side stream at the end. Host order is the
+    the mark of its fork_after, and the device's stream joined to the side stream at the end; a pdl launch as a
+    programmatic dependent launch of the main launch before it (the plan never starts with one). Host order is the
     declared order, so where kernels run one at a time (CUDA_LAUNCH_BLOCKING, a profiler's replay) a side launch
     still runs after every launch declared before it."""
     forks = {lj.fork_after for lj, _ in bound if lj.stream == "side"}
@@ -121,7 +123,7 @@ def launch_plan(dev: GateDevice, obj: Any, bound: Sequence[tuple[LaunchJob, tupl
             dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args, side=True)
             side = True
         else:
-            dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args)
+            dev.launch(obj, lj.kernel, lj.grid, lj.block, lj.smem, args, pdl=lj.pdl)
             if lj.kernel in forks:
                 marks[lj.kernel] = dev.mark()
     if side:

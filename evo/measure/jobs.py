@@ -21,6 +21,7 @@ class LaunchJob:
     args: tuple[ArgBind, ...]
     stream: str = "main"  # "side": beside the main stream, after its launch of fork_after (evo.measure.gate.launch_plan)
     fork_after: str = ""
+    pdl: bool = False  # a programmatic dependent launch (evo.templates.template.LaunchDecl)
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,18 @@ def prefer_carveout(kernel: Any, pct: int, device: int) -> None:
     _set_attribute(kernel, attr, pct, device, f"prefer a {pct}% shared memory carveout")
 
 
+def launch_config(grid: Sequence[int], block: Sequence[int], smem: int, pdl: bool = False) -> Any:
+    """cuda.core's LaunchConfig; pdl: a programmatic dependent launch, which needs cuda.core >= 1.2.0 (an older
+    one cannot set the attribute: a LaunchFault naming it, not a silent launch in order)."""
+    from cuda.core import LaunchConfig
+
+    kw = {"programmatic_stream_serialization": True} if pdl else {}
+    try:
+        return LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem), **kw)
+    except TypeError as e:
+        raise LaunchFault(f"a programmatic dependent launch (pdl) needs cuda.core >= 1.2.0: {e}") from None
+
+
 def _sticky_error() -> str:
     """The context's error after a synchronize, by enum; '' when the context is healthy."""
     drv = _drv()
@@ -170,10 +182,11 @@ class Worker:
         return self.op_modules[op]
 
     def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple,
-               side: bool = False) -> None:
+               side: bool = False, pdl: bool = False) -> None:
         """Launch with bound args: (kind, value) pairs, ("ptr", address) for buffers; on the worker's stream,
-        or with side=True on its side stream (evo.measure.gate.launch_plan)."""
-        from cuda.core import LaunchConfig, launch
+        or with side=True on its side stream (evo.measure.gate.launch_plan); pdl: as a programmatic dependent
+        launch (cuda.core >= 1.2.0's LaunchConfig.programmatic_stream_serialization)."""
+        from cuda.core import launch
         from cuda.core._utils.cuda_utils import CUDAError
 
         vals = tuple(NP_SCALAR[k](v) for k, v in args)
@@ -185,8 +198,7 @@ class Worker:
             if self.carveout is not None and (id(obj), kernel) not in self.carved:
                 prefer_carveout(k, self.carveout, self.dev.device_id)
                 self.carved.add((id(obj), kernel))
-            launch(self.side_stream() if side else self.stream,
-                   LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(smem)), k, *vals)
+            launch(self.side_stream() if side else self.stream, launch_config(grid, block, smem, pdl), k, *vals)
         except CUDAError as e:
             sticky = _sticky_error()
             raise (CudaFault if sticky else LaunchFault)(f"{kernel}: {e}") from None

@@ -87,7 +87,7 @@ class Expr:
 
 
 STREAMS = ("main", "side")
-LAUNCH_KEYS = frozenset({"kernel", "grid", "block", "smem", "args", "when", "stream", "fork_after"})
+LAUNCH_KEYS = frozenset({"kernel", "grid", "block", "smem", "args", "when", "stream", "fork_after", "pdl"})
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,15 @@ class LaunchDecl:
     where it holds. `stream = "side"`: the launch runs on a second stream beside the main one, after the main
     stream's launch of kernel `fork_after` (declared before it; its work only, not what the main stream queues
     after it), and the main stream waits for the side stream at the plan's end. The plan is issued in its
-    declared order on the host, so run one kernel at a time it is the plan in order."""
+    declared order on the host, so run one kernel at a time it is the plan in order.
+
+    `pdl` (an expression; where it holds): a programmatic dependent launch. The launch may begin while the plan's
+    launch before it on the main stream is still running (cudaLaunchAttributeProgrammaticStreamSerialization), once
+    every CTA of that launch has run `griddepcontrol.launch_dependents` or exited; its kernel runs
+    `griddepcontrol.wait` (which returns once the earlier launch has completed and its writes are visible) before it
+    reads or writes anything an earlier launch touches. Only on the main stream and never on a plan's first launch,
+    so a call never overlaps the work queued before it (an L2 flush, a poison, a timer's event). Without the
+    attribute (a runtime that cannot set it) the wait returns at once and the plan is the same plan in order."""
 
     kernel: str
     grid: tuple[Expr, ...]
@@ -109,11 +117,12 @@ class LaunchDecl:
     when: Expr | None = None
     stream: str = "main"
     fork_after: str = ""
+    pdl: Expr | None = None
 
 
 @dataclass(frozen=True)
 class Launch:
-    """A launch with every expression evaluated for one cell (`stream`, `fork_after`: LaunchDecl's)."""
+    """A launch with every expression evaluated for one cell (`stream`, `fork_after`, `pdl`: LaunchDecl's)."""
 
     kernel: str
     grid: tuple[int, int, int]
@@ -122,6 +131,7 @@ class Launch:
     args: tuple[str, ...]
     stream: str = "main"
     fork_after: str = ""
+    pdl: bool = False
 
     @property
     def threads(self) -> int:
@@ -319,7 +329,8 @@ class TemplateDef:
             return (vals[0], vals[1], vals[2])
 
         launches = tuple(
-            Launch(d.kernel, dim3(d.grid), dim3(d.block), int(d.smem.eval(ctx)), d.args, d.stream, d.fork_after)
+            Launch(d.kernel, dim3(d.grid), dim3(d.block), int(d.smem.eval(ctx)), d.args, d.stream, d.fork_after,
+                   d.pdl is not None and bool(d.pdl.eval(ctx)))
             for d in self.launches if _launched(d, ctx)
         )
         main: set[str] = set()
@@ -327,6 +338,10 @@ class TemplateDef:
             if ln.stream == "side" and ln.fork_after not in main:
                 raise TemplateError(f"{self.name}: side launch {ln.kernel} forks after {ln.fork_after!r}, which no "
                                     f"main launch before it in this plan runs (launches: {[x.kernel for x in launches]})")
+            if ln.pdl and not main:
+                raise TemplateError(f"{self.name}: {ln.kernel} is a programmatic dependent launch (pdl) and the "
+                                    f"plan's first launch: it would overlap what the caller queued before the plan "
+                                    f"(launches: {[x.kernel for x in launches]})")
             if ln.stream == "main":
                 main.add(ln.kernel)
         return launches, {name: int(e.eval(ctx)) for name, e in self.workspaces}
@@ -395,6 +410,8 @@ def parse_template(text: str, origin: str = "<string>", trusted: bool = False) -
                                 "only a side launch does")
         if fork_after and fork_after not in {d.kernel for d in launches if d.stream == "main"}:
             raise TemplateError(f"{where}: fork_after {fork_after!r} is not a main launch declared before it")
+        if "pdl" in ld and stream != "main":
+            raise TemplateError(f"{where}: pdl (a programmatic dependent launch) is for main-stream launches only")
         launches.append(
             LaunchDecl(
                 kernel=ld["kernel"],
@@ -405,6 +422,7 @@ def parse_template(text: str, origin: str = "<string>", trusted: bool = False) -
                 when=Expr(str(ld["when"])) if "when" in ld else None,
                 stream=stream,
                 fork_after=fork_after,
+                pdl=Expr(str(ld["pdl"])) if "pdl" in ld else None,
             )
         )
     if not launches:

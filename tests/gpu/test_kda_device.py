@@ -230,7 +230,13 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 # u written as bf16 and widened by the K-split carry recurrence (prep_u = bf16): kda_prefill_h100_5's
                 # B1-T8192 point, and kwarps 4 with two value groups and a 6-deep ring under the tf32 w, u prep
                 CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "stages": 4, "prep_u": "bf16"},
-                K4 | {"warps": 2, "stages": 6, "recur_addr": "carry", "prep_u": "bf16"}]
+                K4 | {"warps": 2, "stages": 6, "recur_addr": "carry", "prep_u": "bf16"},
+                # launch 2 as a programmatic dependent launch (pdl): under the K-split carry recurrence with bf16 u and
+                # under the one-warp-a-column lean recurrence
+                CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "stages": 4, "prep_u": "bf16",
+                            "pdl": True},
+                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "recur_lean": True,
+                 "recur_ldsm": True, "pdl": True}]
 
 
 @pytest.mark.gpu
@@ -285,7 +291,8 @@ VARLEN_POINTS = [{"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_pre
                  {"chunk": 64, "warps": 2, "stage_in": True},
                  {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "mma",
                   "prep_vec": True, "prep_round": "add", "prep_exp": "fast", "prep_threads": 128},
-                 CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "prep_u": "bf16"}]
+                 CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "prep_u": "bf16"},
+                 CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "pdl": True}]
 
 
 @pytest.mark.gpu

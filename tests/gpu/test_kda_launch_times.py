@@ -491,3 +491,29 @@ def test_prep_u_against_the_h100_dispatch(worker, c):
     print(f"\nkda prep_u {c.label()}: " + ", ".join(
         f"{u} prep {m[0]:.1f} recur {m[1]:.1f} total {sum(m):.1f} us" for u, m in mean.items())
           + f"; bf16 / fp32 total {sum(mean['bf16']) / sum(mean['fp32']):.3f}")
+
+
+# pdl (2026-12-06, twenty-second session): launch 2 as a programmatic dependent launch of launch 1 (launch 1's CTAs
+# trigger first, launch 2 waits by griddepcontrol.wait before its first workspace copy). Only the plan together can
+# show it (each launch alone runs after the hold, pdl or not): each cell's entry of kda_prefill_h100_5's table where it
+# has one, else kda_prefill_h100_2's, the plan timed with pdl off and on, twice in the order off, on, off, on (a row
+# each; printed: the two medians' mean of the plan together).
+# Run: KF_LAUNCH_TIMES_OUT=kda_pdl.json pytest -s tests/gpu/test_kda_launch_times.py -k pdl
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
+def test_pdl_against_the_h100_dispatch(worker, c):
+    table = H100_5_TABLE if c.label() in json.loads(H100_5_TABLE.read_text())["dispatch"] else H100_TABLE
+    params = table_params(table, c)
+    mod, ref_obj = worker._op("kda")
+    together: dict[bool, list[float]] = {False: [], True: []}
+    for pdl in (False, True, False, True):
+        p = params | {"pdl": pdl}
+        build = build_for(c, p)
+        g, job = plan_job(c, p, build)
+        assert [ln.pdl for ln in job.launches] == [False, pdl]
+        res = time_variant(worker, c, "pdl", "on" if pdl else "off", p, g, build, job, mod, ref_obj)
+        together[pdl].append(res["together"]["median_us"])
+    mean = {k: sum(v) / len(v) for k, v in together.items()}
+    assert all(math.isfinite(x) and x > 0 for x in mean.values()), mean
+    print(f"\nkda pdl {c.label()}: off {mean[False]:.1f} us, on {mean[True]:.1f} us together; "
+          f"on / off {mean[True] / mean[False]:.4f}")

@@ -74,6 +74,7 @@ class FakeDevice:
         self.peer_calls: dict[str, int] = {}
         self.ceiling_gbps = ceiling_gbps
         self.launches = 0  # candidate launches
+        self.pdl_kernels: list[str] = []  # the kernels launched as programmatic dependent launches, in order
         self.baseline_calls = 0
         self.resets = 0
         self.holds: list[float] = []  # hold(us) calls: the stream held busy before a timed call
@@ -159,10 +160,12 @@ class FakeDevice:
         pass
 
     def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple,
-               side: bool = False) -> None:
-        if self._capturing is not None:
-            self._capturing.append((obj, kernel, grid, block, smem, args))
+               side: bool = False, pdl: bool = False) -> None:
+        if self._capturing is not None:  # a graph keeps each launch's attributes: its replay launches them again
+            self._capturing.append((obj, kernel, grid, block, smem, args, side, pdl))
             return
+        if pdl:  # one stream, run in order: a programmatic dependent launch is the launch after the one before it
+            self.pdl_kernels.append(kernel)
         if obj == "ref":
             _reference(self, kernel, args)
             return

@@ -1,7 +1,8 @@
 """The exported launcher's side launches (evo/export/runtime/package/launch.py) without torch or a GPU: a fake torch
 and a recording cuda.core launch. A plan's side launch runs on the device's side stream (made once, at the greatest
 priority) after an event recorded on the caller's stream right after its fork point, the caller's stream waits for
-the side stream at the end, and a side launch with more CTAs than the device has SMs is refused (PlanError)."""
+the side stream at the end, and a side launch with more CTAs than the device has SMs is refused (PlanError). A pdl
+launch's config asks for programmatic stream serialization, or falls back to an ordinary launch with a warning."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from cuda.core import LaunchConfig
 
 from evo.export.runtime.package.choice import Choice
 from evo.export.runtime.package.table import Launch
+from tests.unit.test_pdl_launch import OldLaunchConfig
 
 
 class _Log(list):
@@ -107,3 +110,14 @@ def test_a_side_launch_with_more_ctas_than_sms_is_refused(launch_mod):
                                             "has 132 SMs"):
         mod._check_side_residency(plan, 0)
     mod._check_side_residency((plan[0], _ln("kda_chunk_recur", stream="side", fork_after="kda_chunk_flags")), 0)
+
+
+def test_a_package_launches_pdl_where_it_can_and_in_order_with_a_warning_where_it_cannot(launch_mod):
+    _config = launch_mod[0]._config
+    ln = Launch("kda_chunk_recur", (4, 32, 1), (128, 1, 1), 1024, (), pdl=True)
+    assert _config(LaunchConfig, ln).programmatic_stream_serialization is True
+    assert _config(LaunchConfig, Launch("prep", (4, 1, 1), (128, 1, 1), 0, ())
+                   ).programmatic_stream_serialization is False
+    with pytest.warns(RuntimeWarning, match="kda_chunk_recur: this cuda.core cannot launch it as a programmatic"):
+        cfg = _config(OldLaunchConfig, ln)
+    assert isinstance(cfg, OldLaunchConfig) and cfg.grid == (4, 32, 1) and cfg.shmem_size == 1024

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import random
 import re
+import difflib
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -189,7 +190,8 @@ OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_dia
            "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
            "kwarps": 1, "prep_inv": "rows", "overlap": False,
            "prep_addr": "swz", "recur_addr": "swz", "prep_wu": "tf32", "recur_early": "none",
-           "prep_aref": "block", "prep_v": "early", "prep_aoff": "one", "prep_u": "fp32"}  # each option's off value: the code before it
+           "prep_aref": "block", "prep_v": "early", "prep_aoff": "one", "prep_u": "fp32",
+           "pdl": False}  # each option's off value: the code before it
 
 
 # The sha256 of the sources the template rendered before the options existed (before commit 3ae179e),
@@ -241,6 +243,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
             fixed = [f | {"prep_aoff": "one"} for f in fixed]
         if "prep_u" in names:  # u written and read as fp32 as before (test_prep_u_legality)
             fixed = [f | {"prep_u": "fp32"} for f in fixed]
+        if "pdl" in names:  # launch 2 after launch 1 as before (test_pdl_legality)
+            fixed = [f | {"pdl": False} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
             out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
@@ -763,7 +767,8 @@ def test_recur_lean_legality():
                  "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
                  "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
                  "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"], "recur_addr": ["swz"], "prep_wu": ["tf32"],
-                 "recur_early": ["none"], "prep_aref": ["block"], "prep_v": ["early"], "prep_aoff": ["one"], "prep_u": ["fp32"]}
+                 "recur_early": ["none"], "prep_aref": ["block"], "prep_v": ["early"], "prep_aoff": ["one"], "prep_u": ["fp32"],
+                 "pdl": [False]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
     assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
 
@@ -1107,13 +1112,13 @@ def test_recur_ldsm_off_renders_the_code_from_before_it():
     # the later prep options (prep_round, prep_blocks, prep_vec, prep_wu) at their off values
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
                                                       "kwarps", "prep_wu", "recur_early", "prep_aref", "prep_v",
-                                                      "prep_aoff", "prep_u")]
+                                                      "prep_aoff", "prep_u", "pdl")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
                                       "prep_vec": False, "kwarps": 1, "prep_wu": "tf32", "recur_early": "none",
                                       "prep_aref": "block", "prep_v": "early", "prep_aoff": "one",
-                                      "prep_u": "fp32"}
+                                      "prep_u": "fp32", "pdl": False}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1296,13 +1301,13 @@ def test_recur_fuse_off_renders_the_code_from_before_it():
     # (and recur_addr at swz: carry is legal on these points since 2026-12-05, a kernel of its own)
     names = [n for n in TDEF.param_names if n not in ("recur_ldsm", "recur_fuse", "prep_round", "prep_blocks", "prep_vec",
                                                       "kwarps", "recur_addr", "prep_wu", "recur_early", "prep_aref",
-                                                      "prep_v", "prep_aoff", "prep_u")]
+                                                      "prep_v", "prep_aoff", "prep_u", "pdl")]
     h, n = hashlib.sha256(), 0
     for vals in product(*(TDEF.values(k) for k in names)):
         p = dict(zip(names, vals)) | {"recur_ldsm": True, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3,
                                       "prep_vec": False, "kwarps": 1, "recur_addr": "swz", "prep_wu": "tf32",
                                       "recur_early": "none", "prep_aref": "block", "prep_v": "early", "prep_aoff": "one",
-                                      "prep_u": "fp32"}
+                                      "prep_u": "fp32", "pdl": False}
         if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()):
             h.update(source(TDEF, c, p).encode())
             n += 1
@@ -1578,12 +1583,13 @@ def emulated_kernels(c0: Cell, p: dict, bug: str = "") -> dict:
     return {"kda_chunk_prep": prep, "kda_chunk_recur": recur}
 
 
-@pytest.mark.parametrize("u", ["fp32", "bf16"])
+@pytest.mark.parametrize("u", ["fp32", "bf16", "fp32-pdl"])
 @pytest.mark.parametrize("bug", ["", "no_decay"])
 def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str, u: str):
     """make_job's kda job for the chunk template (two launches, six workspaces, gate cells of T = 1 and 3)
     through the real Gate with the emulated launches: OK, and WRONG_ANSWER with a bug; with u as fp32 and, on the
-    K-split carry recurrence, as bf16 (its workspace half the bytes, written and read as bf16)."""
+    K-split carry recurrence, as bf16 (its workspace half the bytes, written and read as bf16); with pdl, launch 2
+    reaches the device as a programmatic dependent launch at every call, launch 1 never."""
     from evo.measure.evaluate import make_job
     from evo.measure.evaluators import gate_cells_for
     from evo.measure.jobs import Timing
@@ -1592,6 +1598,8 @@ def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str, u: str
     p = TDEF.default_params() | {"chunk": 32}
     if u == "bf16":
         p |= {"kwarps": 2, "recur_addr": "carry", "prep_u": "bf16"}
+    if u.endswith("pdl"):
+        p |= {"pdl": True}
     g = Genome.make("kda", "chunk", TDEF.source_hash, p)
     gates = gate_cells_for(SPEC, TDEF, g, c, ARCH)
     assert {(x.dim("B"), x.dim("T")) for x in gates} >= {(1, 1), (3, 1), (2, 3)}
@@ -1601,7 +1609,10 @@ def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str, u: str
                    baseline=False, gate_cells=gates, stress_launches=1)
     assert set(job.left_out) == {"A_log", "dt_bias", "cu_seqlens"}
     assert [ln.kernel for ln in job.launches] == ["kda_chunk_prep", "kda_chunk_recur"]
-    gate_on_fake(KdaFakeDevice(emulated_kernels(c, p, bug)), job, g, c, build, bug)
+    assert [ln.pdl for ln in job.launches] == [False, p["pdl"]]
+    dev = KdaFakeDevice(emulated_kernels(c, p, bug))
+    gate_on_fake(dev, job, g, c, build, bug)
+    assert dev.launches > 0 and dev.pdl_kernels == (["kda_chunk_recur"] * (dev.launches // 2) if p["pdl"] else [])
 
 
 def test_variant_of_prefill_cells_is_fla_default():
@@ -1863,11 +1874,11 @@ def test_the_varlen_experiment_searches_the_matrix_model_cell_over_legal_points(
     assert any(p["recur_lean"] for p in legal) and any(p["prep_diag"] == "split" for p in legal)
 
 
-@pytest.mark.parametrize("name, cells, points, bf16_u", [("kda_prefill_h200_t8192.toml", 1, 152, 36),
-                                                         ("kda_prefill_h200.toml", 4, 2600, 312)])
+@pytest.mark.parametrize("name, cells, points, bf16_u", [("kda_prefill_h200_t8192.toml", 1, 304, 72),
+                                                         ("kda_prefill_h200.toml", 4, 5200, 624)])
 def test_prefill_configs_hold_the_legal_points_their_comments_state(name: str, cells: int, points: int, bf16_u: int):
     """The prefill GA configs' narrowed spaces hold, on each of their cells, the number of legal points (and of
-    them with u stored as bf16) that the configs' comments state."""
+    them with u stored as bf16) that the configs' comments state; half of each with pdl."""
     from evo.core.config import load_config
     from evo.loop.pipeline import Session
     from memory.store import Store
@@ -1882,6 +1893,7 @@ def test_prefill_configs_hold_the_legal_points_their_comments_state(name: str, c
         for c in ses.cells:
             legal = t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict())
             assert (len(legal), sum(p["prep_u"] == "bf16" for p in legal)) == (points, bf16_u), c.label()
+            assert sum(p["pdl"] for p in legal) == points // 2
 
 
 # ---- prep_round (tf32 by one integer add) and prep_blocks (the split prep's CTAs an SM) ----------------------
@@ -3505,3 +3517,78 @@ def test_prep_u_bf16_slot_holds_every_u_word_where_each_lane_reads_it(W: int, KW
     assert u_slot_layout(4, W, KW)[1] == u_slot_layout(2, W, KW)[1] == 1
     with pytest.raises(AssertionError):
         u_slot_layout(2, 1, KW)
+
+
+# ---- pdl: launch 2 as a programmatic dependent launch of launch 1 -----------------------------------------------
+
+def test_pdl_legality():
+    """pdl is offered wherever launch 2 follows launch 1 on one stream (every legal point without overlap takes it)
+    and breaks exactly pdl_is_not_the_overlap on the overlapped plan's points."""
+    assert TDEF.values("pdl") == (False, True) and TDEF.default_params()["pdl"] is False
+    c = PREFILL_CELLS[0]
+    legal = all_legal(c, ksplit=True)
+    ok = [p for p in legal if not p["overlap"]]
+    over = [p | {"overlap": True, "kwarps": 2, "recur_addr": r} for p in ok if p["kwarps"] > 1 for r in ("hoist",)]
+    over = [p for p in over if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())]
+    assert len(ok) > 1000 and len(over) > 50
+    assert all(TDEF.violations(p | {"pdl": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == [] for p in ok[::7])
+    assert all(TDEF.violations(p | {"pdl": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["pdl_is_not_the_overlap"]
+               for p in over)
+
+
+PDL_POINTS = [BF16U_BASE, BF16U_BASE | {"prep_u": "bf16"},
+              {"chunk": 32, "warps": 2, "stages": 6, "recur_lean": True, "recur_ldsm": True, "u_prefetch": True,
+               "stage_in": True},
+              {"chunk": 64, "warps": 4}]
+
+
+@pytest.mark.parametrize("fit", PDL_POINTS, ids=["carry", "carry-bf16u", "lean", "C64"])
+def test_pdl_triggers_first_in_launch_1_and_waits_before_launch_2_reads_the_workspace(fit: dict):
+    """pdl adds two instructions and nothing else: launch 1's CTAs run griddepcontrol.launch_dependents before any
+    other statement, launch 2 runs griddepcontrol.wait after its setup (offsets, the copy lambdas) and right before
+    the ring's prologue, its first read of the workspace; the plan marks launch 2 (and only it) as pdl, on the
+    equal-length and on the varlen cell."""
+    for c in (PREFILL_CELLS[0], MODEL_VARLEN):
+        p = TDEF.default_params() | fit
+        assert TDEF.violations(p | {"pdl": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == [], c.label()
+        off, on = source(TDEF, c, p), source(TDEF, c, p | {"pdl": True})
+        diff = list(difflib.ndiff(off.splitlines(), on.splitlines()))
+        added = [ln[2:].strip() for ln in diff if ln.startswith("+ ")]
+        asm = [ln for ln in added if not ln.startswith("//")]
+        assert not any(ln.startswith("- ") for ln in diff)
+        assert asm == ['asm volatile("griddepcontrol.launch_dependents;" ::: "memory");',
+                       'asm volatile("griddepcontrol.wait;" ::: "memory");'], added
+        prep, recur = on.split("kda_chunk_recur(", 1)
+        body = prep.split("kda_chunk_prep(", 1)[1].split(") {", 1)[1]
+        first = next(ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("//"))
+        assert first == 'asm volatile("griddepcontrol.launch_dependents;" ::: "memory");'
+        after = recur.split('asm volatile("griddepcontrol.wait;" ::: "memory");', 1)[1]
+        nxt = next(ln.strip() for ln in after.splitlines() if ln.strip() and not ln.strip().startswith("//"))
+        assert nxt.startswith(("for (int s = 0; s < NS - 1; ++s)", "issue_k0(0")), nxt  # the prologue's loop or first copy
+        before = recur.split("griddepcontrol.wait", 1)[0]
+        assert "issue(s" not in before and "issue_k0(0" not in before  # the ring's first copies come after it
+        for q, want in ((p, [False, False]), (p | {"pdl": True}, [False, True])):
+            launches, _ = TDEF.plan(q, ARCH, c.dtypes_dict(), c.dims_dict())
+            assert [ln.kernel for ln in launches] == ["kda_chunk_prep", "kda_chunk_recur"]
+            assert [ln.pdl for ln in launches] == want
+
+
+@pytest.mark.parametrize("fit", PDL_POINTS[:3], ids=["carry", "carry-bf16u", "lean"])
+def test_pdl_builds_the_same_kernels_but_for_the_trigger_and_the_wait(fit: dict):
+    """NVRTC sm_90a: with pdl the prep holds one PREEXIT (launch_dependents) and the recurrence one ACQBULK (the
+    wait), neither kernel has either without it; the same registers, no spills, as many HMMA and LDGSTS."""
+    from evo.build.sass import disassemble, opcode
+
+    c = PREFILL_CELLS[0]
+    p = TDEF.default_params() | fit
+    off, on = compile_point(c, p), compile_point(c, p | {"pdl": True})
+    assert off.status.ok and on.status.ok, (off.error, on.error)
+    for k in ("kda_chunk_prep", "kda_chunk_recur"):
+        a = [opcode(x) for x in disassemble(off.cubin, k)]
+        b = [opcode(x) for x in disassemble(on.cubin, k)]
+        assert dict(off.resources)[k].regs == dict(on.resources)[k].regs
+        assert dict(on.resources)[k].spill_stores == dict(on.resources)[k].spill_loads == 0
+        for op in ("HMMA", "LDGSTS"):
+            assert a.count(op) == b.count(op), (k, op)
+        assert "PREEXIT" not in a and "ACQBULK" not in a
+        assert (b.count("PREEXIT"), b.count("ACQBULK")) == ((1, 0) if k == "kda_chunk_prep" else (0, 1)), k

@@ -425,12 +425,12 @@ def test_emulation_catches_a_wrong_head_mapping():
 class KdaFakeDevice(FakeDevice):
     """The numpy fake device with KDA's float64 reference, and the launch grid visible to fake kernels."""
 
-    def launch(self, obj, kernel, grid, block, smem, args):
+    def launch(self, obj, kernel, grid, block, smem, args, side=False, pdl=False):
         if self._capturing is None:
             self.state["grid"] = grid
             if obj == "ref":
                 return self._kda_reference(kernel, args)
-        return super().launch(obj, kernel, grid, block, smem, args)
+        return super().launch(obj, kernel, grid, block, smem, args, side, pdl)
 
     def read(self, ptr: int, dt: DType, shape: tuple) -> np.ndarray:
         n = int(np.prod(shape))

@@ -19,7 +19,7 @@ class _Dev:
         self.log: list = []
         self.marks = 0
 
-    def launch(self, obj, kernel, grid, block, smem, args, side=False) -> None:
+    def launch(self, obj, kernel, grid, block, smem, args, side=False, pdl=False) -> None:
         self.log.append(("launch", kernel, "side" if side else "main"))
 
     def mark(self):

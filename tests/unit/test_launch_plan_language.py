@@ -1,6 +1,7 @@
 """The launch plan language: `when` (a launch only where an expression holds), `stream = "side"` with
-`fork_after` (a launch beside the main stream, after a named main launch), their parse errors, the build's
-kernel list, and the exported package's table (the same plan from the exported JSON)."""
+`fork_after` (a launch beside the main stream, after a named main launch), `pdl` (a programmatic dependent launch
+where an expression holds), their parse errors, the build's kernel list, and the exported package's table (the same
+plan from the exported JSON)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ args = ["y", "ws_flag"]
 [[launch]]
 kernel = "recur_in_order"
 when = "not overlap"
+pdl = "threads == 256"
 grid = ["N // 4"]
 block = ["64"]
 args = ["y"]
@@ -113,17 +115,40 @@ def test_plan_language_errors_name_the_launch_and_the_key(launches, message):
     assert message in str(e.value) and "toy.cu.j2: [[launch]] #" in str(e.value)
 
 
+def test_pdl_marks_a_launch_where_its_expression_holds():
+    t = toy()
+    for threads, pdl in ((256, True), (128, False)):
+        launches, _ = t.plan({"overlap": False, "threads": threads}, 90, {}, {"N": 64})
+        assert [(ln.kernel, ln.pdl) for ln in launches] == [("prep", False), ("recur_in_order", pdl)]
+    launches, _ = t.plan({"overlap": True, "threads": 256}, 90, {}, {"N": 64})
+    assert not any(ln.pdl for ln in launches)
+
+
+def test_pdl_is_for_main_launches_and_never_the_plan_s_first():
+    """A side launch cannot be pdl (parse error); a main launch can, but where it is the first launch of the plan
+    (nothing of the plan before it to depend on: it would overlap the caller's work) planning refuses it."""
+    with pytest.raises(TemplateError, match=r"\[\[launch\]\] #2: pdl .* main-stream launches only"):
+        toy(LAUNCHES.replace('stream = "side"\n', 'stream = "side"\npdl = "threads > 0"\n'))
+    t = toy(LAUNCHES.replace('kernel = "prep"\n', 'kernel = "prep"\npdl = "threads > 0"\n'))
+    launches, _ = t.plan({"overlap": True, "threads": 128}, 90, {}, {"N": 64})  # after zero: fine
+    assert [(ln.kernel, ln.pdl) for ln in launches][:2] == [("zero", False), ("prep", True)]
+    with pytest.raises(TemplateError, match="prep is a programmatic dependent launch .pdl. and the plan's first launch"):
+        t.plan({"overlap": False, "threads": 128}, 90, {}, {"N": 64})
+
+
 def test_a_side_launch_whose_fork_point_is_not_in_the_plan_is_refused():
     t = toy(LAUNCHES.replace('when = "overlap"\ngrid = ["1"]', 'when = "threads == 256"\ngrid = ["1"]'))
     with pytest.raises(TemplateError, match="forks after 'zero', which no main launch before it in this plan runs"):
         t.plan({"overlap": True, "threads": 128}, 90, {}, {"N": 64})
 
 
-@pytest.mark.parametrize("params", [{"overlap": True, "threads": 256}, {"overlap": False, "threads": 128}])
+@pytest.mark.parametrize("params", [{"overlap": True, "threads": 256}, {"overlap": False, "threads": 128},
+                                    {"overlap": False, "threads": 256}])
 def test_the_exported_table_plans_as_the_factory_does(params):
     t = toy()
     doc = template_doc("toy", t)
-    assert "when" not in doc["launches"][1] and "stream" not in doc["launches"][1]  # unset keys stay out
+    assert not {"when", "stream", "pdl"} & set(doc["launches"][1])  # unset keys stay out
+    assert doc["launches"][3]["pdl"] == "threads == 256"
     exported = _template("toy-1", doc, {})
     ours, ws = t.plan(params, 90, {}, {"N": 64})
     theirs, ws2 = exported.plan(params, 90, {}, {"N": 64})

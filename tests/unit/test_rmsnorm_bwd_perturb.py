@@ -44,9 +44,9 @@ def write(dev: FakeDevice, ptr: int, dtype: str, v: np.ndarray) -> None:
 class BwdDevice(FakeDevice):
     """The fake device with rmsnorm_bwd's float64 references (the op's device hooks name them)."""
 
-    def launch(self, obj, kernel, grid, block, smem, args):
+    def launch(self, obj, kernel, grid, block, smem, args, side=False, pdl=False):
         if obj != "ref" or self._capturing is not None:
-            return super().launch(obj, kernel, grid, block, smem, args)
+            return super().launch(obj, kernel, grid, block, smem, args, side, pdl)
         (_, px), (_, pw), (_, pd), (_, pr), (_, po), (_, m), (_, n) = args
         xd, wd = (NAMES[s] for s in kernel.split("_")[-2:])
         ins = {"x": read(self, px, xd, m * n).reshape(m, n), "w": read(self, pw, wd, n),

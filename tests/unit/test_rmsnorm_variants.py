@@ -460,10 +460,10 @@ class RmsFakeDevice(FakeDevice):
         super().__init__(kernels, baseline_us=None)
         self.c0 = c0
 
-    def launch(self, obj, kernel, grid, block, smem, args):
+    def launch(self, obj, kernel, grid, block, smem, args, side=False, pdl=False):
         if obj == "ref" and self._capturing is None:
             return self._reference(args)
-        return super().launch(obj, kernel, grid, block, smem, args)
+        return super().launch(obj, kernel, grid, block, smem, args, side, pdl)
 
     def read(self, ptr: int, dt: DType, shape: tuple) -> np.ndarray:
         n = int(np.prod(shape))

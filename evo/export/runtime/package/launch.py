@@ -11,6 +11,7 @@ launch), so they are not cleared.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,6 +43,19 @@ def _allow_smem(kernel: Any, nbytes: int, device: int) -> None:
         (err,) = driver.cuFuncSetAttribute(h, attr, nbytes)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cannot allow {nbytes} B of dynamic shared memory: {err}")
+
+
+def _config(make: Any, ln: Launch) -> Any:
+    """The launch's LaunchConfig; a pdl launch as a programmatic dependent launch where cuda.core can set it
+    (>= 1.2.0), else in order with a warning: its kernel's griddepcontrol.wait then returns at once, so the
+    results are the same and only the overlap is lost."""
+    if ln.pdl:
+        try:
+            return make(grid=ln.grid, block=ln.block, shmem_size=ln.smem, programmatic_stream_serialization=True)
+        except TypeError:
+            warnings.warn(f"{ln.kernel}: this cuda.core cannot launch it as a programmatic dependent launch (needs "
+                          ">= 1.2.0); it runs after the launch before it", RuntimeWarning, stacklevel=3)
+    return make(grid=ln.grid, block=ln.block, shmem_size=ln.smem)
 
 
 def _check_side_residency(launches: tuple[Launch, ...], index: int) -> None:
@@ -108,7 +122,7 @@ class Launcher:
             kernel = loaded.module.get_kernel(ln.kernel)
             if ln.smem > 0:
                 _allow_smem(kernel, ln.smem, index)
-            ready.append((ln, kernel, LaunchConfig(grid=ln.grid, block=ln.block, shmem_size=ln.smem)))
+            ready.append((ln, kernel, _config(LaunchConfig, ln)))
         forks = frozenset(ln.fork_after for ln in launches if ln.stream == "side")
         return _Prepared(tuple(ready), tuple(workspaces.items()), dict(c.dims), dict(tables()[c.op].scalars), forks)
 

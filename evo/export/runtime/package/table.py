@@ -16,7 +16,9 @@ from .expr import DATA
 @dataclass(frozen=True)
 class Launch:
     """One kernel launch with every expression evaluated for one shape; a `side` launch runs on a second stream
-    after the main stream's launch of `fork_after` (the factory's plan language, evo/templates/template.py)."""
+    after the main stream's launch of `fork_after`; a `pdl` launch may begin before the main launch before it has
+    completed, its kernel waiting for it by griddepcontrol.wait (the factory's plan language,
+    evo/templates/template.py)."""
 
     kernel: str
     grid: tuple[int, int, int]
@@ -25,6 +27,7 @@ class Launch:
     args: tuple[str, ...]
     stream: str = "main"
     fork_after: str = ""
+    pdl: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class LaunchDecl:
     when: str = ""
     stream: str = "main"
     fork_after: str = ""
+    pdl: str = ""  # an expression; empty: never
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ class Template:
             return (v[0], v[1], v[2])
 
         launches = tuple(Launch(d.kernel, dim3(d.grid), dim3(d.block), int(expr.evaluate(d.smem, ctx)), d.args,
-                                d.stream, d.fork_after)
+                                d.stream, d.fork_after, bool(d.pdl) and bool(expr.evaluate(d.pdl, ctx)))
                          for d in self.launches if not d.when or expr.evaluate(d.when, ctx))
         return launches, {name: int(expr.evaluate(text, ctx)) for name, text in self.workspaces}
 
@@ -171,7 +175,7 @@ def _items(d: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 def _template(tid: str, t: Mapping[str, Any], defaults: Mapping[str, int]) -> Template:
     launches = tuple(LaunchDecl(d["kernel"], tuple(d["grid"]), tuple(d["block"]), d["smem"], tuple(d["args"]),
-                                d.get("when", ""), d.get("stream", "main"), d.get("fork_after", ""))
+                                d.get("when", ""), d.get("stream", "main"), d.get("fork_after", ""), d.get("pdl", ""))
                      for d in t["launches"])
     return Template(tid, t["name"], t["file"], tuple(t["specialize"]),
                     tuple((k, tuple(v)) for k, v in t["space"].items()), tuple(t["constraints"].items()),
