@@ -20,7 +20,7 @@ class _Dev:
         self.marks = 0
 
     def launch(self, obj, kernel, grid, block, smem, args, side=False, pdl=False) -> None:
-        self.log.append(("launch", kernel, "side" if side else "main"))
+        self.log.append(("launch", kernel, "side" if side else "main") + (("pdl",) if pdl else ()))
 
     def mark(self):
         self.marks += 1
@@ -34,9 +34,9 @@ class _Dev:
         self.log.append(("join",))
 
 
-def ln(kernel: str, stream: str = "main", fork_after: str = ""):
+def ln(kernel: str, stream: str = "main", fork_after: str = "", pdl: bool = False):
     return SimpleNamespace(kernel=kernel, grid=(4, 2, 1), block=(128, 1, 1), smem=0, args=(), stream=stream,
-                           fork_after=fork_after)
+                           fork_after=fork_after, pdl=pdl)
 
 
 def test_a_plan_without_side_launches_is_the_launches_in_order():
@@ -52,6 +52,12 @@ def test_a_side_launch_waits_for_its_fork_point_only_and_the_streams_join_at_the
                        ("launch", "prep", "main"),               # not marked: nothing forks after it
                        ("fork", 1), ("launch", "recur", "side"),  # issued after prep on the host
                        ("join",)]
+
+
+def test_a_pdl_launch_reaches_the_device_as_one_and_only_it():
+    dev = _Dev()
+    launch_plan(dev, None, [(ln("prep"), ()), (ln("recur", pdl=True), ())])
+    assert dev.log == [("launch", "prep", "main"), ("launch", "recur", "main", "pdl")]
 
 
 def test_a_side_launch_before_its_fork_point_is_refused():
