@@ -1874,26 +1874,28 @@ def test_the_varlen_experiment_searches_the_matrix_model_cell_over_legal_points(
     assert any(p["recur_lean"] for p in legal) and any(p["prep_diag"] == "split" for p in legal)
 
 
-@pytest.mark.parametrize("name, cells, points, bf16_u", [("kda_prefill_h200_t8192.toml", 1, 304, 72),
-                                                         ("kda_prefill_h200.toml", 4, 5200, 624)])
-def test_prefill_configs_hold_the_legal_points_their_comments_state(name: str, cells: int, points: int, bf16_u: int):
-    """The prefill GA configs' narrowed spaces hold, on each of their cells, the number of legal points (and of
-    them with u stored as bf16) that the configs' comments state; half of each with pdl."""
+@pytest.mark.parametrize("name, cells, points", [("kda_prefill_h200_t8192.toml", 1, 116), ("kda_prefill_h200.toml", 4, 2288)])
+def test_prefill_configs_hold_the_legal_points_their_comments_state(name: str, cells: int, points: int):
+    """The prefill GA configs' narrowed spaces hold, on each of their cells, the number of legal points that the
+    configs' comments state, none with u stored as bf16 or with pdl (both slower on an H100: kda_prefill_h100_6), and
+    seed no table of those options' predictions."""
     from evo.core.config import load_config
     from evo.loop.pipeline import Session
     from memory.store import Store
 
     path = Path(__file__).resolve().parents[2] / "experiments" / name
-    comment = "".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
-    assert f"{points}" in comment and f"{bf16_u}" in comment
+    comment = " ".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
+    assert f"{points}" in comment
+    cfg = load_config(path)
+    assert not {"seeds/kda_prefill_bf16u.json", "seeds/kda_prefill_pdl.json"} & set(cfg.search.seed_tables)
     with Store.open(":memory:") as s:
-        ses = Session(load_config(path), s, "check")
+        ses = Session(cfg, s, "check")
         assert len(ses.cells) == cells
         t = ses.templates["chunk"]
         for c in ses.cells:
             legal = t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict())
-            assert (len(legal), sum(p["prep_u"] == "bf16" for p in legal)) == (points, bf16_u), c.label()
-            assert sum(p["pdl"] for p in legal) == points // 2
+            assert len(legal) == points, c.label()
+            assert not any(p["prep_u"] == "bf16" or p["pdl"] for p in legal)
 
 
 # ---- prep_round (tf32 by one integer add) and prep_blocks (the split prep's CTAs an SM) ----------------------
