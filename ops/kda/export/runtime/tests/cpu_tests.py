@@ -74,7 +74,7 @@ BASE = DECODE[0] if DECODE else ENTRIES[0]
 BASE_ENTRY = _entry_point(BASE)
 
 
-def _decode(**over):
+def _explain_near_base(**over):
     """explain() of a call of BASE_ENTRY near BASE, with `over` replacing q/v dims or keywords."""
     d = dict(BASE.dims)
     b, t, h, k, hv, v = (over.pop(n, d[m]) for n, m in (("b", "B"), ("t", "T"), ("h", "H"), ("k", "K"),
@@ -87,13 +87,13 @@ def _decode(**over):
 @pytest.mark.skipif(not DECODE, reason="no decode cell exported")
 def test_off_table_decode_calls_get_a_kernel_path():
     d = dict(DECODE[0].dims)
-    assert _decode(b=3).path == "table-build"  # B is no compiled-in dim
-    assert _decode(b=3, t=3).path == "table-build"
-    assert _decode(b=5, h=2, hv=4).path == "table-build"  # grouped value heads: HV / H read at run time
-    assert _decode(b=1, t=7, n_seqs=3).path == "table-build"  # a varlen batch: cu_seqlens read at run time
-    c = _decode(k=d["K"] // 2)
+    assert _explain_near_base(b=3).path == "table-build"  # B is no compiled-in dim
+    assert _explain_near_base(b=3, t=3).path == "table-build"
+    assert _explain_near_base(b=5, h=2, hv=4).path == "table-build"  # grouped value heads: HV / H read at run time
+    assert _explain_near_base(b=1, t=7, n_seqs=3).path == "table-build"  # a varlen batch: cu_seqlens read at run time
+    c = _explain_near_base(k=d["K"] // 2)
     assert c.path in ("rerender", "repaired") and dict(c.consts)["K"] == d["K"] // 2, str(c)
-    other = _decode(arch=ARCH + 10)
+    other = _explain_near_base(arch=ARCH + 10)
     assert other.path in ("rerender", "repaired") and "compiled for it" in str(other)
 
 
@@ -109,7 +109,7 @@ def test_variants_the_decode_template_refuses_take_torch_and_say_which(over, wor
     them to torch, naming the rule; a table with another decode template may admit them."""
     if any(TABLE.templates[t].name not in ("recurrent", "recurrent_bulk") for t in templates_of(TABLE, "fused_recurrent_kda")):
         pytest.skip("another decode template is exported: it may admit the variant")
-    c = _decode(**over)
+    c = _explain_near_base(**over)
     words = (words,) if isinstance(words, str) else words
     assert c.path == "torch" and any(w in c.reason for w in words), str(c)
 
@@ -117,7 +117,7 @@ def test_variants_the_decode_template_refuses_take_torch_and_say_which(over, wor
 def test_compiled_in_variants_are_served_by_a_kernel():
     """In-kernel q, k L2 norm and beta sigmoid with negative eigenvalues: a kernel of the package's templates
     (decode, or chunk_kda's in a package without decode) compiles them in."""
-    c = _decode(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    c = _explain_near_base(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
     assert c.kernel and dict(c.consts).get("beta_act", 2) == 2, str(c)
 
 
