@@ -134,7 +134,7 @@ def time_launches(dev: Any, obj: Any, ref_obj: Any, ref_mod: Any, job: Any, reps
     bound, samples = _with_set(dev, obj, ref_obj, ref_mod, job, kind, seed, body)
     launches = [{"kernel": lj.kernel, "grid": list(lj.grid), "block": list(lj.block), "smem": lj.smem,
                  "ctas": lj.grid[0] * lj.grid[1] * lj.grid[2], "pdl": lj.pdl, **_stats(xs)}
-                for (lj, _), xs in zip(bound, samples)]  # alone: each in order, pdl or not; together: as declared
+                for (lj, _), xs in zip(bound, samples)]  # pdl as declared; a launch alone is launched without it
     tog = _stats(samples[-1])
     return {"launches": launches, "together": tog, "sum_us": sum(ln["median_us"] for ln in launches),
             "total_us": tog["median_us"], "reps": reps, "kind": kind, "order": order,

@@ -32,8 +32,8 @@ POINTS = [p for p in EMU_POINTS if p.get("prep_exp") == "ex2" and p.get("prep_ad
 
 
 def worst_shares(cells, inputs_of, emulate_one, p: dict, strict: bool = True) -> dict[str, float]:
-    """The largest share of the tolerance used, per output, over the cells, their inputs and both error signs (every point here is ex2) (strict:
-    a failing case stops the run)."""
+    """The largest share of the tolerance used, per output, over the cells, their inputs and both error signs (every
+    point here is ex2, which has two; strict: a failing case stops the run)."""
     worst: dict[str, float] = {}
     for c in cells:
         for _, _, name, _, ok, share in emulated_shares(c, p, inputs_of(c), emulate_one):

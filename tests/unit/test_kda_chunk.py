@@ -3530,7 +3530,7 @@ def test_pdl_legality():
     c = PREFILL_CELLS[0]
     legal = all_legal(c, ksplit=True)
     ok = [p for p in legal if not p["overlap"]]
-    over = [p | {"overlap": True, "kwarps": 2, "recur_addr": r} for p in ok if p["kwarps"] > 1 for r in ("hoist",)]
+    over = [p | {"overlap": True, "kwarps": 2, "recur_addr": "hoist"} for p in ok if p["kwarps"] > 1]
     over = [p for p in over if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())]
     assert len(ok) > 1000 and len(over) > 50
     assert all(TDEF.violations(p | {"pdl": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == [] for p in ok[::7])
