@@ -14,6 +14,7 @@
 #   bwdall OUT  the backward GA over all 18 cells, no peer beside the candidates (rmsnorm_bwd_h200_all.toml)
 #   residual OUT  the residual variant's GA (rmsnorm_residual_h200.toml)
 #   bwdwide OUT the backward GA on the four widest 16-bit cells only (rmsnorm_bwd_h200_wide.toml)
+#   bwdfp32 OUT the backward GA on the four fp32 cells only (rmsnorm_bwd_h200_fp32.toml), in the chain's store
 #   fwd2 OUT    the forward GA with the short-row template (rmsnorm_h200_regimes2.toml)
 #   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
 #               against every peer in one process (kfactory bench --dispatch)
@@ -64,7 +65,7 @@
 # $GA_MAX_S, when set, is every GA's time budget in place of its config's budget.max_seconds.
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, bwdwide, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, kdaprefill or kdabench}; out=${2:?output folder}
+stages=${1:?ga, bwdga, bwdwide, bwdfp32, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, kdaprefill or kdabench}; out=${2:?output folder}
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi
@@ -130,12 +131,14 @@ peers_setup() {
     $R/rmsnorm_h200_long2/dispatch.json $R/rmsnorm_h200_long/dispatch.json $R/rmsnorm_h200_regimes/dispatch.json >> "$log" 2>&1
   bwd=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)
   bwd_wide=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-wide-*/dispatch.json 2>/dev/null | head -1)
+  bwd_fp32=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-fp32-*/dispatch.json 2>/dev/null | head -1)
   python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/bwd_dispatch.json" ${bwd:+"$bwd"} ${bwd_wide:+"$bwd_wide"} \
+    ${bwd_fp32:+"$bwd_fp32"} \
     $R/rmsnorm_bwd_h200_wide/dispatch.json $R/rmsnorm_bwd_h200_all3/dispatch.json $R/rmsnorm_bwd_h200_all2/dispatch.json $R/rmsnorm_bwd_h200/dispatch.json >> "$log" 2>&1
   res=$(ls -t /tmp/kf_rms/runs/rmsnorm-residual-h200-*/dispatch.json 2>/dev/null | head -1)
   python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/res_dispatch.json" ${res:+"$res"} \
     $R/rmsnorm_residual_h200/dispatch.json >> "$log" 2>&1
-  echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed} ${bwd_wide:-}, residual ${res:-committed} (fastest per cell)" >> "$log"
+  echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed} ${bwd_wide:-} ${bwd_fp32:-}, residual ${res:-committed} (fastest per cell)" >> "$log"
 }
 res_peers() {
   timeout "${RES_PEERS_S:-200}" python3 -m evo.cli.main bench --op rmsnorm --dispatch "$out/tables/res_dispatch.json" \
@@ -177,6 +180,9 @@ case "$stage" in
   bwdwide)  # in the chain's shared store, warm from the backward runs there
     rms_store
     ga 200 experiments/rmsnorm_bwd_h200_wide.toml /tmp/kf_rms bwd_wide ;;
+  bwdfp32)  # in the chain's shared store, warm from the backward runs there
+    rms_store
+    ga 220 experiments/rmsnorm_bwd_h200_fp32.toml /tmp/kf_rms bwd_fp32 ;;
   residual)  # in the chain's shared store, so that export packages the variant run beside the plain one
     rms_store
     ga 220 experiments/rmsnorm_residual_h200.toml /tmp/kf_rms residual ;;
