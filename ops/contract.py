@@ -98,7 +98,13 @@ def _runnable_problems(spec: OpSpec) -> list[str]:
         bad.append("device hooks lack SOURCE (the float64 reference's .cu file)")
     if callable(getattr(mod, "reference", None)):
         c = spec.matrix()[0]
-        names = {t.name for t in spec.tensors} | {f"ref:{t.name}" for t in spec.tensors if t.role is Role.OUT}
+        outs = {t.name for t in spec.tensors if t.role is Role.OUT}
+        scaled = tuple(getattr(mod, "SCALED", ()))
+        bad += [f"device hooks' SCALED names {n!r}, not an output" for n in scaled if n not in outs]
+        if scaled and not callable(getattr(mod, "error_scales", None)):
+            bad.append("device hooks name SCALED outputs but lack error_scales() (their numpy mirror)")
+        names = ({t.name for t in spec.tensors} | {f"ref:{n}" for n in outs}
+                 | {f"scale:{n}" for n in scaled if n in outs})
         for launch in mod.reference(c.dims_dict(), c.dtypes_dict(), spec.scalar_values(c)):
             for kind, v in launch[3]:
                 if kind == "buf" and v not in names:

@@ -41,7 +41,9 @@ from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJ
 # In every GPU fingerprint: results of an older gate are never reused. "3" (2026-12-03): the peer check, the
 # timing hold before each timed call when peers are timed, and rmsnorm_bwd's rstd no longer perturbed (the
 # "2" gate rejected correct fp16/fp32 backward kernels: a store holding those rejections must not serve them).
-GATE_VERSION = "3"
+# "4" (2026-12-06): an element-wise error scale for reduction outputs (rmsnorm_bwd's dw: atol in units of the
+# rms of the column's terms); the "3" gate rejected correct fp32 dw sums on its perturbed "large" set.
+GATE_VERSION = "4"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
 CHECK_FRACTION = 0.1  # share of timed samples whose outputs are checked (decided after the sample ran)
@@ -84,8 +86,9 @@ class GateDevice(Protocol):
     def join(self) -> None:
         """The device's stream waits for everything queued on the side stream."""
     def compare(self, out: Any, ref: Any, dtype: str, numel: int, row_len: int, tail: int, atol: float,
-                rtol: float, slot: int) -> None:
-        """Enqueue the comparison of `out` (and its guard zones) with a float64 reference into a slot."""
+                rtol: float, slot: int, scale: Any = None) -> None:
+        """Enqueue the comparison of `out` (and its guard zones) with a float64 reference into a slot; an element
+        is bad past atol * scale[i] + rtol * |ref[i]|, scale (float64, per element) 1 where None."""
     def collect(self, n: int) -> list[CheckStats]:
         """The stats of slots 0..n-1, with one read-back."""
     def sync(self, what: str) -> None: ...
@@ -167,7 +170,9 @@ class Geometry:
         self.outs = [b for b in buffers if b.role == "out"]
         self.ws = [b for b in buffers if b.role == "ws"]
         self.in_bytes = sum(_nbytes(b) for b in self.ins)
-        self.refs: dict[str, Any] = {}  # 'ref:<output>' -> float64 buffer of this geometry
+        # 'ref:<output>' -> float64 buffer of this geometry; 'scale:<output>' too for the outputs the op's
+        # reference gives an element-wise error scale (its SCALED outputs)
+        self.refs: dict[str, Any] = {}
         self.ref_of: tuple[int, int] = (-1, -1)  # (set id, version) the refs were computed from
 
 
@@ -186,6 +191,9 @@ class Gate:
         self.fingerprint, self.ceiling_gbps = fingerprint, ceiling_gbps
         self.dtypes = dict(job.dtypes)
         self.tol = dict(job.tolerances)
+        # outputs whose float64 reference comes with an element-wise error scale ('scale:<output>', written by
+        # the reference kernels beside 'ref:<output>'): the op's atol is in units of it
+        self._scaled = frozenset(getattr(ref_mod, "SCALED", ()))
         self.checks: list[tuple[str, tuple[CheckStats, ...]]] = []
         self.faults: list[str] = []
         self.peers_checked: dict[str, str] = {}  # peer -> what its check of set 0 found (the passing ones)
@@ -444,11 +452,12 @@ class Gate:
         """Float64 references of a set, computed from the private copies (recomputed only when they change)."""
         if not g.refs:
             for b in g.outs:
-                g.refs[f"ref:{b.name}"] = buf = self.dev.alloc(b.numel * 8)
-                self._bufs.append(buf)
+                for key in ("ref", "scale") if b.name in self._scaled else ("ref",):
+                    g.refs[f"{key}:{b.name}"] = buf = self.dev.alloc(b.numel * 8)
+                    self._bufs.append(buf)
         if g.ref_of != (id(s), s.version):
             # an optional tensor the variant leaves out reaches the reference as a null pointer
-            nulls = {n: NULL for t in self.job.left_out for n in (t, f"ref:{t}")}
+            nulls = {n: NULL for t in self.job.left_out for n in (t, f"ref:{t}", f"scale:{t}")}
             bufs = {**nulls, **s.priv, **g.refs}
             for kernel, grid, block, args in self.ref_mod.reference(g.dims, self.dtypes, g.scalars):
                 self.dev.launch(self.ref_obj, kernel, grid, block, 0, self._bind(args, bufs))
@@ -465,7 +474,8 @@ class Gate:
                 for b in g.outs:
                     atol, rtol, _ = self.tol[b.name]
                     self.dev.compare(s.outs[b.name], refs[f"ref:{b.name}"], b.dtype, b.numel, b.shape[-1],
-                                     self.ref_mod.tail_width(g.dims), atol, rtol, len(labels))
+                                     self.ref_mod.tail_width(g.dims), atol, rtol, len(labels),
+                                     refs.get(f"scale:{b.name}"))
                     labels.append((where, b.name))
             stats = self.dev.collect(len(labels))
             by_where: dict[str, list[CheckStats]] = {}
@@ -498,7 +508,7 @@ class Gate:
                 return f"wrong: {b.name} has {numel} elements, the cell's has {b.numel}"
             atol, rtol, rel = (PEER_TOL_FACTOR * t for t in self.tol[b.name])
             self.dev.compare(view, refs[f"ref:{b.name}"], dtype, numel, b.shape[-1], self.ref_mod.tail_width(g.dims),
-                             atol, rtol, len(todo))
+                             atol, rtol, len(todo), refs.get(f"scale:{b.name}"))
             todo.append((b.name, atol, rtol, rel))
         found = []
         for (out, atol, rtol, rel), c in zip(todo, self.dev.collect(len(todo))):

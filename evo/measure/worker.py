@@ -306,11 +306,12 @@ class Worker:
         return out
 
     def compare(self, out: DeviceBuffer, ref: DeviceBuffer, dtype: str, numel: int, row_len: int, tail: int,
-                atol: float, rtol: float, slot: int) -> None:
+                atol: float, rtol: float, slot: int, scale: DeviceBuffer | None = None) -> None:
         st = self.scratch.ptr + SLOT * slot
         self.memset8(st, 0, SLOT)
         check(_drv().cuMemsetD32Async(st + 16 + 32, 0xFFFFFFFF, 2, int(self.stream.handle)), "memset")
-        self._support(f"kf_compare_{SHORT[dtype]}", numel, ("ptr", out.ptr), ("ptr", ref.ptr), ("i64", numel),
+        self._support(f"kf_compare_{SHORT[dtype]}", numel, ("ptr", out.ptr), ("ptr", ref.ptr),
+                      ("ptr", scale.ptr if scale is not None else 0), ("i64", numel),
                       ("i32", row_len), ("i32", tail), ("f64", atol), ("f64", rtol), ("ptr", st), ("ptr", st + 16))
         if out.guarded:  # a peer's tensor (PeerView) has no canary zones of ours around it
             self._guards(out, st + 64)

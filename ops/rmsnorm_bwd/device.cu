@@ -1,5 +1,7 @@
 // Float64 references for RMSNorm backward on the device (checked against the numpy reference in
-// tests/gpu/test_op_device_reference.py): dx one CTA per row, dw one thread per column.
+// tests/gpu/test_op_device_reference.py): dx one CTA per row, dw one thread per column. Beside dw, its
+// element-wise error scale for the gate (ops/rmsnorm_bwd/device.py SCALED): the rms of the column's M terms,
+// at least 1 (the fills' unit), so dw's atol (sqrt(M) ulps of unit terms) grows with its terms.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -29,12 +31,17 @@ __device__ void dx_ref(const X* x, const W* w, const X* dy, const float* rstd, d
 }
 
 template <typename X>
-__device__ void dw_ref(const X* x, const X* dy, const float* rstd, double* dw, int M, int N) {
+__device__ void dw_ref(const X* x, const X* dy, const float* rstd, double* dw, double* scale, int M, int N) {
   const int col = blockIdx.x * blockDim.x + threadIdx.x;
   if (col >= N) return;
-  double s = 0.0;
-  for (long long row = 0; row < M; ++row) s += to_double(dy[row * N + col]) * to_double(x[row * N + col]) * rstd[row];
+  double s = 0.0, ss = 0.0;
+  for (long long row = 0; row < M; ++row) {
+    const double t = to_double(dy[row * N + col]) * to_double(x[row * N + col]) * rstd[row];
+    s += t;
+    ss += t * t;
+  }
   dw[col] = s;
+  scale[col] = fmax(1.0, sqrt(ss / M));
 }
 }  // namespace
 
@@ -44,8 +51,9 @@ __device__ void dw_ref(const X* x, const X* dy, const float* rstd, double* dw, i
     dx_ref(x, w, dy, rstd, dx, N);                                                                          \
   }                                                                                                         \
   extern "C" __global__ void rmsnorm_bwd_dw_ref_##XN##_##WN(const XT* x, const WT* w, const XT* dy,          \
-                                                           const float* rstd, double* dw, int M, int N) {    \
-    dw_ref(x, dy, rstd, dw, M, N);                                                                          \
+                                                           const float* rstd, double* dw, double* dw_scale,  \
+                                                           int M, int N) {                                   \
+    dw_ref(x, dy, rstd, dw, dw_scale, M, N);                                                                \
   }
 KF_BWD_REF(f32, float, f32, float)
 KF_BWD_REF(f16, __half, f16, __half)

@@ -1,5 +1,6 @@
 """On a GPU: for every op with device hooks and every input kind, the device fill and the op's float64 device
-reference agree with its numpy reference (the gate trusts the device reference)."""
+reference agree with its numpy reference, and so do the element-wise error scales an op's reference gives (its
+SCALED outputs)."""
 
 import numpy as np
 import pytest
@@ -46,8 +47,10 @@ def test_device_reference_matches_numpy(worker, name, kind):
         produced = {v[len("ref:"):] for _, _, _, args in launches for k, v in args if k == "buf" and v.startswith("ref:")}
         outs = [t for t in spec.tensors if t.role is Role.OUT and t.name in produced]
         bufs |= {f"ref:{t.name}": NULL for t in spec.tensors if t.role is Role.OUT and t.name not in produced}
+        scaled = getattr(mod, "SCALED", ())
         for t in outs:
-            bufs[f"ref:{t.name}"] = worker.alloc(int(np.prod(t.shape(c))) * 8)
+            for key in ("ref", "scale") if t.name in scaled else ("ref",):
+                bufs[f"{key}:{t.name}"] = worker.alloc(int(np.prod(t.shape(c))) * 8)
         for kernel, grid, block, args in launches:
             worker.launch(ref_obj, kernel, grid, block, 0,
                           tuple(("ptr", bufs[v].ptr) if k == "buf" else (k, v) for k, v in args))
@@ -62,6 +65,14 @@ def test_device_reference_matches_numpy(worker, name, kind):
             got = worker.to_host(bufs[f"ref:{t.name}"].ptr, bufs[f"ref:{t.name}"].nbytes, np.float64)
             np.testing.assert_allclose(got.reshape(t.shape(c)), want[t.name], rtol=1e-9, atol=1e-300,
                                        err_msg=f"{name} {kind} {c.label()}")
+        # an output's element-wise error scale (the gate's atol unit there) against the op's numpy mirror
+        want_scale = mod.error_scales(host) if scaled else {}
+        for t in outs:
+            if t.name in scaled:
+                got = worker.to_host(bufs[f"scale:{t.name}"].ptr, bufs[f"scale:{t.name}"].nbytes, np.float64)
+                np.testing.assert_allclose(got.reshape(t.shape(c)), want_scale[t.name], rtol=1e-9,
+                                           err_msg=f"{name} {kind} {c.label()} scale:{t.name}")
+                assert np.all(got >= 1.0)
         for b in bufs.values():
             if b is not NULL:
                 worker.free(b)

@@ -177,20 +177,21 @@ class FakeDevice:
         return [self.slots[i] for i in range(n)]
 
     def compare(self, out: FakeBuf, ref: FakeBuf, dtype: str, numel: int, row_len: int, tail: int, atol: float,
-                rtol: float, slot: int) -> None:
-        self.slots[slot] = self._compare(out, ref, dtype, numel, row_len, tail, atol, rtol)
+                rtol: float, slot: int, scale: FakeBuf | None = None) -> None:
+        self.slots[slot] = self._compare(out, ref, dtype, numel, row_len, tail, atol, rtol, scale)
 
     def _compare(self, out: FakeBuf, ref: FakeBuf, dtype: str, numel: int, row_len: int, tail: int, atol: float,
-                 rtol: float) -> CheckStats:
+                 rtol: float, scale: FakeBuf | None = None) -> CheckStats:
         if dtype == "bfloat16":  # numpy has no bf16: the bit patterns, widened
             a = from_device_bytes(self.data(out).view(np.uint16)[:numel], DType.BF16)
         else:
             a = self.data(out).view(NP[dtype])[:numel].astype(np.float64)
         b = self.data(ref).view(np.float64)[:numel]
+        unit = 1.0 if scale is None else self.data(scale).view(np.float64)[:numel]
         with np.errstate(invalid="ignore", over="ignore"):
             d = np.abs(a - b)
             fin = np.isfinite(a)
-            bad = ~fin | (d > atol + rtol * np.abs(b))
+            bad = ~fin | (d > atol * unit + rtol * np.abs(b))
         idx = np.flatnonzero(bad)
         last = idx >= numel - row_len
         tailm = (idx % row_len) >= row_len - tail

@@ -1,6 +1,10 @@
 """RMSNorm backward through the real gate on the numpy device, with a fake kernel that does cluster_rows'
 fp32 arithmetic in its order: the gate's round C must pass it on every dtype, and still fail planted bugs.
 
+dw's atol is element-wise in units of the column's rms term (the op's SCALED output, 'scale:dw'): a right
+fp32 sum of terms of ~400 that cancel misses the unit-term atol by 26x (test_dw_rounding_grows_...), as
+nine correct candidates of an H100 fp32 run did on the perturbed "large" set (2026-12-06).
+
 Why rstd is never moved far (ops/rmsnorm_bwd/spec.py, FillSpec.perturb): moved to |r| ~ 20 while x
 stays put, a row's term r * xhat * mean(g * xhat) grows as r^3, the exact dx leaves fp16's range and a
 right fp32 kernel misses the element-wise atol where its terms cancel (test_moving_rstd_far_...).
@@ -47,12 +51,14 @@ class BwdDevice(FakeDevice):
     def launch(self, obj, kernel, grid, block, smem, args, side=False, pdl=False):
         if obj != "ref" or self._capturing is not None:
             return super().launch(obj, kernel, grid, block, smem, args, side, pdl)
-        (_, px), (_, pw), (_, pd), (_, pr), (_, po), (_, m), (_, n) = args
+        (_, px), (_, pw), (_, pd), (_, pr), (_, po), *scale, (_, m), (_, n) = args
         xd, wd = (NAMES[s] for s in kernel.split("_")[-2:])
         ins = {"x": read(self, px, xd, m * n).reshape(m, n), "w": read(self, pw, wd, n),
                "dout": read(self, pd, xd, m * n).reshape(m, n), "rstd": read(self, pr, "float32", m)}
         out = rmsnorm_bwd(ins, {})
         self.view(po, "float64", m * n if "_dx_" in kernel else n)[:] = out["dx" if "_dx_" in kernel else "dw"].reshape(-1)
+        if scale:  # dw's element-wise error scale beside it (the op's SCALED output)
+            self.view(scale[0][1], "float64", n)[:] = bwd_device.error_scales(ins)["dw"]
 
 
 def cluster_rows(x, w, dy, r, threads=256, vec=4, groups=264, bug=""):
@@ -94,7 +100,7 @@ def cluster_rows(x, w, dy, r, threads=256, vec=4, groups=264, bug=""):
     return dx.astype(np.float64), dw.astype(np.float64)
 
 
-def fake_kernel(bug: str = ""):
+def fake_kernel(bug: str = "", dw_off: float = 0.0):
     def k(dev, args):
         (_, px), (_, pw), (_, pd), (_, pr), (_, po), (_, pdw), (_, m), (_, n), (_, xd), (_, wd) = args
         x = read(dev, px, xd, m * n).reshape(m, n)
@@ -105,6 +111,7 @@ def fake_kernel(bug: str = ""):
                 write(dev, po, xd, dx[:-1])
             else:
                 write(dev, po, xd, dx)
+            dw[5] += dw_off  # one element of dw off by this much
             write(dev, pdw, wd, dw)
         dev.clock += 3 * m * n * DType(xd).nbytes / 3000.0 / 1e3  # an honest kernel's time at 3 TB/s
     return k
@@ -125,9 +132,9 @@ def bwd_job(c, fills=FILLS) -> EvalJob:
                    SPEC.bytes_moved(c))
 
 
-def run(c, bug="", fills=FILLS, seed=0):
-    dev = BwdDevice({"cand": fake_kernel(bug)}, baseline_us=None)
-    res = Gate(dev, bwd_job(c, fills), "cand", "ref", bwd_device, random.Random(seed), (("gpu", "fake"),),
+def run(c, bug="", fills=FILLS, seed=0, dev=None, hooks=bwd_device):
+    dev = dev or BwdDevice({"cand": fake_kernel(bug)}, baseline_us=None)
+    res = Gate(dev, bwd_job(c, fills), "cand", "ref", hooks, random.Random(seed), (("gpu", "fake"),),
                dev.ceiling_gbps).run()
     return judge(res, {o: SPEC.tolerance(c, o).rel_norm for o in ("dx", "dw")}, G, c), res
 
@@ -204,3 +211,64 @@ def test_moving_rstd_far_fails_the_fp32_kernel_in_round_c():
     old = {k: {**v, "rstd": replace(v["rstd"], perturb=True)} for k, v in FILLS.items()}
     v, _ = run(cell("fp32", 1024, 2048), fills=old)
     assert v.status is Status.WRONG_ANSWER and "perturbed set" in v.error, v.error
+
+
+def test_dw_rounding_grows_with_its_terms_and_the_scale_follows():
+    """Terms of ~400 (x, dout ~20) whose column sums cancel to ~0: cluster_rows' right fp32 dw (66 and 264
+    row groups, M = 32768) misses the unit-term atol 1e-5 sqrt(M) by >10x, and stays >10x inside it scaled
+    by the column's rms term; a dropped row is still >100x outside the scaled bound."""
+    m, n = 32768, 8
+    rng = np.random.default_rng(0)
+    x = quantize(rng.standard_normal((m, n)) * 20, DType.FP32)
+    dy = quantize(rng.standard_normal((m, n)) * 20, DType.FP32)
+    r = quantize(1 + 0.2 * rng.standard_normal(m), DType.FP32)
+    half = rng.permutation(m)  # row b cancels row a exactly, in another row group
+    a, b = half[: m // 2], half[m // 2:]
+    x[b], dy[b], r[b] = -x[a], dy[a], r[a]
+    ins = {"x": x, "w": np.ones(n), "dout": dy, "rstd": r}
+    ref = rmsnorm_bwd(ins, {})["dw"]
+    t = SPEC.tolerance(cell("fp32", m, n), "dw")
+    limit = t.atol * bwd_device.error_scales(ins)["dw"] + t.rtol * np.abs(ref)
+    assert np.all(np.abs(ref) < 1e-6)
+    for groups in (66, 264):
+        _, dw = cluster_rows(x, ins["w"], dy, r, groups=groups)
+        err = np.abs(dw - ref)
+        assert err.max() > 10 * (t.atol + t.rtol * np.abs(ref)).max(), groups
+        assert np.all(err < limit / 10), groups
+        _, short = cluster_rows(x, ins["w"], dy, r, groups=groups, bug="dw_short_row")
+        assert np.all(np.abs(short - ref) > 100 * limit), groups
+
+
+class ScaledBy(BwdDevice):
+    """BwdDevice whose dw error scale is a constant (the gate's wiring of 'scale:dw', apart from its value)."""
+
+    def __init__(self, scale: float, *a, **kw):
+        super().__init__(*a, **kw)
+        self.scale = scale
+
+    def launch(self, obj, kernel, grid, block, smem, args, side=False, pdl=False):
+        super().launch(obj, kernel, grid, block, smem, args, side, pdl)
+        if obj == "ref" and self._capturing is None and "_dw_" in kernel and len(args) == 8:  # scale:dw bound
+            self.view(args[5][1], "float64", args[-1][1])[:] = self.scale
+
+
+def test_the_gate_compares_dw_in_units_of_its_error_scale():
+    """One dw element off by 3 atol: inside a scale of 10 (OK), outside without one (the op's hooks with
+    SCALED removed: WRONG_ANSWER naming dw), outside a scale of 2."""
+    import types
+
+    c = cell("fp32", 96, 2048)
+    off = 3 * SPEC.tolerance(c, "dw").atol
+    plain = types.SimpleNamespace(**{k: v for k, v in vars(bwd_device).items() if k != "SCALED"})
+    plain.reference = lambda *a: [(k, g, b, tuple(x for x in args if x != ("buf", "scale:dw")))
+                                  for k, g, b, args in bwd_device.reference(*a)]
+    verdicts = {}
+    for name, scale, hooks in (("scaled 10", 10.0, bwd_device), ("scaled 2", 2.0, bwd_device),
+                               ("unscaled", 10.0, plain)):
+        dev = ScaledBy(scale, {"cand": fake_kernel(dw_off=off)}, baseline_us=None)
+        v, _ = run(c, dev=dev, hooks=hooks)
+        verdicts[name] = v
+    assert verdicts["scaled 10"].status is Status.OK, verdicts["scaled 10"].error
+    for name in ("scaled 2", "unscaled"):
+        assert verdicts[name].status is Status.WRONG_ANSWER, name
+        assert verdicts[name].error.startswith("dw"), verdicts[name].error

@@ -26,3 +26,29 @@ def test_support_kernels_compile_and_hold_every_kernel_the_worker_names():
         assert k.encode() in cubin, k
     for prefix in set(re.findall(r'f"(kf_[a-z0-9_]+_)\{', src)):  # f"kf_fill_{SHORT[dtype]}" and the like
         assert any(f"{prefix}{s}".encode() in cubin for s in ("f32", "f16", "bf16")), prefix
+
+
+def test_every_op_device_reference_compiles_with_the_kernels_its_hooks_name():
+    """Each op's float64 device reference (ops/<op>/device.cu) builds for sm_90a, and every kernel its
+    reference() names for the op's matrix cells is in the cubin (the gate launches them by name)."""
+    import importlib
+
+    import cuda.pathfinder
+    from cuda.core import Program, ProgramOptions
+
+    import ops
+    from ops import contract
+
+    inc = cuda.pathfinder.find_nvidia_header_directory("cudart")
+    opts = ProgramOptions(arch="sm_90a", std="c++17", include_path=[inc] if inc else [])
+    checked = 0
+    for name in ops.KNOWN:
+        if not contract.has_device_hooks(name):
+            continue
+        spec, mod = ops.get_op(name), importlib.import_module(f"ops.{name}.device")
+        cubin = Program(mod.SOURCE.read_text(), code_type="c++", options=opts).compile("cubin").code
+        for c in spec.matrix():
+            for kernel, *_ in mod.reference(c.dims_dict(), c.dtypes_dict(), spec.scalar_values(c)):
+                assert kernel.encode() in cubin, (name, c.label(), kernel)
+        checked += 1
+    assert checked >= 4

@@ -76,9 +76,11 @@ __device__ void perturb(T* p, long long n, unsigned long long seed, int every, f
   }
 }
 
+// An element is bad when |out - ref| > atol * scale + rtol * |ref|: scale is 1, or where the op's reference
+// gives one, that element's data scale (a sum's rms term: its rounding grows with its terms, not its value).
 template <typename T>
-__device__ void compare(const T* out, const double* ref, long long n, int row_len, int tail, double atol, double rtol,
-                        double* dstats, unsigned long long* ustats) {
+__device__ void compare(const T* out, const double* ref, const double* scale, long long n, int row_len, int tail,
+                        double atol, double rtol, double* dstats, unsigned long long* ustats) {
   unsigned long long nonfinite = 0, bad = 0, bad_last = 0, bad_tail = 0, first = ~0ull, maxbits = 0;
   double sdiff = 0.0, sref = 0.0;
   const long long last_row_start = n - row_len;
@@ -98,7 +100,7 @@ __device__ void compare(const T* out, const double* ref, long long n, int row_le
     sdiff += d * d;
     const unsigned long long bits = __double_as_longlong(d);
     if (bits > maxbits) maxbits = bits;
-    if (d > atol + rtol * fabs(b)) {
+    if (d > atol * (scale ? scale[i] : 1.0) + rtol * fabs(b)) {
       ++bad;
       if (i >= last_row_start) ++bad_last;
       if ((int)(i % row_len) >= row_len - tail) ++bad_tail;
@@ -178,9 +180,9 @@ extern "C" __global__ void kf_checksum(const unsigned int* p, long long words, u
   if ((threadIdx.x & 31) == 0) atomicAdd(out, c);
 }
 
-extern "C" __global__ void kf_compare_f32(const float* o, const double* r, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, n, rl, t, a, rt, d, u); }
-extern "C" __global__ void kf_compare_f16(const __half* o, const double* r, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, n, rl, t, a, rt, d, u); }
-extern "C" __global__ void kf_compare_bf16(const __nv_bfloat16* o, const double* r, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, n, rl, t, a, rt, d, u); }
+extern "C" __global__ void kf_compare_f32(const float* o, const double* r, const double* s, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, s, n, rl, t, a, rt, d, u); }
+extern "C" __global__ void kf_compare_f16(const __half* o, const double* r, const double* s, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, s, n, rl, t, a, rt, d, u); }
+extern "C" __global__ void kf_compare_bf16(const __nv_bfloat16* o, const double* r, const double* s, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, s, n, rl, t, a, rt, d, u); }
 
 // Count bytes of a guard zone that no longer hold the canary pattern.
 extern "C" __global__ void kf_canary(const unsigned char* p, long long n, unsigned char pattern, unsigned long long* count) {
