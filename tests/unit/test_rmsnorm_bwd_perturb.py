@@ -96,7 +96,7 @@ def cluster_rows(x, w, dy, r, threads=256, vec=4, groups=264, bug=""):
         acc[row % groups] = (acc[row % groups] + ((dy[row] * x[row]).astype(F32) * rr[row]).astype(F32)).astype(F32)
     dw = np.zeros(n, F32)
     for g in range(acc.shape[0]):
-        dw = (dw + acc[g]).astype(F32)
+        dw = (dw + acc[g]).astype(np.float16 if bug == "dw_fp16_sum" else F32)  # the bug: partials summed in fp16
     return dx.astype(np.float64), dw.astype(np.float64)
 
 
@@ -237,6 +237,14 @@ def test_dw_rounding_grows_with_its_terms_and_the_scale_follows():
         assert np.all(err < limit / 10), groups
         _, short = cluster_rows(x, ins["w"], dy, r, groups=groups, bug="dw_short_row")
         assert np.all(np.abs(short - ref) > 100 * limit), groups
+
+
+def test_a_dw_summed_in_fp16_still_fails_the_fp32_cell():
+    """Gate 4's scaled dw bound still rejects a reduced-precision sum: the partials summed in fp16 (~3e-3
+    relative) on an fp32 cell, against atol 1e-5 sqrt(M) x the rms term (~1 on the unperturbed sets)."""
+    v, _ = run(CELLS[0], "dw_fp16_sum")
+    assert CELLS[0].dtype("w") is DType.FP32
+    assert v.status is Status.WRONG_ANSWER and v.error.startswith("dw"), v.error
 
 
 class ScaledBy(BwdDevice):
