@@ -13,6 +13,9 @@ timed one and cannot make a wrong answer look right.
   launch, times in an order drawn per job, checks the outputs of randomly chosen timed samples
   (chosen after the sample ran) and of the whole last batch. Round C moves a few input elements far
   and checks again (a cache keyed by pointer plus sampled elements goes stale).
+- An element is wrong past atol + rtol |ref| (the op's tolerances), or atol x scale + rtol |ref| for an
+  output whose reference gives an element-wise error scale (the op's SCALED outputs, 'scale:<output>'):
+  a long sum rounds by the size of its terms, which round C's moved elements make large.
 - The timing mode (CUDA graph or not) comes from the cell: its bytes at the copy ceiling measured in
   the same process, never from the candidate (nor from a noisy probe of any kernel, which would flip
   near the threshold from run to run). The baseline runs in the same mode, on the same input
