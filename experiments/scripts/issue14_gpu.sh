@@ -63,9 +63,15 @@
 #   respeers OUT  as peers, the residual variant's dispatch (prenorm, residual_out) against torch eager,
 #               torch.compile, QuACK and QuACK autotuned, cells matching $RES_CELLS within $RES_PEERS_S (200)
 # $GA_MAX_S, when set, is every GA's time budget in place of its config's budget.max_seconds.
+# $KF_REQUIRE_GPU, when set (say H200), exits 3 at once, installing and running nothing, unless nvidia-smi's GPU name
+# contains it: a call asked for one kind may get another, so `KF_REQUIRE_GPU=H200 bash ... kdabench OUT || other stages`.
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
 stages=${1:?ga, bwdga, bwdwide, bwdfp32, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, kdaprefill or kdabench}; out=${2:?output folder}
+if [ -n "${KF_REQUIRE_GPU:-}" ]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
+fi
 mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi

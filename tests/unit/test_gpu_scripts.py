@@ -24,3 +24,25 @@ def test_the_issue14_script_names_its_inputs():
     found = set(PATH.findall((ROOT / "experiments" / "scripts" / "issue14_gpu.sh").read_text()))
     assert {"experiments/rmsnorm_bwd_h200_all.toml", "experiments/rmsnorm_residual_h200.toml",
             "tests/gpu/test_kda_device.py", "experiments/results/rmsnorm_bwd_h200/store.duckdb"} <= found
+
+
+@pytest.mark.parametrize("gpu, rc", [("NVIDIA H100 80GB HBM3", 3), ("NVIDIA H200", 0)])
+def test_issue14_script_runs_nothing_on_another_gpu_than_required(tmp_path, gpu, rc):
+    """KF_REQUIRE_GPU=H200: on an H100 the script exits 3 before creating its output folder; on an H200 it goes on
+    (the `stash` stage, which only lists the wheel pieces)."""
+    import os
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho '{gpu}'\n")
+    smi.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "KF_REQUIRE_GPU": "H200"}
+    p = subprocess.run(["bash", "experiments/scripts/issue14_gpu.sh", "stash", str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == rc, p.stdout + p.stderr
+    assert out.exists() is (rc == 0)
+    if rc:
+        assert "not a H200" in p.stdout
