@@ -9,7 +9,7 @@ SOURCE = Path(__file__).with_name("device.cu")
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # dw's reference comes with an element-wise error scale ('scale:dw'): the rms of the column's terms, at least 1.
 # A sum's rounding grows with its terms, not its value: where the gate's perturbed "large" set puts terms of
-# ~400 in a column whose sum cancels to tens, a correct fp32 sum over 32768 rows misses the unit-term atol
+# ~400 in a column whose sum may cancel, a correct fp32 sum over 32768 rows misses the unit-term atol
 # (1e-5 sqrt(M)) by 1.1-1.6x (nine such rejections in an H100 fp32 run, 2026-12-06, rel. norm err 4e-7).
 SCALED = ("dw",)
 
