@@ -45,7 +45,9 @@ from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJ
 # timing hold before each timed call when peers are timed, and rmsnorm_bwd's rstd no longer perturbed (the
 # "2" gate rejected correct fp16/fp32 backward kernels: a store holding those rejections must not serve them).
 # "4" (2026-12-06): an element-wise error scale for reduction outputs (rmsnorm_bwd's dw: atol in units of the
-# rms of the column's terms); the "3" gate rejected correct fp32 dw sums on its perturbed "large" set.
+# rms of the column's terms); the "3" gate rejected correct fp32 dw sums on its perturbed "large" set. And the
+# reference is recomputed before every comparison: "3" reused it across launches of the same set, so a kernel
+# that overwrote it with its own answer passed those checks.
 GATE_VERSION = "4"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
@@ -452,7 +454,8 @@ class Gate:
             raise Failed
 
     def _reference(self, g: Geometry, s: InputSet) -> dict[str, Any]:
-        """Float64 references of a set, computed from the private copies (recomputed only when they change)."""
+        """Float64 references of a set, computed from the private copies (recomputed when they change, and by
+        `_check` before every comparison of a candidate's output)."""
         if not g.refs:
             for b in g.outs:
                 for key in ("ref", "scale") if b.name in self._scaled else ("ref",):
@@ -473,6 +476,9 @@ class Gate:
             chunk = todo[start:start + SLOTS]
             labels = []
             for s, where in chunk:  # each reference is computed just before its comparison (stream order)
+                # and never reused across a candidate launch: a kernel that finds the reference buffers in
+                # memory could overwrite them with its own answer (forge_reference in tests/unit/test_gate.py)
+                g.ref_of = (-1, -1)
                 refs = self._reference(g, s)
                 for b in g.outs:
                     atol, rtol, _ = self.tol[b.name]

@@ -177,6 +177,33 @@ def test_a_kernel_that_detects_graph_replay_is_wrong():
     assert "graph replay" in v.error or "last timed launch" in v.error, v.error
 
 
+def forge_reference(dev, args):
+    """Right on its first two launches with the same inputs; after that it skips the work, writes zeros and writes
+    zeros into every float64 buffer of the output's size: the gate's reference, found by scanning memory."""
+    x, w, y, m, n, eps = unpack(dev, args)
+    seen = dev.state.setdefault("seen", {})
+    key = hash(x.tobytes())
+    seen[key] = seen.get(key, 0) + 1
+    if seen[key] <= 2:
+        honest(dev, args)
+        return
+    skip(dev, args)
+    y[:] = 0
+    for b in list(dev.bufs.values()):
+        if b.nbytes == m * n * 8:
+            dev.data(b).view(np.float64)[:] = 0.0
+
+
+@pytest.mark.parametrize("ceiling", [4000.0, 0.1], ids=["graph", "direct"])
+def test_a_kernel_that_overwrites_the_reference_is_wrong_at_its_first_forged_check(ceiling):
+    """The reference is recomputed before every comparison (gate 4): a reference computed for an earlier check of
+    the same set is never reused. With the reuse, this kernel passed every check in direct timing (its time then
+    flagged only by the copy ceiling) and stress launches 2-4 in graph timing."""
+    v, res, _ = status_of(forge_reference, ceiling_gbps=ceiling)
+    assert v.status is Status.WRONG_ANSWER, v
+    assert "stress 2/4" in v.error, v.error
+
+
 # ---- caches -----------------------------------------------------------------------------------------
 
 def pointer_cache(dev, args):
