@@ -45,10 +45,10 @@ from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJ
 # timing hold before each timed call when peers are timed, and rmsnorm_bwd's rstd no longer perturbed (the
 # "2" gate rejected correct fp16/fp32 backward kernels: a store holding those rejections must not serve them).
 # "4" (2026-12-06): an element-wise error scale for reduction outputs (rmsnorm_bwd's dw: atol in units of the
-# rms of the column's terms); the "3" gate rejected correct fp32 dw sums on its perturbed "large" set. And the
-# reference is recomputed before every comparison: "3" reused it across launches of the same set, so a kernel
-# that overwrote it with its own answer passed those checks.
-GATE_VERSION = "4"
+# rms of the column's terms); the "3" gate rejected correct fp32 dw sums on its perturbed "large" set.
+# "5" (2026-12-06): the reference is recomputed before every comparison: "4" and earlier reused it across launches
+# of the same set, so a kernel that overwrote it with its own answer passed those checks.
+GATE_VERSION = "5"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
 CHECK_FRACTION = 0.1  # share of timed samples whose outputs are checked (decided after the sample ran)

@@ -196,7 +196,7 @@ def forge_reference(dev, args):
 
 @pytest.mark.parametrize("ceiling", [4000.0, 0.1], ids=["graph", "direct"])
 def test_a_kernel_that_overwrites_the_reference_is_wrong_at_its_first_forged_check(ceiling):
-    """The reference is recomputed before every comparison (gate 4): a reference computed for an earlier check of
+    """The reference is recomputed before every comparison (gate 5): a reference computed for an earlier check of
     the same set is never reused. With the reuse, this kernel passed every check in direct timing (its time then
     flagged only by the copy ceiling) and stress launches 2-4 in graph timing."""
     v, res, _ = status_of(forge_reference, ceiling_gbps=ceiling)
