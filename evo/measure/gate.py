@@ -453,9 +453,11 @@ class Gate:
         if self.faults:
             raise Failed
 
-    def _reference(self, g: Geometry, s: InputSet) -> dict[str, Any]:
-        """Float64 references of a set, computed from the private copies (recomputed when they change, and by
-        `_check` before every comparison of a candidate's output)."""
+    def _reference(self, g: Geometry, s: InputSet, fresh: bool = False) -> dict[str, Any]:
+        """Float64 references of a set, computed from the private copies (recomputed when they change, and
+        always when `fresh`: `_check` asks for that before every comparison of a candidate's output)."""
+        if fresh:
+            g.ref_of = (-1, -1)
         if not g.refs:
             for b in g.outs:
                 for key in ("ref", "scale") if b.name in self._scaled else ("ref",):
@@ -478,8 +480,7 @@ class Gate:
             for s, where in chunk:  # each reference is computed just before its comparison (stream order)
                 # and never reused across a candidate launch: a kernel that finds the reference buffers in
                 # memory could overwrite them with its own answer (forge_reference in tests/unit/test_gate.py)
-                g.ref_of = (-1, -1)
-                refs = self._reference(g, s)
+                refs = self._reference(g, s, fresh=True)
                 for b in g.outs:
                     atol, rtol, _ = self.tol[b.name]
                     self.dev.compare(s.outs[b.name], refs[f"ref:{b.name}"], b.dtype, b.numel, b.shape[-1],

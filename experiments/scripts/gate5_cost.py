@@ -1,0 +1,137 @@
+"""What does gate 5 (the float64 reference recomputed before every comparison) add to an evaluation?
+
+Evaluates one template's default point (repaired per cell) on cells of RMSNorm, its backward and KDA
+(prefill and decode) with the real gate, and with a gate that reuses a set's reference across launches
+the way gate 4 did (`ReusedReference`, defined here only: the gate itself has no switch). Both run in
+one worker process, alternating, `--reps` times each, with the GA's job (every input kind, its gate
+cells, its timing protocol, no peer beside it). The file records each evaluation's wall seconds, how
+many reference computations it made, the candidate's median, and the ratio of the medians of the
+wall times. Rerun on a GPU machine: python experiments/scripts/gate5_cost.py [--out FILE] [--only REGEX]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from evo.measure.gate import Gate  # noqa: E402
+
+# (op, template, cell label prefix): the first matrix cell whose label starts with the prefix
+CASES = (
+    ("rmsnorm", "cta_row", "w=bf16,x=bf16 M4096-N1024"),
+    ("kda", "chunk", "g=fp32,state=fp32,x=bf16 B1-H32-HV32-K128-N1-Ncu2-SC128-SR128-T8192"),
+    ("kda", "recurrent", "g=fp32,state=fp32,x=bf16 B64-"),
+    ("rmsnorm_bwd", "rows_smem", "w=bf16,x=bf16 M32768-N8192"),
+    ("rmsnorm", "cta_row", "w=bf16,x=bf16 M32768-N8192"),
+    ("rmsnorm_bwd", "rows_smem", "w=fp32,x=fp32 M32768-N16384"),
+    ("kda", "chunk", "g=fp32,state=fp32,x=bf16 B1-H16-HV16-K128-N1-Ncu2-SC128-SR128-T32768"),
+)
+
+
+class Counting(Gate):
+    """The gate, counting the float64 reference computations it launches."""
+
+    refs_computed = 0
+
+    def _reference(self, g: Any, s: Any, fresh: bool = False) -> Any:
+        if fresh or g.ref_of != (id(s), s.version):
+            self.refs_computed += 1
+        return super()._reference(g, s, fresh)
+
+
+class ReusedReference(Counting):
+    """Gate 4's reference reuse: recomputed only when the set or its contents change."""
+
+    def _reference(self, g: Any, s: Any, fresh: bool = False) -> Any:
+        return super()._reference(g, s, False)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gate5_cost.json")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", default="", help="regular expression on 'op template cell'")
+    args = ap.parse_args()
+    from cuda.core import ObjectCode
+
+    from evo.build.nvrtc import Builder, prepare
+    from evo.cli.bench import default_for_cell
+    from evo.core.genome import Genome
+    from evo.measure.evaluate import make_job
+    from evo.measure.jobs import Timing
+    from evo.measure.evaluators import gate_cells_for
+    from evo.measure.verify import judge
+    from evo.measure.worker import Worker
+    from evo.templates.template import load_templates
+    from ops import get_op
+
+    w = Worker()
+    rows = []
+    t0 = time.time()
+    with Builder(workers=2) as builder:
+        for op_name, tname, prefix in CASES:
+            if args.only and not re.search(args.only, f"{op_name} {tname} {prefix}"):
+                continue
+            op = get_op(op_name)
+            tdef = load_templates(op_name)[tname]
+            cell = next(c for c in op.matrix() if c.label().startswith(prefix))
+            params = default_for_cell(tdef, 90, cell)
+            if params is None:
+                raise RuntimeError(f"{tname} has no legal point on {cell.label()}")
+            g = Genome.make(op.name, tdef.name, tdef.source_hash, params)
+            (b,) = builder.build([prepare(tdef, g, "sm_90a", cell.dtypes_dict(), cell.dims_dict())])
+            if not b.status.ok:
+                raise RuntimeError(f"{tname} on {cell.label()} did not build: {b.error}")
+            gates = gate_cells_for(op, tdef, g, cell, 90)
+            job = make_job(op, tdef, g, b, cell, 90, seed=7, timing=Timing(), baseline=False, gate_cells=gates)
+            mod, ref_obj = w._op(op_name)
+            obj = ObjectCode.from_cubin(job.cubin)
+            wall: dict[str, list[float]] = {"gate5": [], "reused": []}
+            refs: dict[str, list[int]] = {"gate5": [], "reused": []}
+            med: dict[str, list[float]] = {"gate5": [], "reused": []}
+            for rep in range(args.reps):
+                order = (("gate5", Counting), ("reused", ReusedReference))
+                for name, cls in order if rep % 2 == 0 else order[::-1]:
+                    rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+                    gate = cls(w, job, obj, ref_obj, mod, rng, w.fingerprint, w.ceiling_gbps)
+                    t = time.perf_counter()
+                    res = gate.run()
+                    w.sync("gate5_cost")
+                    wall[name].append(time.perf_counter() - t)
+                    v = judge(res, {k: tol[2] for k, tol in job.tolerances}, g, cell, b.build_key)
+                    if v.status.value != "OK":
+                        raise RuntimeError(f"{name} on {cell.label()}: {v.status.value} {v.error}")
+                    refs[name].append(gate.refs_computed)
+                    med[name].append(v.median_us)
+            mw = {k: float(np.median(v)) for k, v in wall.items()}
+            rows.append({"op": op_name, "template": tname, "cell": cell.label(), "params": params,
+                         "gate_cells": len(gates), "wall_s": wall, "refs_computed": refs, "median_us": med,
+                         "wall_ratio_gate5_to_reused": mw["gate5"] / mw["reused"]})
+            print(f"{op_name:<12} {tname:<10} {cell.label()[:48]:<48} gate5 {mw['gate5']:7.2f} s "
+                  f"({refs['gate5'][0]} refs)  reused {mw['reused']:7.2f} s ({refs['reused'][0]} refs)  "
+                  f"x{rows[-1]['wall_ratio_gate5_to_reused']:.3f}", flush=True)
+            write(args.out, w, args.reps, t0, rows)  # after every case: a call cut short keeps what it measured
+    print(f"wrote {args.out}")
+    return 0
+
+
+def write(out: Path, w: Any, reps: int, t0: float, rows: list) -> None:
+    doc = {"fingerprint": dict(w.fingerprint), "reps": reps, "wall_s": round(time.time() - t0, 1), "cases": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
