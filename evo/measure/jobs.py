@@ -115,6 +115,7 @@ class CheckStats:
     max_abs_err: float
     rel_norm_err: float
     canary_bad: int
+    ref_sum: int = 0  # keyed checksum of the float64 reference (and its error scale) compared against; 0 unasked
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 
 from evo.measure.carveout import smem_carveout
 from evo.measure.flush import l2_flush_mode
-from evo.measure.gate import GATE_VERSION, SLOTS, Gate
+from evo.measure.gate import GATE_VERSION, SLOTS, Gate, scale_key
 from evo.measure.jobs import CheckStats, EvalJob, JobResult
 from ops.spec import TRANSFORMS
 
@@ -31,7 +31,7 @@ GUARD = 4096  # bytes of canary before and after every buffer
 CANARY = 0xA5
 FLUSH_BYTES = 256 << 20  # > 4x the H200's 60 MB L2
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-SLOT = 128  # bytes of scratch per comparison: 2 doubles, 6 u64 stats, 1 u64 guard count
+SLOT = 128  # bytes of scratch per comparison: 2 doubles, 6 u64 stats, 1 u64 guard count, 1 u64 reference checksum
 AUDIT_AT = SLOTS * SLOT
 MAX_AUDIT = 256  # buffers audited in one read-back
 NP_SCALAR = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64,
@@ -306,7 +306,7 @@ class Worker:
         return out
 
     def compare(self, out: DeviceBuffer, ref: DeviceBuffer, dtype: str, numel: int, row_len: int, tail: int,
-                atol: float, rtol: float, slot: int, scale: DeviceBuffer | None = None) -> None:
+                atol: float, rtol: float, slot: int, scale: DeviceBuffer | None = None, key: int = 0) -> None:
         st = self.scratch.ptr + SLOT * slot
         self.memset8(st, 0, SLOT)
         check(_drv().cuMemsetD32Async(st + 16 + 32, 0xFFFFFFFF, 2, int(self.stream.handle)), "memset")
@@ -315,6 +315,12 @@ class Worker:
                       ("i32", row_len), ("i32", tail), ("f64", atol), ("f64", rtol), ("ptr", st), ("ptr", st + 16))
         if out.guarded:  # a peer's tensor (PeerView) has no canary zones of ours around it
             self._guards(out, st + 64)
+        if key:  # the reference's keyed checksum (and its scale's, keyed apart) into the slot's word 9
+            words = numel * 2
+            self._support("kf_checksum", words, ("ptr", ref.ptr), ("i64", words), ("u64", key), ("ptr", st + 72))
+            if scale is not None:
+                self._support("kf_checksum", words, ("ptr", scale.ptr), ("i64", words), ("u64", scale_key(key)),
+                              ("ptr", st + 72))
         self._numel[slot] = numel
 
     def collect(self, n: int) -> list[CheckStats]:
@@ -326,7 +332,7 @@ class Worker:
             rel = math.sqrt(d[0] / d[1]) if d[1] > 0 else (0.0 if d[0] == 0 else math.inf)
             out.append(CheckStats("", self._numel[i], int(u[0]), int(u[1]), int(u[2]), int(u[3]),
                                   int(u[4]) if u[4] != np.uint64(2**64 - 1) else -1,
-                                  float(u[5:6].view(np.float64)[0]), rel, int(raw[i, 8])))
+                                  float(u[5:6].view(np.float64)[0]), rel, int(raw[i, 8]), int(raw[i, 9])))
         return out
 
     def hold(self, us: float) -> None:

@@ -56,3 +56,36 @@ def test_device_fill_and_reference_match_numpy(dt, wdt, m, n, kind):
     assert w.audit([x_buf], key)[0][0] != before
     w.memset8(x_buf.ptr + x_buf.nbytes + 100, 0, 3)  # three bytes into the back guard zone
     assert w.audit([x_buf], key)[0][1] == 3
+
+
+@pytest.mark.gpu
+def test_compare_takes_a_keyed_checksum_of_the_reference_and_its_scale():
+    """Gate 6's audit: every comparison given a key reports the reference's (and scale's) keyed checksum; it moves
+    with one element of either, with the key, and is 0 without a key (the peer check)."""
+    from evo.measure.worker import Worker
+
+    w = Worker()
+    n = 4099
+    out, ref, scale = w.alloc(n * 4), w.alloc(n * 8), w.alloc(n * 8)
+    w.fill(out, "float32", n, n, FILLS["normal"]["x"], seed=1)
+    w.copy(ref, out)  # any bits: the checksum is over the bytes
+    w.fill(scale, "float32", 2 * n, 2 * n, FILLS["normal"]["x"], seed=2)
+
+    def sums(key, with_scale=True):
+        w.compare(out, ref, "float32", n, n, 0, 1e9, 0.0, 0, scale if with_scale else None, key)
+        w.compare(out, ref, "float32", n, n, 0, 1e9, 0.0, 1, scale if with_scale else None, key)
+        a, b = w.collect(2)
+        assert a.ref_sum == b.ref_sum  # deterministic whatever the order of the atomic adds
+        return a.ref_sum
+
+    base = sums(99)
+    assert base != 0 and sums(98) != base and sums(0) == 0
+    assert sums(99, with_scale=False) not in (0, base)
+    def flip(ptr):  # one byte's bits inverted
+        w.memset8(ptr, int(w.to_host(ptr, 1, np.uint8)[0]) ^ 0xFF, 1)
+
+    flip(ref.ptr + 8 * 2000 + 3)  # one byte of one reference element
+    moved = sums(99)
+    assert moved != base
+    flip(scale.ptr + 8 * (n - 1))  # one byte of the scale's last element
+    assert sums(99) != moved

@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from evo.measure.gate import Gate
+from evo.measure.gate import Gate, scale_key
 from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob, Timing
 from ops.rmsnorm import device as rms_device
 from ops.rmsnorm.spec import SPEC
@@ -141,11 +141,11 @@ class FakeDevice:
 
     def audit(self, bufs: Sequence[FakeBuf], key: int) -> list[tuple[int, int]]:
         self.readbacks += 1
-        out = []
-        for buf in bufs:
-            h = hashlib.blake2b(self.data(buf).tobytes(), key=key.to_bytes(8, "little"), digest_size=8)
-            out.append((int.from_bytes(h.digest(), "little"), self._guard_hits(buf)))
-        return out
+        return [(self._keyed(buf, buf.nbytes, key), self._guard_hits(buf)) for buf in bufs]
+
+    def _keyed(self, buf: FakeBuf, nbytes: int, key: int) -> int:
+        h = hashlib.blake2b(self.data(buf)[:nbytes].tobytes(), key=key.to_bytes(8, "little"), digest_size=8)
+        return int.from_bytes(h.digest(), "little")
 
     def _guard_hits(self, buf: FakeBuf) -> int:
         return int(np.count_nonzero(buf.mem[:GUARD] != CANARY) + np.count_nonzero(buf.mem[GUARD + buf.nbytes:] != CANARY))
@@ -177,8 +177,12 @@ class FakeDevice:
         return [self.slots[i] for i in range(n)]
 
     def compare(self, out: FakeBuf, ref: FakeBuf, dtype: str, numel: int, row_len: int, tail: int, atol: float,
-                rtol: float, slot: int, scale: FakeBuf | None = None) -> None:
+                rtol: float, slot: int, scale: FakeBuf | None = None, key: int = 0) -> None:
         self.slots[slot] = self._compare(out, ref, dtype, numel, row_len, tail, atol, rtol, scale)
+        if key:  # the reference's keyed checksum, plus its scale's under scale_key (the worker's sum of two)
+            total = self._keyed(ref, numel * 8, key) + (0 if scale is None else self._keyed(scale, numel * 8,
+                                                                                             scale_key(key)))
+            self.slots[slot] = replace(self.slots[slot], ref_sum=total % 2**64)
 
     def _compare(self, out: FakeBuf, ref: FakeBuf, dtype: str, numel: int, row_len: int, tail: int, atol: float,
                  rtol: float, scale: FakeBuf | None = None) -> CheckStats:

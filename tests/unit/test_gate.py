@@ -15,9 +15,10 @@ import pytest
 
 from evo.core.genome import Genome
 from evo.core.status import Status
-from evo.measure.gate import HOLD_US
+from evo.measure.gate import HOLD_US, Gate
 from evo.measure.jobs import GateCell, LaunchJob, Timing
 from evo.measure.verify import judge
+from ops.rmsnorm import device as rms_device
 from ops.rmsnorm.spec import SPEC, cell
 from tests.unit.fake_device import (
     FakeDevice,
@@ -195,13 +196,52 @@ def forge_reference(dev, args):
 
 
 @pytest.mark.parametrize("ceiling", [4000.0, 0.1], ids=["graph", "direct"])
-def test_a_kernel_that_overwrites_the_reference_is_wrong_at_its_first_forged_check(ceiling):
-    """The reference is recomputed before every comparison (gate 5): a reference computed for an earlier check of
-    the same set is never reused. With the reuse, this kernel passed every check in direct timing (its time then
-    flagged only by the copy ceiling) and stress launches 2-4 in graph timing."""
+def test_a_kernel_that_overwrites_the_reference_is_caught_at_its_first_forged_check(ceiling):
+    """A reused reference is audited (gate 6): every comparison takes its keyed checksum, which must match the one
+    taken right after it was computed. Without the audit (gate 4), this kernel passed every check in direct timing
+    (its time then flagged only by the copy ceiling) and stress launches 2-4 in graph timing."""
     v, res, _ = status_of(forge_reference, ceiling_gbps=ceiling)
-    assert v.status is Status.WRONG_ANSWER, v
-    assert "stress 2/4" in v.error, v.error
+    assert v.status is Status.INPUT_MODIFIED, v
+    assert "stress 2/4" in v.error and "reference of y changed" in v.error, v.error
+
+
+class _Unaudited(Gate):
+    """The gate with its reference audit dropped (comparisons enqueued without a checksum key)."""
+
+    def _check(self, g, todo):
+        keep = self.key
+        self.key = 0
+        try:
+            return super()._check(g, todo)
+        finally:
+            self.key = keep
+
+
+def test_the_forger_test_fails_on_a_gate_without_the_audit():
+    """Mutation check of the test above: with the audit's checksums zeroed, the forger's forged checks pass."""
+    dev = FakeDevice({"cand": forge_reference}, ceiling_gbps=4000.0)
+    res = _Unaudited(dev, rms_job(CELL), "cand", "ref", rms_device, random.Random(0), (("gpu", "fake"),),
+                     dev.ceiling_gbps).run()
+    v = judge(res, REL, G, CELL)
+    assert "stress 2/4" not in v.error, v
+
+
+def test_an_honest_kernel_reuses_each_reference_and_records_no_fault():
+    """Gate 6 computes a set's reference once per content: stress launches 2-4 of a set reuse the reference of
+    launch 1 (audited), so there are fewer computations than checks; no fault."""
+    counts = {"refs": 0}
+
+    class Counting(Gate):
+        def _reference(self, g, s, fresh=False):
+            if fresh or g.ref_of != (id(s), s.version):
+                counts["refs"] += 1
+            return super()._reference(g, s, fresh)
+
+    dev = FakeDevice({"cand": honest})
+    res = Counting(dev, rms_job(CELL), "cand", "ref", rms_device, random.Random(0), (("gpu", "fake"),),
+                   dev.ceiling_gbps).run()
+    assert judge(res, REL, G, CELL).status is Status.OK and not res.input_faults
+    assert 0 < counts["refs"] < len(res.checks), (counts, len(res.checks))  # gate 5: one or more per check
 
 
 # ---- caches -----------------------------------------------------------------------------------------
@@ -451,7 +491,6 @@ def test_a_peer_result_the_op_hook_cannot_map_is_a_clear_error(result, match):
 
 def test_an_op_without_a_peer_outputs_hook_is_a_clear_error():
     from evo.measure.gate import Gate
-    from ops.rmsnorm import device as rms_device
 
     hooks = SimpleNamespace(reference=rms_device.reference, tail_width=rms_device.tail_width)
     dev = FakeDevice({"cand": honest})

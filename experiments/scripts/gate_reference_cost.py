@@ -1,12 +1,14 @@
-"""What does gate 5 (the float64 reference recomputed before every comparison) add to an evaluation?
+"""What does checking the gate's float64 reference cost an evaluation? Gate 6 against gate 5.
 
-Evaluates one template's default point (repaired per cell) on cells of RMSNorm, its backward and KDA
-(prefill and decode) with the real gate, and with a gate that reuses a set's reference across launches
-the way gate 4 did (`ReusedReference`, defined here only: the gate itself has no switch). Both run in
-one worker process, alternating, `--reps` times each, with the GA's job (every input kind, its gate
-cells, its timing protocol, no peer beside it). The file records each evaluation's wall seconds, how
-many reference computations it made, the candidate's median, and the ratio of the medians of the
-wall times. Rerun on a GPU machine: python experiments/scripts/gate5_cost.py [--out FILE] [--only REGEX]
+Gate 5 recomputed the reference before every comparison (a kernel could overwrite a reused one with its own
+answer); gate 6 computes it once per set and audits it instead (a keyed checksum taken by every comparison).
+Evaluates one template's default point (repaired per cell) on cells of RMSNorm, its backward and KDA (prefill
+and decode) with the real gate, and with `Recomputed`, gate 5's policy (defined here only: the gate itself has
+no switch). Both run in one worker process, alternating, `--reps` times each, with the GA's job (every input
+kind, its gate cells, its timing protocol, no peer beside it). The file records each evaluation's wall seconds,
+how many reference computations it made, the candidate's median, and the ratio of the medians of the wall
+times. (experiments/results/gate5_cost_h100.json was this script's first form: gate 5 against gate 4's
+unaudited reuse.) Rerun on a GPU machine: python experiments/scripts/gate_reference_cost.py [--out FILE] [--only REGEX]
 """
 
 from __future__ import annotations
@@ -51,16 +53,16 @@ class Counting(Gate):
         return super()._reference(g, s, fresh)
 
 
-class ReusedReference(Counting):
-    """Gate 4's reference reuse: recomputed only when the set or its contents change."""
+class Recomputed(Counting):
+    """Gate 5's policy: the reference recomputed before every comparison, never reused."""
 
-    def _reference(self, g: Any, s: Any, fresh: bool = False) -> Any:
-        return super()._reference(g, s, False)
+    def _reusable(self, g: Any, s: Any) -> bool:
+        return False
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gate5_cost.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gate_reference_cost.json")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="", help="regular expression on 'op template cell'")
     args = ap.parse_args()
@@ -98,17 +100,17 @@ def main() -> int:
             job = make_job(op, tdef, g, b, cell, 90, seed=7, timing=Timing(), baseline=False, gate_cells=gates)
             mod, ref_obj = w._op(op_name)
             obj = ObjectCode.from_cubin(job.cubin)
-            wall: dict[str, list[float]] = {"gate5": [], "reused": []}
-            refs: dict[str, list[int]] = {"gate5": [], "reused": []}
-            med: dict[str, list[float]] = {"gate5": [], "reused": []}
+            wall: dict[str, list[float]] = {"gate": [], "recomputed": []}
+            refs: dict[str, list[int]] = {"gate": [], "recomputed": []}
+            med: dict[str, list[float]] = {"gate": [], "recomputed": []}
             for rep in range(args.reps):
-                order = (("gate5", Counting), ("reused", ReusedReference))
+                order = (("gate", Counting), ("recomputed", Recomputed))
                 for name, cls in order if rep % 2 == 0 else order[::-1]:
                     rng = random.Random(int.from_bytes(os.urandom(8), "little"))
                     gate = cls(w, job, obj, ref_obj, mod, rng, w.fingerprint, w.ceiling_gbps)
                     t = time.perf_counter()
                     res = gate.run()
-                    w.sync("gate5_cost")
+                    w.sync("gate_reference_cost")
                     wall[name].append(time.perf_counter() - t)
                     v = judge(res, {k: tol[2] for k, tol in job.tolerances}, g, cell, b.build_key)
                     if v.status.value != "OK":
@@ -118,10 +120,10 @@ def main() -> int:
             mw = {k: float(np.median(v)) for k, v in wall.items()}
             rows.append({"op": op_name, "template": tname, "cell": cell.label(), "params": params,
                          "gate_cells": len(gates), "wall_s": wall, "refs_computed": refs, "median_us": med,
-                         "wall_ratio_gate5_to_reused": mw["gate5"] / mw["reused"]})
-            print(f"{op_name:<12} {tname:<10} {cell.label()[:48]:<48} gate5 {mw['gate5']:7.2f} s "
-                  f"({refs['gate5'][0]} refs)  reused {mw['reused']:7.2f} s ({refs['reused'][0]} refs)  "
-                  f"x{rows[-1]['wall_ratio_gate5_to_reused']:.3f}", flush=True)
+                         "wall_ratio_gate_to_recomputed": mw["gate"] / mw["recomputed"]})
+            print(f"{op_name:<12} {tname:<10} {cell.label()[:48]:<48} gate {mw['gate']:7.2f} s "
+                  f"({refs['gate'][0]} refs)  recomputed {mw['recomputed']:7.2f} s ({refs['recomputed'][0]} refs)  "
+                  f"x{rows[-1]['wall_ratio_gate_to_recomputed']:.3f}", flush=True)
             write(args.out, w, args.reps, t0, rows)  # after every case: a call cut short keeps what it measured
     print(f"wrote {args.out}")
     return 0
