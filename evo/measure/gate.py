@@ -6,7 +6,9 @@ timed one and cannot make a wrong answer look right.
   tells it anything, and an element it did not write is wrong.
 - Inputs are copied to private buffers the candidate never sees, and checksummed with a key drawn
   per job; the reference reads the private copies. After every checked launch, and after timing,
-  inputs and copies must still match their checksums, else INPUT_MODIFIED.
+  inputs and copies must still match their checksums, else INPUT_MODIFIED. The float64 reference (and
+  its error scale) is computed once per set's contents and checksummed by every comparison: a reused
+  reference whose checksum moved since its first comparison was overwritten (INPUT_MODIFIED).
 - Round A checks every input kind of the op, then repeats one launch `stress_launches` times; then
   the gate cells (M = 1, odd M, ...) run every kind with the same cubin. Round B refills the sets
   with fresh values (same pointers: a cache keyed by pointer goes stale), checks every warm-up
@@ -53,7 +55,10 @@ from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJ
 # comparison right after its computation is a fault. Same verdicts as "5" for every kernel but the forger (now
 # INPUT_MODIFIED, was WRONG_ANSWER), without "5"'s recomputations (+39% to +66% wall time per KDA prefill
 # evaluation on an H100: experiments/results/gate5_cost_h100.json).
-GATE_VERSION = "6"
+# "7" (2026-12-06): rmsnorm_bwd's dx gets an error scale too (max(1, |x| |rstd|^3 sum|dout w x| / N)): the "6" gate
+# and earlier rejected right cluster kernels' fp32 dx where its two terms cancel on the perturbed "normal" set
+# (two H100 rejections, max abs err 3.8e-5 against atol 1e-5; experiments/scripts/dx_rounding.py).
+GATE_VERSION = "7"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
 CHECK_FRACTION = 0.1  # share of timed samples whose outputs are checked (decided after the sample ran)

@@ -45,7 +45,9 @@ INPUT_KINDS = tuple(FILLS)
 # dx as the forward's y (TOLERANCES of ops/rmsnorm); dw sums M terms of size ~1 with random signs:
 # its absolute error grows like sqrt(M) ulps of fp32 partials, so its atol is scaled (tolerance()). On the
 # device the gate multiplies that atol element-wise by the rms of the column's terms (at least 1; 'scale:dw'
-# of ops/rmsnorm_bwd/device.py): terms far from 1 (a perturbed set's) round by their own size.
+# of ops/rmsnorm_bwd/device.py): terms far from 1 (a perturbed set's) round by their own size. dx's atol is
+# multiplied by max(1, |x| |rstd|^3 sum|dout w x| / N) ('scale:dx'): where dx's two terms cancel, its rounding
+# is that of the term a x, not of its value.
 
 
 def make_inputs(c: Cell, kind: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
