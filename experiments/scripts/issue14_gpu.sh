@@ -47,7 +47,8 @@
 #   kdaprefill OUT  KDA: the chunked prefill GA ($KDA_PREFILL_CONFIG, default kda_prefill_h200.toml; GA_MAX_S + 60 s
 #               or 240 s), then its dispatch timed against fla's chunk_kda in one process (kfactory bench --dispatch,
 #               $KDA_PREFILL_BENCH_S seconds, 300: ~75 s a cell, fla's Triton JIT included)
-#   kdabench OUT  KDA: a prefill dispatch table ($KDA_BENCH_TABLE, default kda_prefill_h200_13's) timed beside
+#   kdabench OUT  KDA: a prefill dispatch table ($KDA_BENCH_TABLE, default kda_prefill_h200_17/dispatch_all4.json: the four
+#               cells' best entries, merged) timed beside
 #               fla's chunk_kda in one process within $KDA_BENCH_S seconds (400), kda_bench.{csv,md,json}; on a
 #               fresh machine fla's Triton JIT takes ~90 s before the first entry is timed (kda_prefill_h200_16)
 #   profile OUT Nsight Compute (ncu --clock-control none) over $PROFILE_TARGETS' targets (default
@@ -274,7 +275,7 @@ case "$stage" in
     if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi
     kda_ga_bench $(( ${GA_MAX_S:-180} + 60 )) "${KDA_PREFILL_CONFIG:-experiments/kda_prefill_h200.toml}" /tmp/kf_kdap kda_prefill "${KDA_PREFILL_BENCH_S:-300}" ;;
   kdabench)
-    table=${KDA_BENCH_TABLE:-experiments/results/kda_prefill_h200_13/dispatch.json}
+    table=${KDA_BENCH_TABLE:-experiments/results/kda_prefill_h200_17/dispatch_all4.json}
     timeout "${KDA_BENCH_S:-400}" python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda \
       --timeout-s $((${KDA_BENCH_S:-400} - 10)) --out "$out/kda_bench" >> "$log" 2>&1
     echo "kda bench $table rc=$?" >> "$log" ;;
