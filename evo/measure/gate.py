@@ -71,6 +71,8 @@ NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1}
 def scale_key(key: int) -> int:
     """The checksum key of an error-scale buffer, apart from its reference's (a swap of the two is seen)."""
     return key ^ 0x9E3779B97F4A7C15
+
+
 # A peer's outputs pass at this multiple of the op's atol, rtol and rel_norm: a library's reduction and
 # rounding order differ from a kernel's, yet a peer computing something else (another eps, a missing
 # term or row) stays far outside.
