@@ -46,3 +46,29 @@ def test_issue14_script_runs_nothing_on_another_gpu_than_required(tmp_path, gpu,
     assert out.exists() is (rc == 0)
     if rc:
         assert "not a H200" in p.stdout
+
+
+def test_issue14_script_seeds_and_saves_the_triton_cache(tmp_path):
+    """A carried Triton cache ($KF_TRITON_SEED) is copied into TRITON_CACHE_DIR; KF_SAVE_TRITON_CACHE=1 packs that
+    folder into $out/triton_cache.tgz when the script ends (here after the `stash` stage)."""
+    import os
+    import subprocess
+    import tarfile
+
+    seed = tmp_path / "seed" / "ab12"
+    seed.mkdir(parents=True)
+    (seed / "kernel.cubin").write_bytes(b"cubin bytes")
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    env = {**os.environ, "KF_TRITON_SEED": str(tmp_path / "seed"), "KF_TRITON_DIR": str(cache),
+           "KF_SAVE_TRITON_CACHE": "1"}
+    env.pop("KF_REQUIRE_GPU", None)
+    p = subprocess.run(["bash", "experiments/scripts/issue14_gpu.sh", "stash", str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (cache / "ab12" / "kernel.cubin").read_bytes() == b"cubin bytes"
+    with tarfile.open(out / "triton_cache.tgz") as t:
+        assert "./ab12/kernel.cubin" in t.getnames()
+    env.pop("KF_SAVE_TRITON_CACHE")
+    p = subprocess.run(["bash", "experiments/scripts/issue14_gpu.sh", "stash", str(tmp_path / "out2")], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and not (tmp_path / "out2" / "triton_cache.tgz").exists()
