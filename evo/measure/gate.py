@@ -543,7 +543,9 @@ class Gate:
     def _check_peer(self, g: Geometry, s: InputSet, name: str, result: Any) -> str:
         """'' when the peer's outputs for set s match the reference (recorded in peers_checked), else why not."""
         outs = self._peer_outputs(g, name, result)
-        refs = self._reference(g, s)
+        # computed here (round B's refill just changed set s, so no earlier reference of it could stand anyway):
+        # a peer is judged against a reference no candidate launch has followed, whatever the order of the rounds
+        refs = self._reference(g, s, fresh=True)
         todo, views = [], []
         for b in g.outs:
             if b.name not in outs:
