@@ -51,6 +51,9 @@
 #               cells' best entries, merged) timed beside
 #               fla's chunk_kda in one process within $KDA_BENCH_S seconds (400), kda_bench.{csv,md,json}; on a
 #               fresh machine fla's Triton JIT takes ~90 s before the first entry is timed (kda_prefill_h200_16)
+#   regate OUT  one genome or more through the full gate many times (experiments/scripts/regate.py; cases from
+#               $REGATE_CASES, default experiments/regate/bwd_fp32_h100.json, within $REGATE_S seconds, 400):
+#               is a rejection repeatable or rare? regate.json
 #   profile OUT Nsight Compute (ncu --clock-control none) over $PROFILE_TARGETS' targets (default
 #               experiments/profile_h200.toml) within $PROFILE_S seconds (540), each launched as the gate would:
 #               profile/NAME.csv, summary.md (experiments/scripts/profile_launches.py)
@@ -68,7 +71,7 @@
 # contains it: a call asked for one kind may get another, so `KF_REQUIRE_GPU=H200 bash ... kdabench OUT || other stages`.
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, bwdwide, bwdfp32, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, kdaprefill or kdabench}; out=${2:?output folder}
+stages=${1:?ga, bwdga, bwdwide, bwdfp32, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill or kdabench}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
@@ -284,6 +287,10 @@ case "$stage" in
   kdaprefill)
     if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi
     kda_ga_bench $(( ${GA_MAX_S:-180} + 60 )) "${KDA_PREFILL_CONFIG:-experiments/kda_prefill_h200.toml}" /tmp/kf_kdap kda_prefill "${KDA_PREFILL_BENCH_S:-300}" ;;
+  regate)
+    timeout "${REGATE_S:-400}" python3 experiments/scripts/regate.py "${REGATE_CASES:-experiments/regate/bwd_fp32_h100.json}" \
+      --out "$out/regate.json" >> "$log" 2>&1
+    echo "regate rc=$?" >> "$log" ;;
   kdabench)
     table=${KDA_BENCH_TABLE:-experiments/results/kda_prefill_h200_17/dispatch_all4.json}
     timeout "${KDA_BENCH_S:-400}" python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda \
