@@ -27,9 +27,12 @@
 #               ($KDA_FLUSH_TABLE, default: the fastest per cell of this call's kdafocus run, if any, and
 #               kda_decode_h200_5's) timed beside fla's fused_recurrent_kda under each (KF_L2_FLUSH), kdaflush/
 #               (kda_decode_h200_8 is its output after kdafocus)
-#   kdaexport OUT  KDA: a decode run and a prefill run exported as one package (kfactory export, MERGE): a short prefill GA
-#               ($KDA_EXPORT_GA_S seconds, 90) into a copy of a decode GA's store ($KDA_DECODE_STORE, default
-#               build/kda_decode_store.duckdb, carried in build/), or $KDA_EXPORT_STORE holding both runs already; the
+#   kdaexport OUT  KDA: a decode run and a prefill run exported as one package (kfactory export, MERGE): a prefill run
+#               ($KDA_EXPORT_CONFIG, default kda_prefill_h200_best.toml: the best table's genomes measured again, one
+#               generation; $KDA_EXPORT_GA_S seconds, 150) into a copy of a decode GA's store ($KDA_DECODE_STORE, default
+#               build/kda_decode_store.duckdb, carried in build/) or, without one, beside a decode run of
+#               $KDA_EXPORT_DECODE_CONFIG (default kda_decode_h200_best.toml, the same for decode's best table), or
+#               $KDA_EXPORT_STORE holding both runs already; the
 #               latest run of each exported, installed with pip into a folder of its own, its tests (kdaexport/tests.log;
 #               $KDA_EXPORT_TESTS_S, 220, 0 skips them) and its bench (kdaexport/bench.json, fla beside, $KDA_EXPORT_BENCH_N
 #               samples, 50, within $KDA_EXPORT_BENCH_S seconds, 400; $KDA_EXPORT_SPLIT set: --split, each call's GPU
@@ -246,9 +249,12 @@ case "$stage" in
     if [ -n "${KDA_EXPORT_STORE:-}" ]; then  # a store that holds both runs already (a kdaexport call's kda_prefill_x/)
       cp "$KDA_EXPORT_STORE" /tmp/kf_kdax/store.duckdb || { echo "kdaexport: no store $KDA_EXPORT_STORE" >> "$log"; continue; }
     else
-      cp "${KDA_DECODE_STORE:-build/kda_decode_store.duckdb}" /tmp/kf_kdax/store.duckdb \
-        || { echo "kdaexport: no decode store" >> "$log"; continue; }
-      GA_MAX_S=${KDA_EXPORT_GA_S:-90} ga 150 experiments/kda_prefill_h200.toml /tmp/kf_kdax kda_prefill_x
+      if [ -e "${KDA_DECODE_STORE:-build/kda_decode_store.duckdb}" ]; then
+        cp "${KDA_DECODE_STORE:-build/kda_decode_store.duckdb}" /tmp/kf_kdax/store.duckdb
+      else  # no decode store: the best decode table measured again as a run (a generation of its genomes)
+        ga 200 "${KDA_EXPORT_DECODE_CONFIG:-experiments/kda_decode_h200_best.toml}" /tmp/kf_kdax kda_decode_x
+      fi
+      GA_MAX_S=${KDA_EXPORT_GA_S:-150} ga 220 "${KDA_EXPORT_CONFIG:-experiments/kda_prefill_h200_best.toml}" /tmp/kf_kdax kda_prefill_x
     fi
     ids=$(python3 -c "import duckdb; c = duckdb.connect('/tmp/kf_kdax/store.duckdb', read_only=True); q = \"SELECT max(run_id) FROM runs WHERE run_id LIKE 'kda-%s%%'\"; print(*(c.execute(q % k).fetchone()[0] for k in ('decode', 'prefill')))")
     python3 -m evo.cli.main export $ids --store /tmp/kf_kdax/store.duckdb --out /tmp/kf_kpkg >> "$log" 2>&1

@@ -11,6 +11,7 @@ import pytest
 
 from evo.cli.main import main
 from evo.core.config import ConfigError, parse_config
+from evo.core.genome import Genome
 from evo.loop.seed_tables import table_seeds
 from evo.templates.template import load_templates
 from memory.store import Store
@@ -224,3 +225,27 @@ def test_refining_round_a_table_seed_credits_only_the_lessons_behind_warm_seeds(
                  _seed_lessons={"warm-key": "lesson-1"})
     rows = me.refine_uses([g], lambda _: frozenset({"c", "other"}))
     assert [(r.genome_key, r.lesson_id, r.effect) for r in rows] == [(g.key(), "lesson-1", "refined")]
+
+
+@pytest.mark.parametrize("config", ["kda_prefill_h200_best.toml", "kda_decode_h200_best.toml"])
+def test_a_best_table_config_evaluates_exactly_its_tables_genomes_on_every_cell(config):
+    """The export's re-measuring configs: one generation of exactly the table's distinct genomes (none skipped,
+    none drawn at random beside them), with room to evaluate each on every cell of the run."""
+    from evo.core.config import load_config
+    from evo.loop.pipeline import Session
+
+    cfg = load_config(ROOT / "experiments" / config)
+    (path,) = cfg.search.seed_tables
+    table = json.loads(Path(path).read_text())["dispatch"]
+    with Store.open(":memory:") as s:
+        session = Session(cfg, s, "check")
+        cells = {c.label(): c for c in session.cells}
+        got = table_seeds(cfg.search.seed_tables, session.op.name, session.templates, cells)
+    assert not got.skipped
+    assert set(table) == set(cells)  # the table covers the run's cells, and no other
+    want = {Genome.make(session.op.name, e["template"], session.templates[e["template"]].source_hash,
+                        session.templates[e["template"]].complete(e["params"])).key() for e in table.values()}
+    assert {x.genome.key() for x in got.seeds} == want
+    assert cfg.search.population == len(want)
+    assert cfg.budget.generations == 1
+    assert cfg.budget.max_evals >= len(want) * len(cells)
