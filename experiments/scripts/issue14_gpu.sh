@@ -83,12 +83,14 @@ mkdir -p "$out" /tmp/kfw
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 # fla's Triton kernels compile for ~90 s on a fresh machine (kda_prefill_h200_16; 12 s in the next process with the
 # disk cache warm, kda_prefill_h200_17). A cache from an earlier call (any sm_90 GPU, the same triton), unpacked into
-# .triton_cache/ ($KF_TRITON_SEED) and carried, seeds TRITON_CACHE_DIR; KF_SAVE_TRITON_CACHE=1 packs the cache into
-# $out/triton_cache.tgz when the script ends (to carry next time: mkdir -p .triton_cache && tar xzf ... -C .triton_cache).
+# .triton_cache/ ($KF_TRITON_SEED) and carried, seeds TRITON_CACHE_DIR, and so does a packed one, $KF_TRITON_SEED.tgz
+# (.triton_cache.tgz: the cache unpacked is ~70 MB, over a call's carry, packed ~10 MB); KF_SAVE_TRITON_CACHE=1 packs
+# the cache into $out/triton_cache.tgz when the script ends (to carry next time: cp .../triton_cache.tgz .triton_cache.tgz).
 export TRITON_CACHE_DIR=${KF_TRITON_DIR:-/tmp/kf_triton}
 mkdir -p "$TRITON_CACHE_DIR"
 seed=${KF_TRITON_SEED:-.triton_cache}
 [ -d "$seed" ] && cp -r "$seed"/. "$TRITON_CACHE_DIR"/
+[ -f "$seed.tgz" ] && tar xzf "$seed.tgz" -C "$TRITON_CACHE_DIR"
 save_triton() { [ "${KF_SAVE_TRITON_CACHE:-}" != 1 ] || tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .; }
 trap save_triton EXIT
 if [ "$stages" = stash ]; then ls -la /tmp/kfw; exit 0; fi

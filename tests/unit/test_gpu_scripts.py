@@ -72,3 +72,25 @@ def test_issue14_script_seeds_and_saves_the_triton_cache(tmp_path):
     p = subprocess.run(["bash", "experiments/scripts/issue14_gpu.sh", "stash", str(tmp_path / "out2")], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and not (tmp_path / "out2" / "triton_cache.tgz").exists()
+
+
+def test_issue14_script_seeds_the_triton_cache_from_a_packed_one(tmp_path):
+    """A packed cache, $KF_TRITON_SEED.tgz (what KF_SAVE_TRITON_CACHE returned, carried as is: unpacked it is over a
+    call's carry), is unpacked into TRITON_CACHE_DIR."""
+    import os
+    import subprocess
+    import tarfile
+
+    packed = tmp_path / "src" / "cd34"
+    packed.mkdir(parents=True)
+    (packed / "kernel.json").write_text("{}")
+    with tarfile.open(tmp_path / "seed.tgz", "w:gz") as t:
+        t.add(tmp_path / "src", arcname=".")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "KF_TRITON_SEED": str(tmp_path / "seed"), "KF_TRITON_DIR": str(cache)}
+    env.pop("KF_REQUIRE_GPU", None)
+    env.pop("KF_SAVE_TRITON_CACHE", None)
+    p = subprocess.run(["bash", "experiments/scripts/issue14_gpu.sh", "stash", str(tmp_path / "out")], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (cache / "cd34" / "kernel.json").read_text() == "{}"
