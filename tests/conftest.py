@@ -22,6 +22,8 @@ def _has_gpu() -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [i for i in items if i.get_closest_marker("gpu")]
+    for item in gpu_items:  # under pytest-xdist (--dist loadgroup) every GPU test runs in one worker: one at a time
+        item.add_marker(pytest.mark.xdist_group("gpu"))
     if gpu_items and not _has_gpu():
         skip = pytest.mark.skip(reason="SKIPPED: needs an NVIDIA GPU (none visible: no driver or no device)")
         for item in gpu_items:

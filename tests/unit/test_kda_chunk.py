@@ -26,7 +26,8 @@ from itertools import product
 import numpy as np
 import pytest
 
-from evo.build.nvrtc import MAX_SMEM_PER_BLOCK, compile_one, prepare
+from evo.build.nvrtc import MAX_SMEM_PER_BLOCK, prepare
+from tests.unit.nvrtc_memo import compile_memo
 from evo.core.genome import Genome
 from evo.templates.render import render
 from evo.templates.template import TemplateDef, load_templates
@@ -49,7 +50,7 @@ f32 = np.float32
 
 def compile_point(c: Cell, params: dict):
     g = Genome.make("kda", "chunk", TDEF.source_hash, params)
-    return compile_one(prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
+    return compile_memo(prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
 
 
 def compile_clean(c: Cell, points: list[dict]) -> list[dict]:

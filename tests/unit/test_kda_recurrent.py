@@ -12,7 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from evo.build.nvrtc import compile_one, include_dir, parse_ptxas, prepare
+from evo.build.nvrtc import include_dir, parse_ptxas, prepare
+from tests.unit.nvrtc_memo import compile_memo
 from evo.core.genome import Genome
 from evo.templates.template import load_templates
 from ops.kda import SPEC
@@ -30,7 +31,7 @@ ARCH = 90
 
 def compile_point(c: Cell, params: dict):
     g = Genome.make("kda", "recurrent", TDEF.source_hash, params)
-    return compile_one(prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
+    return compile_memo(prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
 
 
 def legal_points(c: Cell, n: int, seed: int = 0) -> list[dict]:

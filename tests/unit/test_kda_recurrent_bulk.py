@@ -12,7 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from evo.build.nvrtc import compile_one, prepare
+from evo.build.nvrtc import prepare
+from tests.unit.nvrtc_memo import compile_memo
 from evo.core.genome import Genome
 from evo.templates.template import load_templates
 from ops.kda import SPEC
@@ -30,7 +31,7 @@ SMALL = {"v_tile": 16, "vec": 1, "threads": 128, "rows_per_copy": 1}  # fits K =
 
 def compile_point(c: Cell, params: dict):
     g = Genome.make("kda", "recurrent_bulk", TDEF.source_hash, params)
-    return compile_one(prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
+    return compile_memo(prepare(TDEF, g, "sm_90a", c.dtypes_dict(), c.dims_dict()))
 
 
 def legal_points(c: Cell) -> list[dict]:
