@@ -1,7 +1,7 @@
 """NVRTC builds shared by the template tests of one pytest process: a point compiled by one test (the default point,
 an option's baseline built beside it) is not compiled again by the next. NVRTC's output is a function of the build
 input (its key hashes the genome, arch, dtypes, dims, compiler, flags and rendered source), and a BuildResult is
-frozen, so a repeated build gives the same object. The tests' NVRTC builds are most of CI's time."""
+frozen, so a repeated build gives the same object."""
 
 from __future__ import annotations
 
