@@ -84,7 +84,7 @@ for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 # fla's Triton kernels compile for ~90 s on a fresh machine (kda_prefill_h200_16; 12 s in the next process with the
 # disk cache warm, kda_prefill_h200_17). A cache from an earlier call (any sm_90 GPU, the same triton), unpacked into
 # .triton_cache/ ($KF_TRITON_SEED) and carried, seeds TRITON_CACHE_DIR, and so does a packed one, $KF_TRITON_SEED.tgz
-# (.triton_cache.tgz: the cache unpacked is ~70 MB, over a call's carry, packed ~10 MB); KF_SAVE_TRITON_CACHE=1 packs
+# (.triton_cache.tgz: fla's cache unpacked can exceed a call's carry beside .whl/); KF_SAVE_TRITON_CACHE=1 packs
 # the cache into $out/triton_cache.tgz when the script ends (to carry next time: cp .../triton_cache.tgz .triton_cache.tgz).
 export TRITON_CACHE_DIR=${KF_TRITON_DIR:-/tmp/kf_triton}
 mkdir -p "$TRITON_CACHE_DIR"
@@ -251,8 +251,9 @@ case "$stage" in
     if [ -n "${KDA_EXPORT_STORE:-}" ]; then  # a store that holds both runs already (a kdaexport call's kda_prefill_x/)
       cp "$KDA_EXPORT_STORE" /tmp/kf_kdax/store.duckdb || { echo "kdaexport: no store $KDA_EXPORT_STORE" >> "$log"; continue; }
     else
-      if [ -e "${KDA_DECODE_STORE:-build/kda_decode_store.duckdb}" ]; then
-        cp "${KDA_DECODE_STORE:-build/kda_decode_store.duckdb}" /tmp/kf_kdax/store.duckdb
+      dstore=${KDA_DECODE_STORE:-build/kda_decode_store.duckdb}
+      if [ -e "$dstore" ]; then
+        cp "$dstore" /tmp/kf_kdax/store.duckdb
       else  # no decode store: the best decode table measured again as a run (a generation of its genomes)
         ga 200 "${KDA_EXPORT_DECODE_CONFIG:-experiments/kda_decode_h200_best.toml}" /tmp/kf_kdax kda_decode_x
       fi

@@ -173,7 +173,6 @@ def test_a_seeded_run_evaluates_the_table_genomes_first(tmp_path, capsys):
     cfg.write_text(SMALL.replace("{gens}", "2").replace("[search]\n", '[search]\nseed_tables = ["d.json"]\n'))
     store = tmp_path / "s.duckdb"
     assert main(["run", str(cfg), "--store", str(store), "--run-id", "seeded"]) == 0
-    from evo.core.genome import Genome
 
     keys = {Genome.make("rmsnorm", "cta_row", t.source_hash, t.default_params() | p).key() for p in points}
     with Store.open(store, read_only=True) as s:
@@ -218,7 +217,6 @@ def test_refining_round_a_table_seed_credits_only_the_lessons_behind_warm_seeds(
     from evo.loop.learn import Learner
 
     t = load_templates("rmsnorm")["cta_row"]
-    from evo.core.genome import Genome
 
     g = Genome.make("rmsnorm", "cta_row", t.source_hash, t.default_params())
     me = Learner(SimpleNamespace(run_id="r"), targets={"c": ["table-key", "warm-key"]},
