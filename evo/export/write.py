@@ -1,7 +1,8 @@
 """The exported package on disk: pyproject, README, the runtime modules, its tests, and data/.
 
     OUT/pyproject.toml, README.md
-    OUT/tests/conftest.py, test_cpu.py, test_gpu.py  conftest from evo/export/runtime/tests, the rest the family's
+    OUT/tests/conftest.py, test_launch.py           every family's (evo/export/runtime/tests)
+    OUT/tests/test_cpu.py, test_gpu.py              the family's
     OUT/NAME/*.py                                   the runtime: evo/export/runtime/package (generic) and the
                                                     op family's RUNTIME/package (its API, custom ops, fallback)
     OUT/NAME/data/dispatch.json, provenance.json
@@ -29,7 +30,8 @@ from evo.templates.sandbox import TEMPLATES_ROOT, sandbox_env
 
 RUNTIME = Path(__file__).with_name("runtime")
 TOKEN = "kf_pkg"  # the package's name in the runtime's tests, replaced by the export's
-TESTS = (("conftest.py", "conftest.py"), ("cpu_tests.py", "test_cpu.py"), ("gpu_tests.py", "test_gpu.py"))
+TESTS = (("conftest.py", "conftest.py"), ("launch_tests.py", "test_launch.py"), ("cpu_tests.py", "test_cpu.py"),
+         ("gpu_tests.py", "test_gpu.py"))
 
 PYPROJECT = """[build-system]
 requires = ["setuptools>=61"]
@@ -100,7 +102,7 @@ def write_package(out: Path, name: str, version: str, family: Family, runs: Sequ
     tests = runtime_files("tests", family)
     if sorted(tests) != sorted(src for src, _ in TESTS):
         raise ExportError(f"{family.module}: the runtime's tests are {', '.join(sorted(tests))}; want "
-                          f"{', '.join(src for src, _ in TESTS)} (conftest.py is the engine's)")
+                          f"{', '.join(src for src, _ in TESTS)} (conftest.py and launch_tests.py are the engine's)")
     (out / "tests").mkdir()
     for src, dst in TESTS:
         (out / "tests" / dst).write_text(tests[src].read_text().replace(TOKEN, name))

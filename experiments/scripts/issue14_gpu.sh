@@ -37,6 +37,11 @@
 #               $KDA_EXPORT_TESTS_S, 220, 0 skips them) and its bench (kdaexport/bench.json, fla beside, $KDA_EXPORT_BENCH_N
 #               samples, 50, within $KDA_EXPORT_BENCH_S seconds, 400; $KDA_EXPORT_SPLIT set: --split, each call's GPU
 #               and host shares too) on this GPU
+#   kdahost OUT  KDA: the exported package's host time a Python call, per searched cell, and a cProfile of its calls
+#               (experiments/scripts/kda_host_profile.py -> kda_host.json; $KDA_HOST_CALLS calls, 300, within $KDA_HOST_S
+#               seconds, 200): the package of this call's kdaexport, else one exported from $KDA_EXPORT_STORE; with
+#               $KDA_HOST_BASE (a folder holding an older checkout's evo/, ops/, templates/: git archive REV evo ops
+#               templates | tar -x -C build/base) that code's package of the same store's runs first (kda_host_base.json)
 #   kdacheck OUT  KDA: the chunk template at three points through the real gate on every prefill cell,
 #               timed beside fla's chunk_kda (tests/gpu/test_kda_device.py -k chunk); when none passes,
 #               a later kdaprefill stage of the call is skipped; $KDA_CHECK_K narrows the tests (pytest -k,
@@ -74,12 +79,14 @@
 # contains it: a call asked for one kind may get another, so `KF_REQUIRE_GPU=H200 bash ... kdabench OUT || other stages`.
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, bwdwide, bwdfp32, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill or kdabench}; out=${2:?output folder}
+stages=${1:?ga, bwdga, bwdwide, bwdfp32, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench or kdahost}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
 fi
 mkdir -p "$out" /tmp/kfw
+root=$PWD
+out=$(cd "$out" && pwd)  # absolute: stages run commands from other folders
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 # fla's Triton kernels compile for ~90 s on a fresh machine (kda_prefill_h200_16; 12 s in the next process with the
 # disk cache warm, kda_prefill_h200_17). A cache from an earlier call (any sm_90 GPU, the same triton), unpacked into
@@ -134,6 +141,16 @@ kda_ga_bench() {
   timeout "$5" python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda --timeout-s $(($5 - 10)) \
     --out "$out/$4/peers" >> "$log" 2>&1
   echo "$4 bench rc=$?" >> "$log"
+}
+# kda_package STORE [PKG SITE [CODE]]: the latest decode and prefill runs of a store exported as one package (PKG,
+# default /tmp/kf_kpkg) by the factory in CODE (default this checkout), installed with pip into SITE (/tmp/kf_kpkg_site)
+kda_package() {
+  local ids pkg=${2:-/tmp/kf_kpkg} site=${3:-/tmp/kf_kpkg_site} code=${4:-$root}
+  ids=$(python3 -c "import duckdb; c = duckdb.connect('$1', read_only=True); q = \"SELECT max(run_id) FROM runs WHERE run_id LIKE 'kda-%s%%'\"; print(*(c.execute(q % k).fetchone()[0] for k in ('decode', 'prefill')))")
+  (cd "$code" && PYTHONPATH=/tmp/site:$code python3 -m evo.cli.main export $ids --store "$1" --out "$pkg") >> "$log" 2>&1
+  echo "export $ids ($code) rc=$?" >> "$log"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" "$pkg" >> "$log" 2>&1
+  echo "package pip install rc=$?" >> "$log"
 }
 bwd_ga() {
   ga 300 experiments/rmsnorm_bwd_h200.toml /tmp/kf_bwd bwd
@@ -259,11 +276,7 @@ case "$stage" in
       fi
       GA_MAX_S=${KDA_EXPORT_GA_S:-150} ga 220 "${KDA_EXPORT_CONFIG:-experiments/kda_prefill_h200_best.toml}" /tmp/kf_kdax kda_prefill_x
     fi
-    ids=$(python3 -c "import duckdb; c = duckdb.connect('/tmp/kf_kdax/store.duckdb', read_only=True); q = \"SELECT max(run_id) FROM runs WHERE run_id LIKE 'kda-%s%%'\"; print(*(c.execute(q % k).fetchone()[0] for k in ('decode', 'prefill')))")
-    python3 -m evo.cli.main export $ids --store /tmp/kf_kdax/store.duckdb --out /tmp/kf_kpkg >> "$log" 2>&1
-    echo "export $ids rc=$?" >> "$log"
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/kf_kpkg_site /tmp/kf_kpkg >> "$log" 2>&1
-    echo "package pip install rc=$?" >> "$log"
+    kda_package /tmp/kf_kdax/store.duckdb
     if [ "${KDA_EXPORT_TESTS_S:-220}" != 0 ]; then
       (cd /tmp/kf_kpkg && PYTHONPATH=/tmp/kf_kpkg_site timeout "${KDA_EXPORT_TESTS_S:-220}" python3 -m pytest -q -rs tests) \
         > "$out/kdaexport/tests.log" 2>&1
@@ -275,6 +288,26 @@ case "$stage" in
     echo "package bench rc=$?" >> "$log"
     cp /tmp/kf_kpkg/README.md "$out/kdaexport/" 2>/dev/null
     cp /tmp/kf_kpkg/kf_kda/data/dispatch.json /tmp/kf_kpkg/kf_kda/data/provenance.json "$out/kdaexport/" 2>/dev/null ;;
+  kdahost)  # the host time of the package's Python calls and a cProfile of them (kda_host_profile.py), per cell;
+    # the package of this call's kdaexport, else one exported from $KDA_EXPORT_STORE (no tests, no bench); with
+    # $KDA_HOST_BASE (an older checkout's evo/, ops/, templates/), its package of the same runs too, profiled first
+    if [ ! -d /tmp/kf_kpkg_site/kf_kda ]; then
+      if [ -z "${KDA_EXPORT_STORE:-}" ]; then echo "kdahost: no package from kdaexport and no KDA_EXPORT_STORE" >> "$log"; continue; fi
+      rm -rf /tmp/kf_kpkg /tmp/kf_kpkg_site
+      kda_package "$KDA_EXPORT_STORE"
+    fi
+    sites=(/tmp/kf_kpkg_site)
+    if [ -n "${KDA_HOST_BASE:-}" ] && [ -n "${KDA_EXPORT_STORE:-}" ]; then
+      rm -rf /tmp/kf_kpkg_base /tmp/kf_kpkg_base_site
+      kda_package "$KDA_EXPORT_STORE" /tmp/kf_kpkg_base /tmp/kf_kpkg_base_site "$(cd "$KDA_HOST_BASE" && pwd)"
+      sites=(/tmp/kf_kpkg_base_site /tmp/kf_kpkg_site)
+    fi
+    for site in "${sites[@]}"; do
+      name=kda_host$([ "$site" = /tmp/kf_kpkg_base_site ] && echo _base)
+      (cd /tmp && PYTHONPATH=$site:/tmp/site timeout "${KDA_HOST_S:-200}" python3 "$root/experiments/scripts/kda_host_profile.py" \
+        "$out/$name.json" --calls "${KDA_HOST_CALLS:-300}") >> "$log" 2>&1
+      echo "kda host profile $site rc=$?" >> "$log"
+    done ;;
   kdacheck)
     timeout "${KDA_CHECK_S:-300}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k "${KDA_CHECK_K:-chunk}" \
       > "$out/kdacheck.log" 2>&1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evo.export.runtime.package.args import bind_args
+from evo.export.runtime.package.args import bind_args, plan_args
 
 ARGS = ["x", "residual?", "w", "bias?", "y", "M", "eps", "N:i64"]
 
@@ -22,3 +22,29 @@ def test_a_conditional_tensor_binds_its_pointer_when_given_and_null_when_left_ou
 def test_a_required_name_that_is_nothing_is_an_error_naming_it():
     with pytest.raises(KeyError, match="'w'"):
         bind_args(["x", "w"], {"x": 1}, {}, {}, {}, "cta_row_fused (rmsnorm)")
+
+
+@pytest.mark.parametrize("ptrs", [{"x": 0x1000, "w": 0x2000, "y": 0x3000, "bias": 0x4000},
+                                  {"x": 0x1000, "w": 0x2000, "y": 0x3000, "residual": 0x5000}])
+def test_an_arg_plan_binds_what_bind_args_binds_with_its_dims_bound_once(ptrs):
+    dims, kinds = {"M": 7, "N": 4100}, {"eps": "f32"}
+    plan = plan_args(ARGS, {"x", "w", "y", "residual", "bias"}, dims, kinds, "t")
+    assert sum(a is not None for a in plan.fixed) == 2  # M and N, bound once
+    for eps in (1e-6, 1e-5):
+        want = bind_args(ARGS, ptrs, dims, {"eps": eps}, kinds, "t")
+        got = plan.bind(ptrs, {"eps": eps})
+        assert [type(a) for a in got] == [type(a) for a in want]
+        assert [a.item() for a in got] == [a.item() for a in want]
+
+
+def test_an_arg_plan_names_a_required_tensor_or_scalar_the_call_does_not_give():
+    plan = plan_args(ARGS, {"x", "w", "y", "residual", "bias"}, {"M": 7, "N": 4100}, {"eps": "f32"}, "cta_row (rmsnorm)")
+    with pytest.raises(KeyError, match="cta_row.*'w'"):
+        plan.bind({"x": 1, "y": 2}, {"eps": 1e-6})
+    with pytest.raises(KeyError, match="'eps'"):
+        plan.bind({"x": 1, "w": 3, "y": 2}, {})
+
+
+def test_an_arg_plan_refuses_a_name_that_is_nothing_before_any_call():
+    with pytest.raises(KeyError, match="'gamma'"):
+        plan_args(["x", "gamma"], {"x"}, {"M": 1}, {"eps": "f32"}, "t")

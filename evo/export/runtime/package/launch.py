@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .args import bind_args
+from .args import ArgPlan, plan_args
 from .choice import Choice
 from .loader import Modules, PlanError, check_grid
 from .table import Launch, tables
@@ -75,14 +75,12 @@ def _check_side_residency(launches: tuple[Launch, ...], index: int) -> None:
 
 @dataclass(frozen=True)
 class _Prepared:
-    """A choice's plan made ready on one device once: each launch with its kernel handle and LaunchConfig
-    (dynamic shared memory allowed), the workspace sizes, and the shape's dims and the op's scalar kinds that
-    binding reads. Per call only the args are bound."""
+    """A choice's plan made ready on one device once: each launch with its kernel handle, LaunchConfig (dynamic
+    shared memory allowed) and ArgPlan (the dims bound), and the workspace sizes. Per call only the pointers and
+    scalars are bound."""
 
-    launches: tuple[tuple[Launch, Any, Any], ...]  # (launch, kernel, LaunchConfig)
+    launches: tuple[tuple[Launch, Any, Any, ArgPlan], ...]  # (launch, kernel, LaunchConfig, its args)
     workspaces: tuple[tuple[str, int], ...]
-    dims: Mapping[str, int]
-    kinds: Mapping[str, str]
     forks: frozenset[str] = frozenset()  # the main launches a side launch forks after (marked by an event)
 
 
@@ -117,14 +115,18 @@ class Launcher:
         for ln in launches:  # before the first launch: a plan is launched whole or not at all
             check_grid(ln, loaded.clusters)
         _check_side_residency(launches, index)
+        table = tables()[c.op]
+        tensors = {t.name for t in table.tensors} | set(workspaces)
+        dims, kinds = dict(c.dims), dict(table.scalars)
         ready = []
         for ln in launches:
+            args = plan_args(ln.args, tensors, dims, kinds, f"{c.template} ({c.op})")
             kernel = loaded.module.get_kernel(ln.kernel)
             if ln.smem > 0:
                 _allow_smem(kernel, ln.smem, index)
-            ready.append((ln, kernel, _config(LaunchConfig, ln)))
+            ready.append((ln, kernel, _config(LaunchConfig, ln), args))
         forks = frozenset(ln.fork_after for ln in launches if ln.stream == "side")
-        return _Prepared(tuple(ready), tuple(workspaces.items()), dict(c.dims), dict(tables()[c.op].scalars), forks)
+        return _Prepared(tuple(ready), tuple(workspaces.items()), forks)
 
     def _stream(self, index: int, handle: int) -> Any:
         s = self._streams.get((index, handle))
@@ -152,8 +154,8 @@ class Launcher:
         stream = self._stream(index, main.cuda_stream)
         marks: dict[str, Any] = {}
         side = None
-        for ln, kernel, config in ready.launches:
-            args = bind_args(ln.args, ptrs, ready.dims, scalars, ready.kinds, f"{c.template} ({c.op})")
+        for ln, kernel, config, plan_of_args in ready.launches:
+            args = plan_of_args.bind(ptrs, scalars)
             if ln.stream == "side":  # beside the main stream, after its launch of fork_after (the plan language)
                 side = self._side(index, device)
                 side.wait_event(marks[ln.fork_after])

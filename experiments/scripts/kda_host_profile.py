@@ -1,0 +1,115 @@
+"""Where an exported KDA package's Python call spends its host time: per searched cell, the median host time of
+a call (perf_counter around it, the GPU kept from falling behind by a synchronize every SYNC_EVERY calls, outside
+the timed calls) and a cProfile of as many calls, its functions by own time per call.
+
+    python experiments/scripts/kda_host_profile.py OUT.json [--package kf_kda] [--calls 300] [--top 25]
+
+Needs the installed package (kfactory export of a KDA run, pip-installed), torch and a CUDA device. The call's
+inputs are the package bench's (its `inputs`), so the cells and keywords are the bench's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib
+import json
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SYNC_EVERY = 20
+WARMUP = 20
+
+
+def _call_fn(pkg: Any, entry: Any) -> tuple[str, Any]:
+    """(entry point name, a function of no args calling it on the bench's inputs of the entry's cell)."""
+    choose = importlib.import_module(f"{pkg.__name__}.choose")
+    bench = importlib.import_module(f"{pkg.__name__}.bench")
+    api = importlib.import_module(f"{pkg.__name__}.api")
+    name = next(ep for ep, (kind, _) in choose.ENTRY_POINTS.items() if kind == choose.kind_of(entry.template))
+    t, kw = bench.inputs(dict(entry.dims), dict(entry.dtypes))
+    fn = getattr(api, name)
+    return name, lambda: fn(**t, **kw)
+
+
+def host_times_us(fn: Any, calls: int, sync: Any) -> list[float]:
+    for _ in range(WARMUP):
+        fn()
+    sync()
+    out = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+        if i % SYNC_EVERY == SYNC_EVERY - 1:
+            sync()
+    sync()
+    return out
+
+
+def profile_rows(fn: Any, calls: int, sync: Any, top: int) -> list[dict[str, Any]]:
+    """cProfile over `calls` calls (the synchronizes outside it): the `top` functions by own time, per call."""
+    prof = cProfile.Profile()
+    for i in range(calls):
+        prof.enable()
+        fn()
+        prof.disable()
+        if i % SYNC_EVERY == SYNC_EVERY - 1:
+            sync()
+    sync()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (path, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{Path(path).parent.name}/{Path(path).name}:{line}" if path != "~" else "builtin"
+        rows.append({"function": func, "where": where, "calls_per_call": nc / calls,
+                     "own_us_per_call": tt / calls * 1e6, "cum_us_per_call": ct / calls * 1e6})
+    rows.sort(key=lambda r: -r["own_us_per_call"])
+    return rows[:top]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--package", default="kf_kda")
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("kda_host_profile: no CUDA device", file=sys.stderr)
+        return 2
+    pkg = importlib.import_module(args.package)
+    table = importlib.import_module(f"{args.package}.table").tables()["kda"]
+    sync = torch.cuda.synchronize
+    cells = []
+    for e in table.entries:
+        name, fn = _call_fn(pkg, e)
+        host = host_times_us(fn, args.calls, sync)
+        cells.append({"cell": e.cell, "entry": name, "template": e.template, "calls": args.calls,
+                      "host_us_median": statistics.median(host), "host_us_p10": sorted(host)[len(host) // 10],
+                      "profile": profile_rows(fn, args.calls, sync, args.top)})
+        print(f"{name} {e.cell}: host {cells[-1]['host_us_median']:.1f} us a call (median of {args.calls})",
+              flush=True)
+    try:
+        import cuda.core as cc
+        cuda_core = getattr(cc, "__version__", "?")
+    except ImportError:
+        cuda_core = None
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda_core": cuda_core,
+           "python": platform.python_version(), "package": args.package,
+           "package_stats": pkg.stats() if hasattr(pkg, "stats") else None,
+           "cpu_count": os.cpu_count(), "method": __doc__.split("\n\n")[0], "cells": cells}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
