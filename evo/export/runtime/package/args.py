@@ -44,7 +44,9 @@ def bind_args(names: Sequence[str], ptrs: Mapping[str, int], dims: Mapping[str, 
 class ArgPlan:
     """A launch's arguments with its dims bound once: `fixed` holds them (None where a call fills in), `ptrs` the
     (position, tensor, optional) a call binds a pointer to, `scalars` the (position, name, numpy type) it binds a
-    scalar to. `bind` gives what bind_args gives for the same tensors and scalars."""
+    scalar to. `bind` gives what bind_args gives for the same tensors and scalars, but a pointer as a Python int
+    (0 for a null one): cuda.core's launch passes a Python int as a pointer-sized value, and packs it faster
+    than a numpy scalar."""
 
     fixed: tuple[Any, ...]
     ptrs: tuple[tuple[int, str, bool], ...]
@@ -56,9 +58,9 @@ class ArgPlan:
         for i, name, optional in self.ptrs:
             p = ptrs.get(name)
             if p is not None:
-                args[i] = np.uint64(p)
+                args[i] = p
             elif optional:
-                args[i] = _NULL
+                args[i] = 0
             else:
                 raise KeyError(f"{self.where}: launch arg {name!r}: the call binds no such tensor")
         for i, name, cast in self.scalars:

@@ -36,14 +36,40 @@ from .loader import PACKAGE
 from .table import tables
 
 
+MEMO_SIZE = 4096  # remembered call paths (cleared when full)
+
 
 class Runtime(Guarded):
     """KDA's entry points on the shared launch guard; paths counted by entry point."""
 
     STACKLEVEL = 5  # the warning names the caller of the api function (one frame more than RMSNorm's)
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._memo: dict[tuple, Choice] = {}
+
     def choice(self, entry: str, t: Mapping[str, Tensor | None], variant: Mapping[str, int]) -> Choice:
-        """The path of a call with tensors `t` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens)."""
+        """The path of a call with tensors `t` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens).
+        Calls whose tensors are all on one CUDA device and need no grad are remembered by what their path depends
+        on (entry point, shapes, dtypes, beta's rank, device, sequences, variant): a decode step repeats one call,
+        and its host time is most of it."""
+        q, v, cu = t["q"], t["v"], t.get("cu_seqlens")
+        dev = q.get_device()  # -1: a CPU tensor
+        if (dev < 0 or any(x.get_device() != dev for x in t.values() if x is not None and x.dim() > 0)
+                or (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in t.values()))):
+            return self._choice(entry, t, variant)
+        key = (entry, q.shape, v.shape, q.dtype, t["k"].dtype, v.dtype, t["g"].dtype, t["beta"].dtype, t["beta"].dim(),
+               dev, None if cu is None else cu.numel(), tuple(variant.items()))
+        c = self._memo.get(key)
+        if c is None:
+            c = self._choice(entry, t, variant)
+            with self._lock:
+                if len(self._memo) >= MEMO_SIZE:
+                    self._memo.clear()
+                self._memo[key] = c
+        return c
+
+    def _choice(self, entry: str, t: Mapping[str, Tensor | None], variant: Mapping[str, int]) -> Choice:
         q, v, cu = t["q"], t["v"], t.get("cu_seqlens")
         dims = call_dims(q.shape, v.shape, None if cu is None else cu.numel() - 1, variant)
         try:
