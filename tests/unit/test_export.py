@@ -74,7 +74,7 @@ def test_files_agree_with_the_store(exported, store):
     assert len((data / "results" / "rmsnorm_evaluations.csv").read_text().strip().splitlines()) == n_evals + 1
     readme = (exported / "README.md").read_text()
     assert fx.RUN in readme and "No backward run was exported" in readme
-    assert {p.name for p in (exported / "tests").iterdir()} == {"conftest.py", "test_cpu.py", "test_gpu.py"}
+    assert {p.name for p in (exported / "tests").iterdir()} == {"conftest.py", "test_launch.py", "test_cpu.py", "test_gpu.py"}
     assert f'name = "{NAME.replace("_", "-")}"' in (exported / "pyproject.toml").read_text()
 
 

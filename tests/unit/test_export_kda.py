@@ -77,7 +77,7 @@ def test_files_agree_with_the_store(exported, store):
     assert (data / "templates" / "_macros" / "memory.cuh.j2").exists()
     readme = (exported / "README.md").read_text()
     assert kx.RUN in readme and "fused_recurrent_kda" in readme and "MissingKernel" in readme
-    assert {p.name for p in (exported / "tests").iterdir()} == {"conftest.py", "test_cpu.py", "test_gpu.py"}
+    assert {p.name for p in (exported / "tests").iterdir()} == {"conftest.py", "test_launch.py", "test_cpu.py", "test_gpu.py"}
     assert {p.name for p in (exported / NAME).glob("*.py")} >= {"api.py", "choose.py", "run.py", "bench.py",
                                                                  "verify.py", "reference.py", "loader.py"}
 

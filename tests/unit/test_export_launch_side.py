@@ -64,32 +64,39 @@ def launch_mod(monkeypatch):
     import cuda.core
 
     monkeypatch.setattr(cuda.core, "launch", lambda stream, config, kernel, *args: log.append(
-        ("launch", kernel, stream)), raising=False)
+        ("launch", kernel, stream, *args)), raising=False)
     yield mod, log
     sys.modules.pop("evo.export.runtime.package.launch", None)
 
 
-def _ln(kernel: str, grid=(4, 32, 1), stream: str = "main", fork_after: str = "") -> Launch:
-    return Launch(kernel, grid, (128, 1, 1), 0, ("ws_flag",), stream, fork_after)
+def _ln(kernel: str, grid=(4, 32, 1), stream: str = "main", fork_after: str = "", args=("ws_flag",)) -> Launch:
+    return Launch(kernel, grid, (128, 1, 1), 0, args, stream, fork_after)
 
 
-def _run(mod, launches):
+def _run(mod, launches, workspaces=(("ws_flag", 64),)):
     c = Choice("kda", "kernel", (), (), 90, "")
     launcher = mod.Launcher()
     launcher._current = lambda index: None
     launcher._stream = lambda index, handle: f"stream{handle}"
-    launcher._prepared[(c, 0)] = mod._Prepared(tuple((ln, ln.kernel, None) for ln in launches), (("ws_flag", 64),),
-                                               {}, {}, frozenset(ln.fork_after for ln in launches if ln.stream == "side"))
-    t = SimpleNamespace(device=SimpleNamespace(index=0), data_ptr=lambda: 8192)
+    names = {"q"} | {n for n, _ in workspaces}
+    offsets, nbytes = mod.workspace_offsets(dict(workspaces))
+    launcher._prepared[(c, 0)] = mod._Prepared(
+        tuple((ln, ln.kernel, None, mod.plan_args(ln.args, names, {}, {}, "t")) for ln in launches), offsets, nbytes,
+        frozenset(ln.fork_after for ln in launches if ln.stream == "side"), any(ln.stream == "side" for ln in launches))
+    t = SimpleNamespace(device=SimpleNamespace(index=0), data_ptr=lambda: 8192, get_device=lambda: 0)
     launcher.run(c, {"q": t}, {})
     return launcher
+
+
+def _launches(log):
+    return [e[:3] for e in log if e[0] == "launch"]
 
 
 def test_a_side_launch_forks_after_its_mark_and_the_callers_stream_joins_it(launch_mod):
     mod, log = launch_mod
     _run(mod, [_ln("kda_chunk_flags"), _ln("kda_chunk_prep"), _ln("kda_chunk_recur", stream="side",
                                                                   fork_after="kda_chunk_flags")])
-    assert [e for e in log if e[0] != "side stream"] == [
+    assert [e[:3] for e in log if e[0] != "side stream"] == [
         ("launch", "kda_chunk_flags", "stream1"), ("record", "e1", 1),  # marked right after the fork point
         ("launch", "kda_chunk_prep", "stream1"),                        # not marked
         ("side waits", "e1"), ("launch", "kda_chunk_recur", "stream2"),
@@ -100,7 +107,16 @@ def test_a_side_launch_forks_after_its_mark_and_the_callers_stream_joins_it(laun
 def test_a_plan_without_side_launches_records_nothing(launch_mod):
     mod, log = launch_mod
     _run(mod, [_ln("prep"), _ln("recur")])
-    assert log == [("launch", "prep", "stream1"), ("launch", "recur", "stream1")]
+    assert [e[:3] for e in log] == [("launch", "prep", "stream1"), ("launch", "recur", "stream1")]
+
+
+def test_a_calls_workspaces_are_one_allocation_each_at_its_aligned_offset(launch_mod):
+    mod, log = launch_mod
+    assert mod.workspace_offsets({"a": 100, "b": 0, "c": 513}) == ((("a", 0), ("b", 256), ("c", 512)), 1280)
+    _run(mod, [_ln("prep", args=("q", "a", "b")), _ln("recur", args=("c", "q"))],
+         workspaces=(("a", 100), ("b", 0), ("c", 513)))
+    base = 4096  # the fake torch.empty's pointer
+    assert [e[3:] for e in log] == [(8192, base, base + 256), (base + 512, 8192)]  # pointers as Python ints
 
 
 def test_a_side_launch_with_more_ctas_than_sms_is_refused(launch_mod):

@@ -3,9 +3,10 @@ The module, kernel handles, shared-memory attributes and launch configs of a cho
 first call on a device and kept: a decode call is microseconds of GPU work, so the host's share matters.
 
 Workspaces (the template's `[workspace]` sizes for the shape, e.g. the backward's fp32 dw partials)
-are allocated here per call from torch's caching allocator, on the call's device and stream; the
-kernels write them before they read them (the factory's gate fills them with garbage before every
-launch), so they are not cleared.
+are one allocation per call from torch's caching allocator, on the call's device and stream, each workspace
+at a 256-byte aligned offset; the kernels write them before they read them (the factory's gate fills them
+with garbage before every launch), so they are not cleared. Per call the host reads the current stream's
+handle (no torch Stream object where torch exposes it), binds pointers and scalars (ArgPlan) and launches.
 """
 
 from __future__ import annotations
@@ -73,6 +74,29 @@ def _check_side_residency(launches: tuple[Launch, ...], index: int) -> None:
                             f"has {sms} SMs")
 
 
+MAX_BY_ID = 4096  # choices kept by id (cleared when full; the by-value map keeps every plan made ready)
+WORKSPACE_ALIGN = 256  # bytes: each workspace's offset in a call's one workspace allocation
+# the current stream's handle without a torch Stream object (what Triton's launcher reads); None: the public way
+_RAW_STREAM = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+
+
+def workspace_offsets(sizes: Mapping[str, int]) -> tuple[tuple[tuple[str, int], ...], int]:
+    """((name, byte offset), ...) of each workspace in one allocation, each at a multiple of WORKSPACE_ALIGN and
+    at least one byte long, and the allocation's size."""
+    offsets, end = [], 0
+    for name, nbytes in sizes.items():
+        offsets.append((name, end))
+        end += -(-max(1, nbytes) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    return tuple(offsets), end
+
+
+def current_stream_handle(index: int) -> int:
+    """The handle of torch's current stream on device `index`."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
 @dataclass(frozen=True)
 class _Prepared:
     """A choice's plan made ready on one device once: each launch with its kernel handle, LaunchConfig (dynamic
@@ -80,8 +104,10 @@ class _Prepared:
     scalars are bound."""
 
     launches: tuple[tuple[Launch, Any, Any, ArgPlan], ...]  # (launch, kernel, LaunchConfig, its args)
-    workspaces: tuple[tuple[str, int], ...]
+    workspaces: tuple[tuple[str, int], ...]  # (name, byte offset in the call's one workspace allocation)
+    workspace_bytes: int
     forks: frozenset[str] = frozenset()  # the main launches a side launch forks after (marked by an event)
+    side: bool = False  # any launch on the side stream
 
 
 class Launcher:
@@ -92,7 +118,8 @@ class Launcher:
     def __init__(self) -> None:
         self.modules = Modules()
         self._local = threading.local()  # the devices made current in this thread
-        self._prepared: dict[tuple[Choice, int], _Prepared] = {}
+        self._prepared: dict[tuple[Choice, int], _Prepared] = {}  # (choice, device) -> its plan made ready
+        self._by_id: dict[tuple[int, int], tuple[Choice, _Prepared]] = {}  # the same by the choice's id
         self._streams: dict[tuple[int, int], Any] = {}  # (device, torch stream handle) -> cuda.core Stream
         self._sides: dict[int, torch.cuda.Stream] = {}  # device -> the side stream of plans with side launches
         self._lock = threading.Lock()
@@ -126,7 +153,8 @@ class Launcher:
                 _allow_smem(kernel, ln.smem, index)
             ready.append((ln, kernel, _config(LaunchConfig, ln), args))
         forks = frozenset(ln.fork_after for ln in launches if ln.stream == "side")
-        return _Prepared(tuple(ready), tuple(workspaces.items()), forks)
+        offsets, nbytes = workspace_offsets(workspaces)
+        return _Prepared(tuple(ready), offsets, nbytes, forks, any(ln.stream == "side" for ln in launches))
 
     def _stream(self, index: int, handle: int) -> Any:
         s = self._streams.get((index, handle))
@@ -136,39 +164,55 @@ class Launcher:
             s = self._streams.setdefault((index, handle), Stream.from_handle(handle))
         return s
 
+    def prepared(self, c: Choice, index: int) -> _Prepared:
+        """The choice's plan made ready on device `index`, kept by the choice's id too (a choice is a frozen value
+        made once per call signature: hashing its fields on every call costs more than the lookup)."""
+        held = self._by_id.get((id(c), index))
+        if held is not None and held[0] is c:
+            return held[1]
+        ready = self._prepared.get((c, index))  # an equal choice made before
+        if ready is None:
+            ready = self._prepare(c, index)  # raises CompileError / PlanError: nothing kept, nothing launched
+        with self._lock:
+            ready = self._prepared.setdefault((c, index), ready)
+            if len(self._by_id) >= MAX_BY_ID:
+                self._by_id.clear()
+            self._by_id[(id(c), index)] = (c, ready)  # c held: its id is no other choice's while kept
+        return ready
+
     def run(self, c: Choice, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, float]) -> None:
         from cuda.core import launch
 
-        device = next(iter(tensors.values())).device
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        first = next(iter(tensors.values()))
+        index = first.get_device()
         self._current(index)
-        ready = self._prepared.get((c, index))
-        if ready is None:
-            ready = self._prepare(c, index)  # raises CompileError / PlanError: nothing kept, nothing launched
-            with self._lock:
-                ready = self._prepared.setdefault((c, index), ready)
+        ready = self.prepared(c, index)
         ptrs = {n: b.data_ptr() for n, b in tensors.items()}
-        keep = [torch.empty(max(1, b), dtype=torch.uint8, device=device) for _, b in ready.workspaces]
-        ptrs.update((n, w.data_ptr()) for (n, _), w in zip(ready.workspaces, keep))
-        main = torch.cuda.current_stream(device)
-        stream = self._stream(index, main.cuda_stream)
+        if ready.workspaces:
+            keep = torch.empty(ready.workspace_bytes, dtype=torch.uint8, device=first.device)
+            base = keep.data_ptr()
+            for n, offset in ready.workspaces:
+                ptrs[n] = base + offset
+        stream = self._stream(index, current_stream_handle(index))
+        if not ready.side:
+            for _ln, kernel, config, args in ready.launches:
+                launch(stream, config, kernel, *args.bind(ptrs, scalars))
+            return
+        main = torch.cuda.current_stream(first.device)
         marks: dict[str, Any] = {}
-        side = None
-        for ln, kernel, config, plan_of_args in ready.launches:
-            args = plan_of_args.bind(ptrs, scalars)
+        side = self._side(index, first.device)
+        for ln, kernel, config, args in ready.launches:
             if ln.stream == "side":  # beside the main stream, after its launch of fork_after (the plan language)
-                side = self._side(index, device)
                 side.wait_event(marks[ln.fork_after])
-                launch(self._stream(index, side.cuda_stream), config, kernel, *args)
+                launch(self._stream(index, side.cuda_stream), config, kernel, *args.bind(ptrs, scalars))
             else:
-                launch(stream, config, kernel, *args)
+                launch(stream, config, kernel, *args.bind(ptrs, scalars))
                 if ln.kernel in ready.forks:
                     marks[ln.kernel] = torch.cuda.Event()
                     marks[ln.kernel].record(main)
-        if side is not None:
-            # the caller's stream waits for the side stream, so whatever it queues next (freeing this call's
-            # workspaces to the caching allocator included) comes after the side launches
-            main.wait_stream(side)
+        # the caller's stream waits for the side stream, so whatever it queues next (freeing this call's
+        # workspaces to the caching allocator included) comes after the side launches
+        main.wait_stream(side)
 
     def _side(self, index: int, device: torch.device) -> torch.cuda.Stream:
         """The side stream of a device at the greatest stream priority (a side launch's few CTAs are dispatched

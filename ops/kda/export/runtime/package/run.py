@@ -37,6 +37,24 @@ from .table import tables
 
 
 MEMO_SIZE = 4096  # remembered call paths (cleared when full)
+_SHAPED = ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens")
+
+
+def memo_key(entry: str, t: Mapping[str, Tensor | None], variant: Mapping[str, int]) -> tuple | None:
+    """What a call's shape check and path depend on (entry point, every shape, the dtypes, the device, the
+    variant), or None for a call the memo does not take: a CPU tensor, tensors on several devices, or a tensor
+    that needs grad while grad is on (such calls are checked in full every time)."""
+    q = t["q"]
+    dev = q.get_device()  # -1: not a CUDA tensor
+    if dev < 0:
+        return None
+    grad = torch.is_grad_enabled()
+    for x in t.values():
+        if x is not None and ((grad and x.requires_grad) or (x.dim() > 0 and x.get_device() != dev)):
+            return None
+    shapes = tuple(None if t.get(n) is None else t[n].shape for n in _SHAPED)
+    dtypes = (q.dtype, t["k"].dtype, t["v"].dtype, t["g"].dtype, t["beta"].dtype)
+    return entry, dev, shapes, dtypes, tuple(variant.items())
 
 
 class Runtime(Guarded):
@@ -49,24 +67,21 @@ class Runtime(Guarded):
         self._memo: dict[tuple, Choice] = {}
 
     def choice(self, entry: str, t: Mapping[str, Tensor | None], variant: Mapping[str, int]) -> Choice:
-        """The path of a call with tensors `t` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens).
-        Calls whose tensors are all on one CUDA device and need no grad are remembered by what their path depends
-        on (entry point, shapes, dtypes, beta's rank, device, sequences, variant): a decode step repeats one call,
-        and its host time is most of it."""
-        q, v, cu = t["q"], t["v"], t.get("cu_seqlens")
-        dev = q.get_device()  # -1: a CPU tensor
-        if (dev < 0 or any(x.get_device() != dev for x in t.values() if x is not None and x.dim() > 0)
-                or (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in t.values()))):
-            return self._choice(entry, t, variant)
-        key = (entry, q.shape, v.shape, q.dtype, t["k"].dtype, v.dtype, t["g"].dtype, t["beta"].dtype, t["beta"].dim(),
-               dev, None if cu is None else cu.numel(), tuple(variant.items()))
-        c = self._memo.get(key)
+        """The path of a call with tensors `t` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens), its
+        shapes checked first (reference.check_shapes: a ValueError names a wrong one). A call whose tensors are all on one CUDA device and need
+        no grad is remembered by what its shape check and path depend on (memo_key): a decode step repeats one
+        call, and its host time is most of it."""
+        key = memo_key(entry, t, variant)
+        c = None if key is None else self._memo.get(key)
         if c is None:
+            reference.check_shapes(t["q"], t["k"], t["v"], t["g"], t["beta"], t.get("initial_state"),
+                                   t.get("cu_seqlens"), bool(variant["v_first"]))
             c = self._choice(entry, t, variant)
-            with self._lock:
-                if len(self._memo) >= MEMO_SIZE:
-                    self._memo.clear()
-                self._memo[key] = c
+            if key is not None:
+                with self._lock:
+                    if len(self._memo) >= MEMO_SIZE:
+                        self._memo.clear()
+                    self._memo[key] = c
         return c
 
     def _choice(self, entry: str, t: Mapping[str, Tensor | None], variant: Mapping[str, int]) -> Choice:
@@ -109,8 +124,6 @@ class Runtime(Guarded):
              variant: Mapping[str, int]) -> tuple[Tensor, Tensor]:
         """(o in v's dtype, the fp32 final state) of one call."""
         q, v = t["q"], t["v"]
-        reference.check_shapes(q, t["k"], v, t["g"], t["beta"], t.get("initial_state"), t.get("cu_seqlens"),
-                               bool(variant["v_first"]))
         c = self.choice(entry, t, variant)
         if c.path == "missing":
             raise MissingKernel(f"{PACKAGE}.{entry}: {c}")
@@ -121,10 +134,13 @@ class Runtime(Guarded):
             bound = {n: aligned(x) for n, x in t.items() if x is not None}
             h0 = t.get("initial_state")
             shape = (dims["N"], dims["HV"], dims["SR"], dims["SC"])
-            bound["initial_state"] = (aligned(h0.to(torch.float32)) if h0 is not None
-                                      else torch.zeros(shape, dtype=torch.float32, device=q.device))
-            if "cu_seqlens" in bound:
-                bound["cu_seqlens"] = bound["cu_seqlens"].to(torch.int32).contiguous()
+            if h0 is None:
+                bound["initial_state"] = torch.zeros(shape, dtype=torch.float32, device=q.device)
+            elif h0.dtype != torch.float32:
+                bound["initial_state"] = aligned(h0.to(torch.float32))
+            cu = bound.get("cu_seqlens")
+            if cu is not None and cu.dtype != torch.int32:
+                bound["cu_seqlens"] = cu.to(torch.int32).contiguous()
             o = torch.empty_like(bound["v"])
             final = torch.empty(shape, dtype=torch.float32, device=q.device)
             bound |= {"o": o, "final_state": final}
