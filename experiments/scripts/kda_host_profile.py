@@ -3,6 +3,7 @@ a call (perf_counter around it, the GPU kept from falling behind by a synchroniz
 the timed calls) and a cProfile of as many calls, its functions by own time per call.
 
     python experiments/scripts/kda_host_profile.py OUT.json [--package kf_kda] [--calls 300] [--top 25]
+    python experiments/scripts/kda_host_profile.py --compare BASE.json NEW.json   (a markdown table, no GPU)
 
 Needs the installed package (kfactory export of a KDA run, pip-installed), torch and a CUDA device. The call's
 inputs are the package bench's (its `inputs`), so the cells and keywords are the bench's.
@@ -73,7 +74,31 @@ def profile_rows(fn: Any, calls: int, sync: Any, top: int) -> list[dict[str, Any
     return rows[:top]
 
 
+def compare(base: dict[str, Any], new: dict[str, Any]) -> str:
+    """Per cell of both files, the median host time a call of each and their ratio, as a markdown table."""
+    if base["gpu"] != new["gpu"]:
+        raise ValueError(f"the two profiles ran on different GPUs ({base['gpu']}, {new['gpu']})")
+    old = {c["cell"]: c for c in base["cells"]}
+    rows = ["| entry | cell | base µs a call | new µs a call | base / new |", "|---|---|---:|---:|---:|"]
+    for c in new["cells"]:
+        b = old.get(c["cell"])
+        if b is None:
+            continue
+        short = "-".join(p for p in c["cell"].split(" ")[-1].split("-") if p[:1] in "BTH" and p[1:2].isdigit())
+        rows.append(f"| {c['entry']} | {short} | {b['host_us_median']:.1f} | {c['host_us_median']:.1f} | "
+                    f"{b['host_us_median'] / c['host_us_median']:.2f}x |")
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--compare"]:
+        if len(argv) != 3:
+            print("usage: kda_host_profile.py --compare BASE.json NEW.json", file=sys.stderr)
+            return 2
+        print(compare(*(json.loads(Path(p).read_text()) for p in argv[1:])), end="")
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--package", default="kf_kda")
