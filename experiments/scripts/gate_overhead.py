@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -74,41 +72,31 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gate_overhead_h200.json")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    from cuda.core import ObjectCode
-
+    from evo.build.nvrtc import Builder
     from evo.cli.bench import default_for_cell
-    from evo.build.nvrtc import Builder, prepare
-    from evo.measure.evaluate import make_job
-    from evo.core.genome import Genome
-    from evo.measure.jobs import Timing
-    from evo.templates.template import load_templates
-    from evo.measure.verify import judge
     from evo.measure.worker import Worker
+    from evo.templates.template import load_templates
+    from hand_gate import fresh_rng, hand_job
     from ops import get_op
 
     op = get_op("rmsnorm")
     tdef = load_templates("rmsnorm")["cta_row"]
     cells = [c for c in op.matrix() if c.label() in CELLS]
     w = Worker()
-    mod, ref_obj = w._op("rmsnorm")
     rows = []
     t0 = time.time()
     with Builder(workers=2) as builder:
         for c in cells:
             params = default_for_cell(tdef, 90, c)
-            g = Genome.make(op.name, tdef.name, tdef.source_hash, params)
-            (b,) = builder.build([prepare(tdef, g, "sm_90a", c.dtypes_dict(), c.dims_dict())])
-            job = make_job(op, tdef, g, b, c, 90, seed=7, timing=Timing(), baseline=True)
-            obj = ObjectCode.from_cubin(job.cubin)
+            hj = hand_job(builder, op, tdef, params, c, seed=7, baseline=True, gate_cells=False)
             got: dict[str, list[float]] = {"gate": [], "bare": []}
             base: dict[str, list[float]] = {"gate": [], "bare": []}
             graph = None
             for rep in range(args.reps):
                 for name, cls in (("gate", Gate), ("bare", BareTiming)) if rep % 2 == 0 else (
                         ("bare", BareTiming), ("gate", Gate)):
-                    rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-                    res = cls(w, job, obj, ref_obj, mod, rng, w.fingerprint, w.ceiling_gbps).run()
-                    v = judge(res, {k: t[2] for k, t in job.tolerances}, g, c, b.build_key)
+                    res = hj.gate(cls, w, fresh_rng()).run()
+                    v = hj.judge(res)
                     if v.status.value != "OK":
                         raise RuntimeError(f"{name} on {c.label()}: {v.status.value} {v.error}")
                     got[name].append(v.median_us)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
 import re
 import sys
 import time
@@ -66,17 +64,11 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="", help="regular expression on 'op template cell'")
     args = ap.parse_args()
-    from cuda.core import ObjectCode
-
-    from evo.build.nvrtc import Builder, prepare
+    from evo.build.nvrtc import Builder
     from evo.cli.bench import default_for_cell
-    from evo.core.genome import Genome
-    from evo.measure.evaluate import make_job
-    from evo.measure.jobs import Timing
-    from evo.measure.evaluators import gate_cells_for
-    from evo.measure.verify import judge
     from evo.measure.worker import Worker
     from evo.templates.template import load_templates
+    from hand_gate import cell_by_prefix, fresh_rng, hand_job
     from ops import get_op
 
     w = Worker()
@@ -88,38 +80,30 @@ def main() -> int:
                 continue
             op = get_op(op_name)
             tdef = load_templates(op_name)[tname]
-            cell = next(c for c in op.matrix() if c.label().startswith(prefix))
+            cell = cell_by_prefix(op, prefix)
             params = default_for_cell(tdef, 90, cell)
             if params is None:
                 raise RuntimeError(f"{tname} has no legal point on {cell.label()}")
-            g = Genome.make(op.name, tdef.name, tdef.source_hash, params)
-            (b,) = builder.build([prepare(tdef, g, "sm_90a", cell.dtypes_dict(), cell.dims_dict())])
-            if not b.status.ok:
-                raise RuntimeError(f"{tname} on {cell.label()} did not build: {b.error}")
-            gates = gate_cells_for(op, tdef, g, cell, 90)
-            job = make_job(op, tdef, g, b, cell, 90, seed=7, timing=Timing(), baseline=False, gate_cells=gates)
-            mod, ref_obj = w._op(op_name)
-            obj = ObjectCode.from_cubin(job.cubin)
+            hj = hand_job(builder, op, tdef, params, cell, seed=7)
             wall: dict[str, list[float]] = {"gate": [], "recomputed": []}
             refs: dict[str, list[int]] = {"gate": [], "recomputed": []}
             med: dict[str, list[float]] = {"gate": [], "recomputed": []}
             for rep in range(args.reps):
                 order = (("gate", Counting), ("recomputed", Recomputed))
                 for name, cls in order if rep % 2 == 0 else order[::-1]:
-                    rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-                    gate = cls(w, job, obj, ref_obj, mod, rng, w.fingerprint, w.ceiling_gbps)
+                    gate = hj.gate(cls, w, fresh_rng())
                     t = time.perf_counter()
                     res = gate.run()
                     w.sync("gate_reference_cost")
                     wall[name].append(time.perf_counter() - t)
-                    v = judge(res, {k: tol[2] for k, tol in job.tolerances}, g, cell, b.build_key)
+                    v = hj.judge(res)
                     if v.status.value != "OK":
                         raise RuntimeError(f"{name} on {cell.label()}: {v.status.value} {v.error}")
                     refs[name].append(gate.refs_computed)
                     med[name].append(v.median_us)
             mw = {k: float(np.median(v)) for k, v in wall.items()}
             rows.append({"op": op_name, "template": tname, "cell": cell.label(), "params": params,
-                         "gate_cells": len(gates), "wall_s": wall, "refs_computed": refs, "median_us": med,
+                         "gate_cells": len(hj.gate_cells), "wall_s": wall, "refs_computed": refs, "median_us": med,
                          "wall_ratio_gate_to_recomputed": mw["gate"] / mw["recomputed"]})
             print(f"{op_name:<12} {tname:<10} {cell.label()[:48]:<48} gate {mw['gate']:7.2f} s "
                   f"({refs['gate'][0]} refs)  recomputed {mw['recomputed']:7.2f} s ({refs['recomputed'][0]} refs)  "

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
 import sys
 import time
 from collections import Counter
@@ -44,17 +42,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     cases = load_cases(args.cases)
-    from cuda.core import ObjectCode
-
-    from evo.build.nvrtc import Builder, prepare
-    from evo.core.genome import Genome
-    from evo.measure.evaluate import make_job
-    from evo.measure.evaluators import gate_cells_for
+    from evo.build.nvrtc import Builder
     from evo.measure.gate import Gate
-    from evo.measure.jobs import Timing
-    from evo.measure.verify import judge
     from evo.measure.worker import Worker
     from evo.templates.template import load_templates
+    from hand_gate import cell_by_prefix, fresh_rng, hand_job
     from ops import get_op
 
     w = Worker()
@@ -64,22 +56,11 @@ def main() -> int:
         for case in cases:
             op = get_op(case["op"])
             tdef = load_templates(op.name)[case["template"]]
-            cell = next((c for c in op.matrix() if c.label().startswith(case["cell"])), None)
-            if cell is None:
-                raise ValueError(f"no {op.name} matrix cell starts with {case['cell']!r}")
-            g = Genome.make(op.name, tdef.name, tdef.source_hash, case["params"])
-            (b,) = builder.build([prepare(tdef, g, "sm_90a", cell.dtypes_dict(), cell.dims_dict())])
-            if not b.status.ok:
-                raise RuntimeError(f"{tdef.name} {case['params']} on {cell.label()} did not build: {b.error}")
-            gates = gate_cells_for(op, tdef, g, cell, 90)
-            job = make_job(op, tdef, g, b, cell, 90, seed=11, timing=Timing(), baseline=False, gate_cells=gates)
-            mod, ref_obj = w._op(op.name)
-            obj = ObjectCode.from_cubin(job.cubin)
+            cell = cell_by_prefix(op, case["cell"])
+            hj = hand_job(builder, op, tdef, case["params"], cell, seed=11)
             reps = []
             for _ in range(int(case.get("reps", 10))):
-                rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-                res = Gate(w, job, obj, ref_obj, mod, rng, w.fingerprint, w.ceiling_gbps).run()
-                v = judge(res, {k: tol[2] for k, tol in job.tolerances}, g, cell, b.build_key)
+                v = hj.judge(hj.gate(Gate, w, fresh_rng()).run())
                 reps.append({"status": v.status.value, "error": v.error, "median_us": v.median_us,
                              "max_abs_err": v.max_abs_err, "rel_norm_err": v.rel_norm_err})
             counts = Counter(r["status"] for r in reps)
