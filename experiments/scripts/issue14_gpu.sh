@@ -159,7 +159,7 @@ bwd_ga() {
 # as a copy of the committed bf16 backward run's store (its lessons, builds and results: a warm start)
 rms_store() {
   [ -e /tmp/kf_rms/store.duckdb ] && return 0
-  mkdir -p /tmp/kf_rms && cp experiments/results/rmsnorm_bwd_h200/store.duckdb /tmp/kf_rms/store.duckdb
+  mkdir -p /tmp/kf_rms && gunzip -c experiments/results/rmsnorm_bwd_h200/store.duckdb.gz > /tmp/kf_rms/store.duckdb
 }
 # the peers benches time, per cell, the fastest entry recorded by this chain's GAs (where /tmp still has
 # them) and the committed runs (merge_dispatch.py --fastest; the bench then times it beside the peers)

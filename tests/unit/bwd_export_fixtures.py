@@ -1,9 +1,10 @@
 """The committed backward run of the H200 (experiments/results/rmsnorm_bwd_h200) for the export tests:
-its store and published table copied to a tmp folder (the committed files are only read), and the
-NVRTC that built its cubins, for the export's byte-for-byte rebuild."""
+its store (committed gzipped) and published table copied to a tmp folder (the committed files are only
+read), and the NVRTC that built its cubins, for the export's byte-for-byte rebuild."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import shutil
 import subprocess
@@ -21,14 +22,15 @@ NVRTC_WHEEL = "nvidia-cuda-nvrtc==13.0.88"
 
 
 def committed_sha256() -> str:
-    return hashlib.sha256((RESULTS / "store.duckdb").read_bytes()).hexdigest()
+    return hashlib.sha256((RESULTS / "store.duckdb.gz").read_bytes()).hexdigest()
 
 
 def copy_results(dest: Path) -> Path:
-    """store.duckdb and dispatch.json copied into `dest` (writable copies); the copy's store path."""
+    """store.duckdb (unpacked) and dispatch.json copied into `dest` (writable copies); the copy's store path."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("store.duckdb", "dispatch.json"):
-        shutil.copyfile(RESULTS / name, dest / name)  # content only: the copy is writable
+    with gzip.open(RESULTS / "store.duckdb.gz") as src, open(dest / "store.duckdb", "wb") as out:
+        shutil.copyfileobj(src, out)
+    shutil.copyfile(RESULTS / "dispatch.json", dest / "dispatch.json")  # content only: the copy is writable
     return dest / "store.duckdb"
 
 

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "experiments" / "scripts").glob("*.sh"))
-PATH = re.compile(r"(?<![\w/$.-])((?:experiments|tests|ops|templates)/[\w./-]+\.(?:toml|py|json|txt|duckdb))")
+PATH = re.compile(r"(?<![\w/$.-])((?:experiments|tests|ops|templates)/[\w./-]+\.(?:toml|py|json|txt|duckdb)(?:\.gz)?)")
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -23,7 +23,7 @@ def test_the_issue14_script_names_its_inputs():
     """The pattern finds what the script uses (so the test above checks something)."""
     found = set(PATH.findall((ROOT / "experiments" / "scripts" / "issue14_gpu.sh").read_text()))
     assert {"experiments/rmsnorm_bwd_h200_all.toml", "experiments/rmsnorm_residual_h200.toml",
-            "tests/gpu/test_kda_device.py", "experiments/results/rmsnorm_bwd_h200/store.duckdb"} <= found
+            "tests/gpu/test_kda_device.py", "experiments/results/rmsnorm_bwd_h200/store.duckdb.gz"} <= found
 
 
 @pytest.mark.parametrize("gpu, rc", [("NVIDIA H100 80GB HBM3", 3), ("NVIDIA H200", 0)])
