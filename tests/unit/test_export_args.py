@@ -49,3 +49,17 @@ def test_an_arg_plan_names_a_required_tensor_or_scalar_the_call_does_not_give():
 def test_an_arg_plan_refuses_a_name_that_is_nothing_before_any_call():
     with pytest.raises(KeyError, match="'gamma'"):
         plan_args(["x", "gamma"], {"x"}, {"M": 1}, {"eps": "f32"}, "t")
+
+
+def test_cuda_core_packs_a_python_int_pointer_as_the_same_eight_bytes_as_a_uint64():
+    """ArgPlan.bind passes pointers as Python ints: cuda.core's launch must pack them pointer-sized, as it packs
+    the np.uint64 bind_args gives (read back from the kernel-parameter array it builds)."""
+    import ctypes
+
+    from cuda.core._kernel_arg_handler import ParamHolder
+
+    p = 0x7F00_1234_5678
+    held = ParamHolder([p, np.uint64(p), 0, np.int32(7)])
+    slots = (ctypes.c_void_p * 4).from_address(held.ptr)
+    as_u64 = [ctypes.c_uint64.from_address(slots[i]).value for i in range(3)]
+    assert as_u64 == [p, p, 0] and ctypes.c_int32.from_address(slots[3]).value == 7

@@ -68,9 +68,9 @@ class Runtime(Guarded):
 
     def choice(self, entry: str, t: Mapping[str, Tensor | None], variant: Mapping[str, int]) -> Choice:
         """The path of a call with tensors `t` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens), its
-        shapes checked first (reference.check_shapes: a ValueError names a wrong one). A call whose tensors are all on one CUDA device and need
-        no grad is remembered by what its shape check and path depend on (memo_key): a decode step repeats one
-        call, and its host time is most of it."""
+        shapes checked first (reference.check_shapes: a ValueError names a wrong one). A call whose tensors are
+        all on one CUDA device and need no grad is remembered by what its shape check and path depend on
+        (memo_key): a decode step repeats one call, and its host time is most of it."""
         key = memo_key(entry, t, variant)
         c = None if key is None else self._memo.get(key)
         if c is None:
