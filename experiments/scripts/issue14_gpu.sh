@@ -74,12 +74,19 @@
 #               backward's peers (default "torch.eager liger quack quack.autotuned")
 #   respeers OUT  as peers, the residual variant's dispatch (prenorm, residual_out) against torch eager,
 #               torch.compile, QuACK and QuACK autotuned, cells matching $RES_CELLS within $RES_PEERS_S (200)
+#   rmstrain OUT  RMSNorm in a training step: the committed forward (long) and backward (all) runs of
+#               rmsnorm_h200_long3's store exported as one package, installed with pip, its own tests
+#               (rmstrain/tests.log, within $RMS_TRAIN_TESTS_S seconds, 200; 0 skips them), then
+#               experiments/scripts/rmsnorm_train_step.py (rmstrain/train.json): forward + backward through autograd per
+#               plain forward cell ($RMS_TRAIN_CELLS, a regular expression) beside torch eager, Liger (where .whl/ has
+#               liger-kernel from experiments/peer_wheels.txt), torch.compile, and the package's former 3-pass rstd;
+#               $RMS_TRAIN_SAMPLES samples (30), no new cell after $RMS_TRAIN_S seconds (240)
 # $GA_MAX_S, when set, is every GA's time budget in place of its config's budget.max_seconds.
 # $KF_REQUIRE_GPU, when set (say H200), exits 3 at once, installing and running nothing, unless nvidia-smi's GPU name
 # contains it: a call asked for one kind may get another, so `KF_REQUIRE_GPU=H200 bash ... kdabench OUT || other stages`.
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, bwdwide, bwdfp32, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench or kdahost}; out=${2:?output folder}
+stages=${1:?ga, bwdga, bwdwide, bwdfp32, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
@@ -351,6 +358,23 @@ case "$stage" in
     (cd /tmp/kf_pkg && PYTHONPATH=/tmp/kf_pkg_site timeout 150 python3 -m pytest -q -rs tests) > "$out/export/tests.log" 2>&1
     echo "package tests rc=$?" >> "$log"
     cp /tmp/kf_pkg/README.md "$out/export/" 2>/dev/null ;;
+  rmstrain)  # the exported package's training step beside torch eager, Liger and torch.compile
+    mkdir -p "$out/rmstrain" /tmp/kf_rt && rm -rf /tmp/kf_rtpkg /tmp/kf_rtpkg_site
+    gunzip -c experiments/results/rmsnorm_h200_long3/store.duckdb.gz > /tmp/kf_rt/store.duckdb
+    python3 -m evo.cli.main export ${RMS_TRAIN_RUNS:-rmsnorm-h200-long-20261203-191058-44a4ba rmsnorm-bwd-h200-all-20261203-183830-14a685} \
+      --store /tmp/kf_rt/store.duckdb --out /tmp/kf_rtpkg >> "$log" 2>&1
+    echo "rmstrain export rc=$?" >> "$log"
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/kf_rtpkg_site /tmp/kf_rtpkg >> "$log" 2>&1
+    echo "rmstrain pip install rc=$?" >> "$log"
+    if [ "${RMS_TRAIN_TESTS_S:-200}" != 0 ]; then
+      (cd /tmp/kf_rtpkg && PYTHONPATH=/tmp/kf_rtpkg_site timeout "${RMS_TRAIN_TESTS_S:-200}" python3 -m pytest -q -rs tests) \
+        > "$out/rmstrain/tests.log" 2>&1
+      echo "rmstrain package tests rc=$?" >> "$log"
+    fi
+    PYTHONPATH=/tmp/kf_rtpkg_site:$PYTHONPATH timeout $((${RMS_TRAIN_S:-240} + 200)) python3 \
+      experiments/scripts/rmsnorm_train_step.py "$out/rmstrain/train.json" --samples "${RMS_TRAIN_SAMPLES:-30}" --split \
+      --compile ${RMS_TRAIN_CELLS:+--cells "$RMS_TRAIN_CELLS"} --time-limit "${RMS_TRAIN_S:-240}" >> "$log" 2>&1
+    echo "rmstrain train step rc=$?" >> "$log" ;;
   profile)  # Nsight Compute over $PROFILE_TARGETS' kernels (launched as the gate would)
     timeout "${PROFILE_S:-540}" python3 experiments/scripts/profile_launches.py targets \
       "${PROFILE_TARGETS:-experiments/profile_h200.toml}" "$out/profile" \

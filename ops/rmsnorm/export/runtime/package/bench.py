@@ -3,7 +3,9 @@
 Each launch is timed with CUDA events after a 256 MiB read that flushes the L2 (clean lines only); the
 two sides take turns (both orders), and the median of all samples is kept. Outputs are checked against a float64
 reference before timing. Forward: torch.nn.functional.rms_norm against `rmsnorm`; backward (when a
-backward run was exported): torch's autograd backward of rms_norm against `rmsnorm_bwd`.
+backward run was exported): torch's autograd backward of rms_norm against `rmsnorm_bwd`; a training step
+(rmsnorm_train, every plain forward cell): forward and backward through autograd, dx and dw from dy, host work
+included, as a training loop pays it (the backward's rstd recomputed from x: the forward kernels do not store it).
 
     python -m <package>.bench [--out bench.json] [--samples 100] [--quick]
 """
@@ -91,6 +93,43 @@ def _backward_cell(e: Entry, samples: int, eps: float) -> dict:
     return _row("rmsnorm_bwd", e.cell, dt, m, n, t_torch, t_ours, nbytes, e.median_us, problem)
 
 
+def _train_cell(e: Entry, samples: int, eps: float) -> dict:
+    """A training step on a plain forward cell: y = rmsnorm(x, w), then dx and dw from dy by autograd, the
+    package against torch eager's rms_norm; dx and dw checked against float64 first."""
+    dt, dims = dict(e.dtypes), dict(e.dims)
+    m, n = dims["M"], dims["N"]
+    x, w = _inputs(dt["x"], dt["w"], m, n)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    dy = torch.randn(m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(n)).to(x.dtype)
+
+    def step(forward):
+        return lambda: torch.autograd.grad(forward(), (x, w), dy)
+
+    ours = step(lambda: api.rmsnorm(x, w, eps=eps))
+    dx, dw = ours()
+    with torch.no_grad():
+        problem = verify.check_backward(x, w, dy, torch.rsqrt(x.float().square().mean(-1) + eps), dx, dw)
+    t_torch, t_ours = samples_us([step(lambda: torch.nn.functional.rms_norm(x, (n,), w, eps)), ours], samples)
+    nbytes = 5 * m * n * x.element_size() + 3 * n * w.element_size()  # forward: x, y; backward: x, dy, dx; w, dw
+    paths = "+".join(explain((m, n), dt["x"], dt["w"], op=op).path for op in ("rmsnorm", "rmsnorm_bwd"))
+    return _row("rmsnorm_train", e.cell, dt, m, n, t_torch, t_ours, nbytes, e.median_us, problem, paths)
+
+
+def train(samples: int, quick: bool, eps: float = 1e-6) -> list[dict]:
+    """One training-step row per plain searched forward cell (with --quick, the first of each dtype)."""
+    if "rmsnorm" not in tables():
+        return []
+    rows, seen = [], set()
+    for e in tables()["rmsnorm"].entries:
+        if _is_variant(e) or (quick and e.dtypes in seen):
+            continue
+        seen.add(e.dtypes)
+        rows.append(_train_cell(e, samples, eps))
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench(op: str, samples: int, quick: bool, eps: float = 1e-6) -> list[dict]:
     """One row per searched cell of `op` (with --quick, the first cell of each dtype)."""
     if op not in tables():
@@ -124,10 +163,11 @@ def _spread(v: list[float]) -> list[float]:
 
 
 def measure(args: argparse.Namespace) -> Measured:
-    """Both ops' rows, the searched fingerprints and the geomean speedup per op."""
+    """Both ops' rows and the training steps', the searched fingerprints and the geomean speedup per op."""
     rows = bench("rmsnorm", args.samples, args.quick) + bench("rmsnorm_bwd", args.samples, args.quick)
+    rows += train(args.samples, args.quick)
     prov = provenance()
-    gm = {op: geomean(r["speedup"] for r in rows if r["op"] == op) for op in ("rmsnorm", "rmsnorm_bwd")}
+    gm = {op: geomean(r["speedup"] for r in rows if r["op"] == op) for op in ("rmsnorm", "rmsnorm_bwd", "rmsnorm_train")}
     fields = {"searched_fingerprints": {op: d["fingerprints"] for op, d in prov["ops"].items()},
               "geomean_speedup": gm}
     return rows, fields, f"geomean speedup over torch eager: {gm}"

@@ -244,6 +244,23 @@ def test_torch_api_on_cpu_tensors_is_the_float32_fallback_with_autograd():
     assert torch.equal(res_out, x.detach() + 1) and out.shape == x.shape
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+def test_the_backward_rstd_matches_float64(dtype):
+    """The rstd autograd's backward computes (the searched forward kernels do not store it), per row, against
+    float64; a row of zeros gives rsqrt(eps)."""
+    torch = pytest.importorskip("torch")
+    from kf_pkg import reference
+
+    g = torch.Generator().manual_seed(1)
+    x = (3 * torch.randn(7, 1000, generator=g, dtype=torch.float64)).to(getattr(torch, dtype))
+    x[4] = 0
+    got = reference.rstd(x, 1e-6)
+    want = torch.rsqrt(x.double().square().mean(-1) + 1e-6)
+    assert got.shape == (7,) and got.dtype == (torch.float64 if dtype == "float64" else torch.float32)
+    assert torch.allclose(got.double(), want, rtol=1e-12 if dtype == "float64" else 1e-6, atol=0)
+    assert got[4].item() == pytest.approx(1e3, rel=1e-6)
+
+
 def test_custom_op_schema_fake_and_autograd_registration():
     torch = pytest.importorskip("torch")
     import kf_pkg.ops  # noqa: F401  (registers the ops)
