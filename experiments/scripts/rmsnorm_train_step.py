@@ -8,6 +8,7 @@ beside, and each rstd alone, so the one change is measured in the same process.
 
     python experiments/scripts/rmsnorm_train_step.py OUT.json [--package kf_rmsnorm] [--samples 30]
         [--cells REGEX] [--compile] [--split] [--time-limit 300]
+    python experiments/scripts/rmsnorm_train_step.py --table TRAIN.json   (a markdown table, no GPU)
 
 Every side's dx and dw are checked against float64 (the package's own verify.check_backward) before timing; a
 side that is wrong is reported and not timed; a peer not installed is reported absent. --split also times the
@@ -152,7 +153,34 @@ def _spread(v: list[float]) -> list[float]:
     return [q[0], q[-1]]
 
 
+def markdown(doc: dict[str, Any]) -> str:
+    """A markdown table of a train.json: per cell the package's step, each side's median and the package's speedup
+    over it (side / package), the two rstd's alone, and the host share where --split ran."""
+    sides = sorted({k for c in doc["cells"] for k in c["median_us"]} - {"ours"})
+    head = ["cell", "paths", "ours µs", *(f"{k} µs (x)" for k in sides), "rstd 1 red. / 3-pass µs", "host µs ours / eager"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
+    for c in doc["cells"]:
+        med, sp = c["median_us"], c["ours_speedup"]
+        cells = [c["cell"].split(" ")[-1] + " " + "/".join(c["dtypes"][k] for k in ("x", "w")),
+                 "+".join(c["paths"].values()), f"{med['ours']:.1f}" if "ours" in med else "wrong"]
+        cells += [f"{med[k]:.1f} ({sp[k]:.3f}x)" if k in sp else ("wrong" if k in c["wrong"] else "absent")
+                  for k in sides]
+        cells.append(f"{c['rstd_us']['one_reduction']:.1f} / {c['rstd_us']['rstd_3pass']:.1f}")
+        h = c.get("host_us", {})
+        cells.append(f"{h['ours']:.1f} / {h['torch.eager']:.1f}" if h else "")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--table"]:
+        if len(argv) != 2:
+            print("usage: rmsnorm_train_step.py --table TRAIN.json", file=sys.stderr)
+            return 2
+        print(markdown(json.loads(Path(argv[1]).read_text())), end="")
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--package", default="kf_rmsnorm")
