@@ -76,7 +76,8 @@
 #               torch.compile, QuACK and QuACK autotuned, cells matching $RES_CELLS within $RES_PEERS_S (200)
 #   rmstrain OUT  RMSNorm in a training step: the committed forward (long) and backward (all) runs of
 #               rmsnorm_h200_long3's store exported as one package, installed with pip, its own tests
-#               (rmstrain/tests.log, within $RMS_TRAIN_TESTS_S seconds, 200; 0 skips them), then
+#               (rmstrain/tests.log, within $RMS_TRAIN_TESTS_S seconds, 200; 0 skips them), its bench --quick
+#               (rmstrain/bench_quick.json: one cell per dtype and op, the training step's too), then
 #               experiments/scripts/rmsnorm_train_step.py (rmstrain/train.json): forward + backward through autograd per
 #               plain forward cell ($RMS_TRAIN_CELLS, a regular expression) beside torch eager, Liger (where .whl/ has
 #               liger-kernel from experiments/peer_wheels.txt), torch.compile, and the package's former 3-pass rstd;
@@ -371,6 +372,9 @@ case "$stage" in
         > "$out/rmstrain/tests.log" 2>&1
       echo "rmstrain package tests rc=$?" >> "$log"
     fi
+    (cd /tmp && PYTHONPATH=/tmp/kf_rtpkg_site timeout 120 python3 -m kf_rmsnorm.bench --quick --samples 10 \
+      --out "$out/rmstrain/bench_quick.json") >> "$log" 2>&1
+    echo "rmstrain package bench --quick rc=$?" >> "$log"
     PYTHONPATH=/tmp/kf_rtpkg_site:$PYTHONPATH timeout $((${RMS_TRAIN_S:-240} + 200)) python3 \
       experiments/scripts/rmsnorm_train_step.py "$out/rmstrain/train.json" --samples "${RMS_TRAIN_SAMPLES:-30}" --split \
       --compile ${RMS_TRAIN_CELLS:+--cells "$RMS_TRAIN_CELLS"} --time-limit "${RMS_TRAIN_S:-240}" >> "$log" 2>&1
