@@ -15,6 +15,9 @@
 #   residual OUT  the residual variant's GA (rmsnorm_residual_h200.toml)
 #   bwdwide OUT the backward GA on the four widest 16-bit cells only (rmsnorm_bwd_h200_wide.toml)
 #   bwdfp32 OUT the backward GA on the four fp32 cells only (rmsnorm_bwd_h200_fp32.toml), in the chain's store
+#   bwdprefetch OUT  the backward GA of cluster_rows with and without prefetch on the 16-bit N = 4096 and the fp32
+#               cells (rmsnorm_bwd_h200_prefetch.toml), in the chain's store; bwd_prefetch/prefetch.{md,json}: per cell the
+#               fastest with each (experiments/scripts/param_compare.py)
 #   fwd2 OUT    the forward GA with the short-row template (rmsnorm_h200_regimes2.toml)
 #   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
 #               against every peer in one process (kfactory bench --dispatch)
@@ -87,7 +90,7 @@
 # contains it: a call asked for one kind may get another, so `KF_REQUIRE_GPU=H200 bash ... kdabench OUT || other stages`.
 # Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
-stages=${1:?ga, bwdga, bwdwide, bwdfp32, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost or rmstrain}; out=${2:?output folder}
+stages=${1:?ga, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
@@ -233,6 +236,12 @@ case "$stage" in
   bwdfp32)  # in the chain's shared store, warm from the backward runs there
     rms_store
     ga 220 experiments/rmsnorm_bwd_h200_fp32.toml /tmp/kf_rms bwd_fp32 ;;
+  bwdprefetch)  # in the chain's shared store, warm from the backward runs there
+    rms_store
+    ga 230 experiments/rmsnorm_bwd_h200_prefetch.toml /tmp/kf_rms bwd_prefetch
+    python3 experiments/scripts/param_compare.py "$out/bwd_prefetch/evaluations.parquet" prefetch --template cluster_rows \
+      --out "$out/bwd_prefetch/prefetch.json" > "$out/bwd_prefetch/prefetch.md" 2>> "$log"
+    echo "prefetch compare rc=$?" >> "$log" ;;
   residual)  # in the chain's shared store, so that export packages the variant run beside the plain one
     rms_store
     ga 220 experiments/rmsnorm_residual_h200.toml /tmp/kf_rms residual ;;

@@ -15,7 +15,7 @@ from evo.build.nvrtc import KernelResources, check_resources, prepare
 from evo.core.genome import Genome
 from evo.core.status import Status
 from evo.search.space import repair
-from evo.templates.template import load_templates
+from evo.templates.template import load_templates, parse_template
 from ops.rmsnorm.spec import SPEC as FWD
 from ops.rmsnorm_bwd.spec import SPEC as BWD
 from ops.spec import Cell
@@ -44,17 +44,32 @@ _spec.loader.exec_module(BUDGET)
 BWD_NEW = BUDGET.NEW
 
 
+@pytest.fixture(scope="module")
+def recorded_cluster_rows(tmp_path_factory):
+    """cluster_rows as the committed H200 backward run recorded it (the store's text of the template)."""
+    from memory.store import Store
+    from tests.unit import bwd_export_fixtures as bx
+
+    store = bx.copy_results(tmp_path_factory.mktemp("bwd_run"))
+    with Store.open(store, read_only=True) as s:
+        texts = s.sql("SELECT DISTINCT text FROM sources WHERE template = 'cluster_rows'").text.tolist()
+    assert len(texts) == 1, len(texts)
+    return parse_template(texts[0], "the run's cluster_rows", trusted=True)
+
+
 @pytest.mark.parametrize("label", sorted(BWD_DISPATCH))
-def test_backward_dispatch_entries_rebuild(label):
-    """The H200 run's winners rebuild from today's template, both launches' kernels in the cubin; an entry that
-    thread_elements_fit_registers refuses spills or has no registers to spare, the others build spill-free. Its genome
-    key is the run's under the template without that constraint, which renders the same code."""
+def test_backward_dispatch_entries_rebuild(label, recorded_cluster_rows):
+    """The H200 run's winners rebuild from today's template, the params added since at their defaults, both launches'
+    kernels in the cubin; an entry that thread_elements_fit_registers refuses spills or has no registers to spare, the
+    others build spill-free. Its genome key is the run's under the template text the run recorded, which renders the
+    same code as today's: a param added since renders the code as it was at its default."""
     cell = next(c for c in BWD.matrix() if c.label() == label)
     entry = BWD_DISPATCH[label]
-    refused = BWD_T.violations(entry["params"], 90, cell.dtypes_dict(), cell.dims_dict())
+    params = BWD_T.complete(entry["params"])
+    refused = BWD_T.violations(params, 90, cell.dtypes_dict(), cell.dims_dict())
     assert refused in ([], [BWD_NEW]), refused
-    bi, r = _build("rmsnorm_bwd", BWD_T, entry["params"], cell)
-    before = BUDGET.without_new(BWD_T)
+    bi, r = _build("rmsnorm_bwd", BWD_T, params, cell)
+    before = recorded_cluster_rows
     g = Genome.make("rmsnorm_bwd", "cluster_rows", before.source_hash, entry["params"])
     assert g.key() == entry["genome_key"]
     assert prepare(before, g, "sm_90a", cell.dtypes_dict(), cell.dims_dict()).source == bi.source
@@ -209,3 +224,39 @@ def test_backward_register_calibration_rebuilds_and_its_constraint_refuses_the_s
         _, b = _build("rmsnorm_bwd", BWD_T, p, c)
         got = dict(b.resources)["rmsnorm_bwd_rows"]
         assert (got.regs, got.spill_stores, got.stack_bytes) == (r["regs"], r["spill_stores"], r["stack_bytes"]), r
+
+
+@pytest.mark.parametrize("label,kw", [("w=bf16,x=bf16 M32768-N4096", dict(cluster=1, threads=256, vec=8)),
+                                      ("w=fp16,x=fp16 M32768-N8192", dict(cluster=1, threads=512, vec=8)),
+                                      ("w=fp32,x=fp32 M32768-N8192", dict(cluster=2, threads=256, vec=4))])
+def test_backward_prefetch_keeps_the_next_rows_loads_in_flight_across_the_rows_reduction(label, kw):
+    """cluster_rows with prefetch builds spill-free, and in its row loop's SASS no instruction between the loop's
+    first global load and the barrier of the row's reduction waits on a global load's scoreboard: the loads there
+    are the next row's, in flight while this row is reduced and written. Without prefetch the dot waits on them."""
+    from evo.build.sass import inner_loops, opcode, scheduled
+
+    cell = next(c for c in BWD.matrix() if c.label() == label)
+    waits = {}
+    for prefetch in (False, True):
+        params = dict(BWD_T.default_params(), keep_rows=True, prefetch=prefetch, **kw)
+        assert BWD_T.is_valid(params, 90, cell.dtypes_dict(), cell.dims_dict()), params
+        _, r = _build("rmsnorm_bwd", BWD_T, params, cell)
+        assert r.status is Status.OK and r.spill_stores == 0, (r.error, r.spill_stores)
+        sched = scheduled(r.cubin, "rmsnorm_bwd_rows")
+        loop = inner_loops([s for s, _ in sched])[0]
+        body = [(opcode(s), c) for s, c in sched[loop.first:loop.last + 1] if c is not None]
+        loads = [i for i, (op, _) in enumerate(body) if op == "LDG"]
+        boards = {body[i][1].write for i in loads} - {None}
+        bar = next(i for i, (op, _) in enumerate(body) if op in ("BAR", "UCGABAR_ARV", "UCGABAR_WAIT"))
+        assert loads and loads[0] < bar
+        waits[prefetch] = [op for op, c in body[loads[0] + 1:bar] if any(c.wait >> b & 1 for b in boards)]
+    assert waits[False] and not waits[True], waits
+
+
+def test_backward_prefetch_only_beside_keep_rows_and_short_slices():
+    cell = next(c for c in BWD.matrix() if c.label() == "w=fp32,x=fp32 M32768-N8192")
+    base = dict(BWD_T.default_params(), prefetch=True, cluster=1, threads=256, vec=4)
+    assert "prefetch_keeps_rows" in BWD_T.violations(dict(base, keep_rows=False), 90, cell.dtypes_dict(), cell.dims_dict())
+    # 8192 / (256 x 4) = 8 items of 4: 32 elements a thread, over the 16 prefetch allows
+    assert "prefetch_fits_registers" in BWD_T.violations(base, 90, cell.dtypes_dict(), cell.dims_dict())
+    assert BWD_T.is_valid(dict(base, cluster=2, threads=512), 90, cell.dtypes_dict(), cell.dims_dict())
