@@ -13,9 +13,9 @@ from torch import Tensor
 def rstd(x: Tensor, eps: float) -> Tensor:
     """1 / sqrt(mean(x^2) + eps) per row of a (M, N) tensor, in float32 (float64 for float64 x).
 
-    One reduction reading x once: the 2-norm accumulated in float32 (torch widens 16-bit CUDA inputs inside
-    the reduction), not a float32 copy of x squared and then averaged (three passes over M x N floats, what
-    autograd's backward paid for the rstd the searched forward kernels do not store)."""
+    One reduction, the 2-norm accumulated in float32 (torch widens 16-bit CUDA input inside the reduction, with no
+    float32 copy of x), in place of a float32 copy of x squared and then averaged (three passes over M x N floats):
+    autograd's backward pays this for the rstd the searched forward kernels do not store."""
     acc = torch.promote_types(x.dtype, torch.float32)
     norm = torch.linalg.vector_norm(x, dim=-1, dtype=acc)
     return torch.rsqrt(norm.square() / x.shape[-1] + eps)
