@@ -21,6 +21,8 @@ from .choose import forward_choice
 from .expr import DTYPES, dtype_name, short
 from .guard import tensor_arch
 from .ops import NAMESPACE
+from .ops import backward as _backward
+from .ops import forward as _forward
 from .run import runtime
 
 _OPS = getattr(torch.ops, NAMESPACE)
@@ -94,7 +96,7 @@ def rmsnorm_fwd(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = N
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     w = weight if weight is not None else _ones(n, x.dtype, x.device)
-    out = _OPS.rmsnorm_fwd(x2, w, float(eps)).reshape(x.shape)
+    out = _forward(x2, w, float(eps)).reshape(x.shape)
     residual_out = x.to(residual_dtype) if residual_dtype is not None and residual_dtype != x.dtype else x
     return out, residual_out, (reference.rstd(x2, eps) if store_rstd else None)
 
@@ -106,7 +108,7 @@ def rmsnorm_bwd(x: Tensor, weight: Tensor | None, dout: Tensor, rstd: Tensor, dr
     db is the column sum of dout (torch), dresidual is dx (in dresidual_out's dtype if it differs)."""
     n = x.shape[-1]
     w = weight if weight is not None else _ones(n, x.dtype, x.device)
-    dx, dw = _OPS.rmsnorm_bwd(x.reshape(-1, n), w, dout.reshape(-1, n), rstd.reshape(-1))
+    dx, dw = _backward(x.reshape(-1, n), w, dout.reshape(-1, n), rstd.reshape(-1))
     dx = dx.reshape(x.shape)
     if dresidual_out is not None:
         dx = (dx.float() + dresidual_out.float()).to(x.dtype)
@@ -132,7 +134,7 @@ def rmsnorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
         return (out, residual_out) if prenorm else out
     n = x.shape[-1]
     w = weight if weight is not None else _ones(n, x.dtype, x.device)
-    out = _OPS.rmsnorm_fwd(x.reshape(-1, n), w, float(eps)).reshape(x.shape)
+    out = _forward(x.reshape(-1, n), w, float(eps)).reshape(x.shape)
     if not prenorm:
         return out
     return out, (x.to(residual_dtype) if residual_dtype is not None and residual_dtype != x.dtype else x)

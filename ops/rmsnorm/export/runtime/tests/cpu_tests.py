@@ -261,6 +261,31 @@ def test_the_backward_rstd_matches_float64(dtype):
     assert got[4].item() == pytest.approx(1e3, rel=1e-6)
 
 
+@pytest.mark.parametrize("compiling", [False, True])
+def test_eager_calls_take_the_autograd_function_and_compiled_ones_the_custom_op(compiling, monkeypatch):
+    """Outside torch.compile the plain op runs as an autograd.Function (cheaper to call than the custom op), while
+    torch.compile traces the custom op; both give float64's gradients, and rmsnorm_bwd's API the same dx, dw."""
+    torch = pytest.importorskip("torch")
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 256, generator=g).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(256, generator=g)).requires_grad_(True)
+    dy = torch.randn(6, 256, generator=g)
+    y = kf.rmsnorm(x, w, eps=1e-6)
+    node = type(y.grad_fn.next_functions[0][0]).__name__
+    assert (node == "_ForwardBackward") is not compiling and ("rmsnorm_fwd" in node) is compiling, node
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    x64, w64 = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    y64 = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6) * w64
+    dx64, dw64 = torch.autograd.grad(y64, (x64, w64), dy.double())
+    assert torch.allclose(y.detach().double(), y64.detach(), atol=1e-5)
+    assert torch.allclose(dx.double(), dx64, atol=1e-5) and torch.allclose(dw.double(), dw64, atol=1e-4)
+    r = torch.rsqrt(x.detach().square().mean(-1) + 1e-6)
+    bdx, bdw, _, _ = kf.rmsnorm_bwd(x.detach(), w.detach(), dy, r)
+    assert torch.allclose(bdx.double(), dx64, atol=1e-5) and torch.allclose(bdw.double(), dw64, atol=1e-4)
+
+
 def test_custom_op_schema_fake_and_autograd_registration():
     torch = pytest.importorskip("torch")
     import kf_pkg.ops  # noqa: F401  (registers the ops)
