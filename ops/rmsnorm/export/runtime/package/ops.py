@@ -53,7 +53,7 @@ def _setup(ctx, inputs, output) -> None:
 
 def _backward(ctx, dy: Tensor):
     x, weight = ctx.saved_tensors
-    dx, dw = rmsnorm_bwd(x, weight, dy.contiguous(), reference.rstd(x, ctx.eps))
+    dx, dw = backward(x, weight, dy.contiguous(), reference.rstd(x, ctx.eps))
     return dx, (dw if ctx.needs_input_grad[1] else None), None
 
 
@@ -113,11 +113,7 @@ class _Forward(torch.autograd.Function):
         ctx.eps = eps
         return runtime().forward(x, weight, eps)
 
-    @staticmethod
-    def backward(ctx, dy: Tensor):
-        x, weight = ctx.saved_tensors
-        dx, dw = runtime().backward(x, weight, dy.contiguous(), reference.rstd(x, ctx.eps))
-        return dx, (dw if ctx.needs_input_grad[1] else None), None
+    backward = staticmethod(_backward)  # the custom op's backward, x and weight saved the same way
 
 
 def forward(x: Tensor, weight: Tensor, eps: float) -> Tensor:
