@@ -53,7 +53,7 @@ def _setup(ctx, inputs, output) -> None:
 
 def _backward(ctx, dy: Tensor):
     x, weight = ctx.saved_tensors
-    dx, dw = backward(x, weight, dy.contiguous(), reference.rstd(x, ctx.eps))
+    dx, dw = rmsnorm_bwd(x, weight, dy.contiguous(), reference.rstd(x, ctx.eps))
     return dx, (dw if ctx.needs_input_grad[1] else None), None
 
 
@@ -113,7 +113,13 @@ class _Forward(torch.autograd.Function):
         ctx.eps = eps
         return runtime().forward(x, weight, eps)
 
-    backward = staticmethod(_backward)  # the custom op's backward, x and weight saved the same way
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        # the custom op's _backward calls the rmsnorm_bwd custom op, which AOTAutograd can trace with fake tensors;
+        # this one runs eagerly only (forward() takes the custom op while compiling), so it calls the runtime
+        x, weight = ctx.saved_tensors
+        dx, dw = runtime().backward(x, weight, dy.contiguous(), reference.rstd(x, ctx.eps))
+        return dx, (dw if ctx.needs_input_grad[1] else None), None
 
 
 def forward(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -261,20 +261,17 @@ def test_the_backward_rstd_matches_float64(dtype):
     assert got[4].item() == pytest.approx(1e3, rel=1e-6)
 
 
-@pytest.mark.parametrize("compiling", [False, True])
-def test_eager_calls_take_the_autograd_function_and_compiled_ones_the_custom_op(compiling, monkeypatch):
-    """Outside torch.compile the plain op runs as an autograd.Function (cheaper to call than the custom op), while
-    torch.compile traces the custom op; both give float64's gradients, and rmsnorm_bwd's API the same dx, dw."""
+def test_eager_calls_take_the_autograd_function():
+    """Outside torch.compile the plain op runs as an autograd.Function (cheaper to call than the custom op) with
+    float64's gradients, and rmsnorm_bwd's API gives the same dx, dw."""
     torch = pytest.importorskip("torch")
 
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(6, 256, generator=g).requires_grad_(True)
     w = (1 + 0.1 * torch.randn(256, generator=g)).requires_grad_(True)
     dy = torch.randn(6, 256, generator=g)
     y = kf.rmsnorm(x, w, eps=1e-6)
-    node = type(y.grad_fn.next_functions[0][0]).__name__
-    assert (node == "_ForwardBackward") is not compiling and ("rmsnorm_fwd" in node) is compiling, node
+    assert type(y.grad_fn.next_functions[0][0]).__name__ == "_ForwardBackward"
     dx, dw = torch.autograd.grad(y, (x, w), dy)
     x64, w64 = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
     y64 = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6) * w64
@@ -284,6 +281,32 @@ def test_eager_calls_take_the_autograd_function_and_compiled_ones_the_custom_op(
     r = torch.rsqrt(x.detach().square().mean(-1) + 1e-6)
     bdx, bdw, _, _ = kf.rmsnorm_bwd(x.detach(), w.detach(), dy, r)
     assert torch.allclose(bdx.double(), dx64, atol=1e-5) and torch.allclose(bdw.double(), dw64, atol=1e-4)
+
+
+def test_torch_compile_traces_the_custom_op_forward_and_backward_in_one_graph():
+    """torch.compile traces rmsnorm as the custom op (Dynamo's graph holds it, not the autograd.Function), and with
+    aot_eager (AOTAutograd with fake tensors, no code generation) its backward too, in one graph, with the eager
+    path's values and gradients."""
+    torch = pytest.importorskip("torch")
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 256, generator=g).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(256, generator=g)).requires_grad_(True)
+    dy = torch.randn(6, 256, generator=g)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    torch.compile(lambda a, b: kf.rmsnorm(a, b, eps=1e-6), backend=record, fullgraph=True)(x, w)
+    assert len(graphs) == 1 and f"{kf.__name__}.rmsnorm_fwd" in graphs[0] and "_Forward" not in graphs[0], graphs
+    compiled = torch.compile(lambda a, b: kf.rmsnorm(a, b, eps=1e-6), backend="aot_eager", fullgraph=True)
+    y = compiled(x, w)
+    got = torch.autograd.grad(y, (x, w), dy)
+    y_eager = kf.rmsnorm(x, w, eps=1e-6)
+    want = torch.autograd.grad(y_eager, (x, w), dy)
+    assert torch.allclose(y, y_eager) and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))
 
 
 def test_custom_op_schema_fake_and_autograd_registration():
