@@ -17,7 +17,7 @@
 #   bwdfp32 OUT the backward GA on the four fp32 cells only (rmsnorm_bwd_h200_fp32.toml), in the chain's store
 #   bwdprefetch OUT  the backward GA of cluster_rows with and without prefetch on the 16-bit N = 4096 and the fp32
 #               cells (rmsnorm_bwd_h200_prefetch.toml), in the chain's store; bwd_prefetch/prefetch.{md,json}: per cell the
-#               fastest with each (experiments/scripts/param_compare.py)
+#               fastest with each (experiments/scripts/param_compare.py); a later bwdpeers of the call merges its table
 #   fwd2 OUT    the forward GA with the short-row template (rmsnorm_h200_regimes2.toml)
 #   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
 #               against every peer in one process (kfactory bench --dispatch)
@@ -185,13 +185,14 @@ peers_setup() {
   bwd=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)
   bwd_wide=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-wide-*/dispatch.json 2>/dev/null | head -1)
   bwd_fp32=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-fp32-*/dispatch.json 2>/dev/null | head -1)
+  bwd_pf=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-prefetch-*/dispatch.json 2>/dev/null | head -1)
   python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/bwd_dispatch.json" ${bwd:+"$bwd"} ${bwd_wide:+"$bwd_wide"} \
-    ${bwd_fp32:+"$bwd_fp32"} \
+    ${bwd_fp32:+"$bwd_fp32"} ${bwd_pf:+"$bwd_pf"} \
     $R/rmsnorm_bwd_h200_wide/dispatch.json $R/rmsnorm_bwd_h200_all3/dispatch.json $R/rmsnorm_bwd_h200_all2/dispatch.json $R/rmsnorm_bwd_h200/dispatch.json >> "$log" 2>&1
   res=$(ls -t /tmp/kf_rms/runs/rmsnorm-residual-h200-*/dispatch.json 2>/dev/null | head -1)
   python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/res_dispatch.json" ${res:+"$res"} \
     $R/rmsnorm_residual_h200/dispatch.json >> "$log" 2>&1
-  echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed} ${bwd_wide:-} ${bwd_fp32:-}, residual ${res:-committed} (fastest per cell)" >> "$log"
+  echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed} ${bwd_wide:-} ${bwd_fp32:-} ${bwd_pf:-}, residual ${res:-committed} (fastest per cell)" >> "$log"
 }
 res_peers() {
   timeout "${RES_PEERS_S:-200}" python3 -m evo.cli.main bench --op rmsnorm --dispatch "$out/tables/res_dispatch.json" \
