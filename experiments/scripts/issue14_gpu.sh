@@ -84,7 +84,8 @@
 #               experiments/scripts/rmsnorm_train_step.py (rmstrain/train.json): forward + backward through autograd per
 #               plain forward cell ($RMS_TRAIN_CELLS, a regular expression) beside torch eager, Liger (where .whl/ has
 #               liger-kernel from experiments/peer_wheels.txt), torch.compile, and the package's former 3-pass rstd;
-#               $RMS_TRAIN_SAMPLES samples (30), no new cell after $RMS_TRAIN_S seconds (240)
+#               $RMS_TRAIN_SAMPLES samples (30), no new cell after $RMS_TRAIN_S seconds (240); with
+#               $RMS_TRAIN_PARTS calls (100; 0: off) the host time of each part of the step and cProfiles (--host-parts)
 # $GA_MAX_S, when set, is every GA's time budget in place of its config's budget.max_seconds.
 # $KF_REQUIRE_GPU, when set (say H200), exits 3 at once, installing and running nothing, unless nvidia-smi's GPU name
 # contains it: a call asked for one kind may get another, so `KF_REQUIRE_GPU=H200 bash ... kdabench OUT || other stages`.
@@ -387,7 +388,8 @@ case "$stage" in
     echo "rmstrain package bench --quick rc=$?" >> "$log"
     PYTHONPATH=/tmp/kf_rtpkg_site:$PYTHONPATH timeout $((${RMS_TRAIN_S:-240} + 200)) python3 \
       experiments/scripts/rmsnorm_train_step.py "$out/rmstrain/train.json" --samples "${RMS_TRAIN_SAMPLES:-30}" --split \
-      --compile ${RMS_TRAIN_CELLS:+--cells "$RMS_TRAIN_CELLS"} --time-limit "${RMS_TRAIN_S:-240}" >> "$log" 2>&1
+      --compile --host-parts "${RMS_TRAIN_PARTS:-100}" ${RMS_TRAIN_CELLS:+--cells "$RMS_TRAIN_CELLS"} \
+      --time-limit "${RMS_TRAIN_S:-240}" >> "$log" 2>&1
     echo "rmstrain train step rc=$?" >> "$log" ;;
   profile)  # Nsight Compute over $PROFILE_TARGETS' kernels (launched as the gate would)
     timeout "${PROFILE_S:-540}" python3 experiments/scripts/profile_launches.py targets \

@@ -12,20 +12,17 @@ inputs are the package bench's (its `inputs`), so the cells and keywords are the
 from __future__ import annotations
 
 import argparse
-import cProfile
 import importlib
 import json
 import os
 import platform
-import pstats
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-SYNC_EVERY = 20
-WARMUP = 20
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_profile import host_times_us, profile_rows  # noqa: E402
 
 
 def _call_fn(pkg: Any, entry: Any) -> tuple[str, Any]:
@@ -37,41 +34,6 @@ def _call_fn(pkg: Any, entry: Any) -> tuple[str, Any]:
     t, kw = bench.inputs(dict(entry.dims), dict(entry.dtypes))
     fn = getattr(api, name)
     return name, lambda: fn(**t, **kw)
-
-
-def host_times_us(fn: Any, calls: int, sync: Any) -> list[float]:
-    for _ in range(WARMUP):
-        fn()
-    sync()
-    out = []
-    for i in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e6)
-        if i % SYNC_EVERY == SYNC_EVERY - 1:
-            sync()
-    sync()
-    return out
-
-
-def profile_rows(fn: Any, calls: int, sync: Any, top: int) -> list[dict[str, Any]]:
-    """cProfile over `calls` calls (the synchronizes outside it): the `top` functions by own time, per call."""
-    prof = cProfile.Profile()
-    for i in range(calls):
-        prof.enable()
-        fn()
-        prof.disable()
-        if i % SYNC_EVERY == SYNC_EVERY - 1:
-            sync()
-    sync()
-    stats = pstats.Stats(prof)
-    rows = []
-    for (path, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        where = f"{Path(path).parent.name}/{Path(path).name}:{line}" if path != "~" else "builtin"
-        rows.append({"function": func, "where": where, "calls_per_call": nc / calls,
-                     "own_us_per_call": tt / calls * 1e6, "cum_us_per_call": ct / calls * 1e6})
-    rows.sort(key=lambda r: -r["own_us_per_call"])
-    return rows[:top]
 
 
 def compare(base: dict[str, Any], new: dict[str, Any]) -> str:

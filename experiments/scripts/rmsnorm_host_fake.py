@@ -3,8 +3,11 @@ the custom op or autograd.Function, autograd, the runtime's choice and launcher)
 replaced by a no-op and the choice forced to the table's kernel, so what is timed is the host work a GPU call would
 do minus the CUDA calls themselves (allocations are CPU ones). torch eager's rms_norm step on the same tensors is
 timed beside (its real CPU compute: tiny tensors) as the control: each package runs in a process of its own (median
-of --calls), the packages taking turns for --rounds, and each process's package step over its eager step is kept,
-so a noisy machine's drift between processes cancels; the summary gives each package's median ratio.
+of --calls, the sides taking turns call by call), the packages taking turns for --rounds, and each process's package
+step over its eager step is kept, so a noisy machine's drift cancels; the summary gives each package's median ratio.
+The residual variant's prenorm step (y and residual_out both used) is timed too, at the op level, by the variant
+custom op and, where the package has it, the autograd.Function (`ops.variant`), each over eager's x + residual, then
+rms_norm.
 
     python experiments/scripts/rmsnorm_host_fake.py OUT.json PKG_DIR [PKG_DIR ...] [--calls 500] [--rounds 5]
 
@@ -21,6 +24,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 CHILD = r"""
 import json, statistics, sys, time
@@ -47,16 +51,36 @@ w = torch.randn(64, requires_grad=True)
 dy = torch.randn(8, 64)
 sides = {"package": lambda: torch.autograd.grad(api.rmsnorm(x, w, eps=1e-6), (x, w), dy),
          "torch.eager": lambda: torch.autograd.grad(torch.nn.functional.rms_norm(x, (64,), w, 1e-6), (x, w), dy)}
-out = {}
-for name, fn in sides.items():
+ns = getattr(torch.ops, kf.__name__)
+if hasattr(ns, "rmsnorm_fwd_variant"):  # the residual variant (prenorm) at the op level (the API sends a variant's
+    from kf_rmsnorm import ops          # CPU tensors to torch), its launch faked as the plain one's
+    rt.variant_choice = lambda x_, w_, res_, b_, store_: table_choice("rmsnorm", x_, w_)
+    res = torch.randn(8, 64, requires_grad=True)
+    dro = torch.randn(8, 64)
+
+    def prenorm(fn):
+        y, h, _ = fn(x, w, res, None, 1e-6, False)
+        return torch.autograd.grad((y, h), (x, w, res), (dy, dro))
+
+    def prenorm_eager():
+        h = x + res
+        return torch.autograd.grad((torch.nn.functional.rms_norm(h, (64,), w, 1e-6), h), (x, w, res), (dy, dro))
+
+    sides["variant.custom_op"] = lambda: prenorm(ns.rmsnorm_fwd_variant)
+    if hasattr(ops, "variant"):
+        sides["variant.function"] = lambda: prenorm(ops.variant)
+    sides["variant.torch.eager"] = prenorm_eager
+for fn in sides.values():
     for _ in range(50):
         fn()
-    ts = []
-    for _ in range(calls):
+names = list(sides)
+ts = {name: [] for name in names}
+for i in range(calls):  # the sides take turns, in both orders: a drifting machine drifts for all of them
+    for name in (names if i % 2 == 0 else names[::-1]):
         t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    out[name] = statistics.median(ts)
+        sides[name]()
+        ts[name].append((time.perf_counter() - t0) * 1e6)
+out = {name: statistics.median(t) for name, t in ts.items()}
 paths = {op: dict(v) for op, v in kf.stats().items()}
 print(json.dumps({"median_us": out, "paths": paths, "torch": torch.__version__}))
 """
@@ -71,6 +95,14 @@ def measure(pkg: Path, calls: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def over_eager(median_us: dict[str, float]) -> dict[str, Any]:
+    """The package's plain step over torch eager's, and each variant side's (custom op, Function) over the eager
+    prenorm step (x + residual, then rms_norm), where the child timed them."""
+    variant = {k.removeprefix("variant."): v / median_us["variant.torch.eager"] for k, v in median_us.items()
+               if k.startswith("variant.") and k != "variant.torch.eager"}
+    return {"package_over_eager": median_us["package"] / median_us["torch.eager"], "variant_over_eager": variant}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
@@ -82,16 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for pkg in args.packages:
             m = measure(pkg, args.calls)
-            ratio = m["median_us"]["package"] / m["median_us"]["torch.eager"]
-            rows.append({"package": str(pkg), **m, "package_over_eager": ratio})
-            print(f"{pkg}: package {m['median_us']['package']:.1f} us a step, torch eager "
-                  f"{m['median_us']['torch.eager']:.1f} ({ratio:.2f}x)")
+            rows.append({"package": str(pkg), **m, **over_eager(m["median_us"])})
+            print(f"{pkg}: " + ", ".join(f"{k} {v:.1f} us" for k, v in m["median_us"].items()))
     summary = {str(p): statistics.median(r["package_over_eager"] for r in rows if r["package"] == str(p))
                for p in args.packages}
     print("median package / eager:", {k: round(v, 3) for k, v in summary.items()})
+    variant = {str(p): {k: statistics.median(r["variant_over_eager"][k] for r in rows if r["package"] == str(p))
+                        for k in next(r for r in rows if r["package"] == str(p))["variant_over_eager"]}
+               for p in args.packages}
+    print("median variant side / its eager:", variant)
     doc = {"method": __doc__.split("\n\n")[0], "calls": args.calls, "rounds": args.rounds,
            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-           "python": platform.python_version(), "median_package_over_eager": summary, "rows": rows}
+           "python": platform.python_version(), "median_package_over_eager": summary,
+           "median_variant_over_eager": variant, "rows": rows}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 

@@ -7,13 +7,17 @@ the same step with the package's former rstd (x copied to float32, squared, aver
 beside, and each rstd alone, so the one change is measured in the same process.
 
     python experiments/scripts/rmsnorm_train_step.py OUT.json [--package kf_rmsnorm] [--samples 30]
-        [--cells REGEX] [--compile] [--split] [--time-limit 300]
+        [--cells REGEX] [--compile] [--split] [--host-parts 300] [--time-limit 300]
     python experiments/scripts/rmsnorm_train_step.py --table TRAIN.json   (a markdown table, no GPU)
 
 Every side's dx and dw are checked against float64 (the package's own verify.check_backward) before timing; a
 side that is wrong is reported and not timed; a peer not installed is reported absent. --split also times the
 package's and torch eager's step with the stream held busy while the host issues it (their GPU share) and the
-host's own time per step (perf_counter).
+host's own time per step (perf_counter). --host-parts N times N calls of each part of the package's step on the
+host alone (host_profile.py: perf_counter, a synchronize every 20 calls outside the timed ones): the step, its
+forward with and without autograd, the runtime's forward and backward called directly, the rstd, the choice, the
+forward kernel's launch, torch's empty_like; torch eager's step and forward beside; and a cProfile of the forward
+and of the runtime's backward (the step's backward runs on autograd's device thread, which cProfile does not see).
 """
 
 from __future__ import annotations
@@ -31,7 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_profile import host_times_us, profile_rows  # noqa: E402
+
 EPS = 1e-6
+PROFILE_TOP = 15
 
 
 def rstd_3pass(x: Any, eps: float) -> Any:
@@ -87,7 +95,46 @@ def fingerprint() -> dict[str, Any]:
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(), **versions}
 
 
-def cell_row(pkg: Any, entry: Any, samples: int, compile_: bool, split: bool) -> dict[str, Any]:
+def host_parts(pkg: Any, x: Any, w: Any, dy: Any, step: Callable[[], Any], eager_step: Callable[[], Any] | None,
+               calls: int) -> dict[str, Any]:
+    """The median host µs of each part of the package's step (the module docstring's --host-parts) and cProfiles of
+    the forward and of the runtime's backward, on the cell's inputs."""
+    import torch
+
+    api = importlib.import_module(f"{pkg.__name__}.api")
+    reference = importlib.import_module(f"{pkg.__name__}.reference")
+    rt = importlib.import_module(f"{pkg.__name__}.run").runtime()
+    n = x.shape[-1]
+    x2, w2 = x.detach(), w.detach()
+    with torch.no_grad():
+        r = reference.rstd(x2, EPS)
+    y = torch.empty_like(x2)
+    c = rt.choice("rmsnorm", x2, w2)
+
+    def no_grad(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with torch.no_grad():
+                return fn()
+        return run
+
+    parts: dict[str, Callable[[], Any]] = {
+        "step": step, "forward": lambda: api.rmsnorm(x, w, eps=EPS),
+        "forward.no_grad": no_grad(lambda: api.rmsnorm(x2, w2, eps=EPS)),
+        "runtime.forward": lambda: rt.forward(x2, w2, EPS), "runtime.backward": lambda: rt.backward(x2, w2, dy, r),
+        "rstd": no_grad(lambda: reference.rstd(x2, EPS)), "choice": lambda: rt.choice("rmsnorm", x2, w2),
+        "empty_like": lambda: torch.empty_like(x2)}
+    if c.kernel:
+        parts["launch"] = lambda: rt.launcher.run(c, {"x": x2, "w": w2, "y": y}, {"eps": EPS})
+    if eager_step is not None:
+        parts["eager.step"] = eager_step
+        parts["eager.forward"] = lambda: torch.nn.functional.rms_norm(x, (n,), w, EPS)
+    sync = torch.cuda.synchronize
+    out = {name: statistics.median(host_times_us(fn, calls, sync)) for name, fn in parts.items()}
+    prof = {name: profile_rows(parts[name], calls, sync, PROFILE_TOP) for name in ("forward", "runtime.backward")}
+    return {"host_parts_us": out, "host_profile": prof}
+
+
+def cell_row(pkg: Any, entry: Any, samples: int, compile_: bool, split: bool, parts: int = 0) -> dict[str, Any]:
     import torch
 
     api = importlib.import_module(f"{pkg.__name__}.api")
@@ -145,6 +192,8 @@ def cell_row(pkg: Any, entry: Any, samples: int, compile_: bool, split: bool) ->
         gpu, host = timing.split_us([sides[k] for k in pair], samples)
         row["gpu_share_us"] = {k: statistics.median(t) for k, t in zip(pair, gpu)}
         row["host_us"] = {k: statistics.median(t) for k, t in zip(pair, host)}
+    if parts and "ours" in sides:
+        row.update(host_parts(pkg, x, w, dy, sides["ours"], sides.get("torch.eager"), parts))
     return row
 
 
@@ -169,6 +218,21 @@ def markdown(doc: dict[str, Any]) -> str:
         h = c.get("host_us", {})
         cells.append(f"{h['ours']:.1f} / {h['torch.eager']:.1f}" if h else "")
         rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n" + parts_markdown(doc)
+
+
+def parts_markdown(doc: dict[str, Any]) -> str:
+    """Where --host-parts ran: a table of each cell's host µs per part of the step ('' where it did not run)."""
+    cells = [c for c in doc["cells"] if "host_parts_us" in c]
+    if not cells:
+        return ""
+    names = list(dict.fromkeys(k for c in cells for k in c["host_parts_us"]))
+    rows = ["", "Host µs a call, per part (median):", "", "| cell | " + " | ".join(names) + " |",
+            "|---|" + "---:|" * len(names)]
+    for c in cells:
+        h = c["host_parts_us"]
+        rows.append(f"| {c['cell'].split(' ')[-1]} {c['dtypes']['x']} | "
+                    + " | ".join(f"{h[k]:.1f}" if k in h else "" for k in names) + " |")
     return "\n".join(rows) + "\n"
 
 
@@ -188,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", default="", help="a regular expression the cell names must match (default: all)")
     ap.add_argument("--compile", action="store_true", help="torch.compile of rms_norm as a peer (compiles per cell)")
     ap.add_argument("--split", action="store_true")
+    ap.add_argument("--host-parts", type=int, default=0, metavar="CALLS",
+                    help="host µs of each part of the package's step over CALLS calls, and cProfiles (0: off)")
     ap.add_argument("--time-limit", type=float, default=300.0, help="no new cell after this many seconds")
     args = ap.parse_args(argv)
     import torch
@@ -208,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() - t0 > args.time_limit:
             skipped.append(e.cell)
             continue
-        rows.append(cell_row(pkg, e, args.samples, args.compile, args.split))
+        rows.append(cell_row(pkg, e, args.samples, args.compile, args.split, args.host_parts))
         sp = rows[-1]["ours_speedup"]
         print(f"{e.cell}: ours {rows[-1]['median_us'].get('ours', float('nan')):.1f} us; "
               + ", ".join(f"{k} {v:.3f}x" for k, v in sp.items()), flush=True)

@@ -1,5 +1,5 @@
-"""experiments/scripts/kda_host_profile.py without a GPU: its timing loop, its profile rows and its comparison of
-two profiles (the GPU part needs an exported package and torch)."""
+"""experiments/scripts/kda_host_profile.py without a GPU: its timing loop and profile rows (host_profile.py's) and its
+comparison of two profiles (the GPU part needs an exported package and torch)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("kda_host_profile", ROOT / "experiments/scripts/kda_host_profile.py")
 khp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(khp)
+import host_profile as hp  # noqa: E402  (kda_host_profile put experiments/scripts on the path)
 
 CELL = "g=fp32,state=fp32,x=bf16 B1-H32-HV32-K128-N1-Ncu2-SC128-SR128-T8192-V128-beta_act0-gate0"
 
@@ -48,7 +49,7 @@ def test_the_timing_loop_syncs_outside_the_timed_calls_and_the_profile_names_the
 
     times = khp.host_times_us(slow, 40, sync)
     assert len(times) == 40 and min(times) > 0
-    assert events.count("sync") == 1 + 40 // khp.SYNC_EVERY + 1 and events.count("call") == khp.WARMUP + 40
+    assert events.count("sync") == 1 + 40 // hp.SYNC_EVERY + 1 and events.count("call") == hp.WARMUP + 40
     rows = khp.profile_rows(slow, 10, sync, top=5)
     assert rows[0]["own_us_per_call"] >= rows[-1]["own_us_per_call"]
     assert rows[0]["function"] == "costly"  # where slow() spends its time

@@ -47,3 +47,14 @@ def test_the_table_from_the_command_line(tmp_path):
     bad = subprocess.run([sys.executable, str(SCRIPT), "--table"], capture_output=True, text=True, timeout=60,
                          check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_the_host_parts_table_follows_where_host_parts_ran():
+    with_parts = _cell(4096, 500.0, 1000.0, 450.0, True)
+    with_parts["host_parts_us"] = {"step": 900.0, "forward": 300.0, "launch": 12.5}
+    doc = {"cells": [with_parts, _cell(8192, 1000.0, 1500.0, None, False)]}
+    text = rts.markdown(doc)
+    tail = text.split("Host µs a call, per part (median):")[1].strip().splitlines()
+    assert tail[0] == "| cell | step | forward | launch |" and tail[1] == "|---|---:|---:|---:|"
+    assert tail[2] == "| M32768-N4096 bfloat16 | 900.0 | 300.0 | 12.5 |" and len(tail) == 3
+    assert "per part" not in rts.markdown({"cells": [_cell(8192, 1000.0, 1500.0, None, False)]})

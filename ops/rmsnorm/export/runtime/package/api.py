@@ -20,12 +20,11 @@ from . import reference
 from .choose import forward_choice
 from .expr import DTYPES, dtype_name, short
 from .guard import tensor_arch
-from .ops import NAMESPACE
 from .ops import backward as _backward
 from .ops import forward as _forward
+from .ops import variant as _variant_op
 from .run import runtime
 
-_OPS = getattr(torch.ops, NAMESPACE)
 PLAIN, VARIANT, TORCH = "plain", "variant", "torch"
 
 
@@ -40,8 +39,8 @@ def _name(t: Tensor) -> str:
 
 def _route(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor | None,
            out_dtype: torch.dtype | None, store_rstd: bool = False) -> tuple[str, str]:
-    """(PLAIN, '') when the plain custom op computes the call (searched kernels, or its own torch path per
-    shape), (VARIANT, '') when a variant kernel does (the variant custom op), else (TORCH, why)."""
+    """(PLAIN, '') when the plain op computes the call (searched kernels, or its own torch path per shape),
+    (VARIANT, '') when a variant kernel does (the variant op), else (TORCH, why)."""
     if _name(x) not in DTYPES:
         return TORCH, f"dtype {x.dtype}"
     if weight is not None and (_name(weight) not in DTYPES or weight.shape != (x.shape[-1],)
@@ -62,19 +61,18 @@ def _route(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tens
         return (PLAIN, "") if bias is None and residual is None else (TORCH, "a CPU tensor")
     c = forward_choice(x.shape, dt, wdt, tensor_arch(x.device), residual=_name(residual) if residual is not None
                        else "", bias=bias is not None, store_rstd=store_rstd)
-    if not c.kernel:  # store_rstd alone: the plain custom op, rstd by torch, as the plain op always did
+    if not c.kernel:  # store_rstd alone: the plain op, rstd by torch, as the plain op always did
         return (PLAIN, "") if bias is None and residual is None else (TORCH, c.reason)
     return (VARIANT, "") if dict(c.dims).keys() - {"M", "N"} or len(c.dtypes) > 2 else (PLAIN, "")
 
 
 def _variant(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor | None, eps: float,
              store_rstd: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(out, residual_out, rstd) by the variant custom op (autograd through it); residual_out is x
-    without a residual."""
+    """(out, residual_out, rstd) by the variant op (autograd through it); residual_out is x without a residual."""
     n = x.shape[-1]
     w = weight if weight is not None else _ones(n, x.dtype, x.device)
-    out, res_out, r = _OPS.rmsnorm_fwd_variant(x.reshape(-1, n), w, None if residual is None else
-                                               residual.reshape(-1, n), bias, float(eps), bool(store_rstd))
+    out, res_out, r = _variant_op(x.reshape(-1, n), w, None if residual is None else residual.reshape(-1, n), bias,
+                                  float(eps), bool(store_rstd))
     return out.reshape(x.shape), (res_out.reshape(x.shape) if residual is not None else x), \
         (r if store_rstd else None)
 

@@ -9,9 +9,9 @@ variant kernels (h = x + residual, residual_out = h in the residual's dtype, y =
 rstd stored); residual_out and rstd are empty (0,) tensors for a call without them. Its backward is
 rmsnorm_bwd on h (residual_out; x without a residual) with rstd recomputed from h, then dresidual =
 dx = dh + dresidual_out, db = the column sum of dy. Fake (meta) implementations let torch.compile trace
-through all three. Outside torch.compile the plain op runs as an autograd.Function (`forward`, `backward`) over the
-same runtime: the custom op's dispatch (forward and backward) is host time a training step pays, and on the GPU that
-step's host time ran at twice and more torch eager's.
+through all three. Outside torch.compile the plain op and the variant op run as autograd.Functions (`forward`,
+`variant`, `backward`) over the same runtime: the custom op's dispatch (forward and backward) is host time a training
+step pays, and on the GPU that step's host time ran at twice and more torch eager's.
 """
 
 import torch
@@ -60,14 +60,20 @@ def _backward(ctx, dy: Tensor):
 rmsnorm_fwd.register_autograd(_backward, setup_context=_setup)
 
 
+def _variant_outputs(x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None, eps: float,
+                     store_rstd: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The runtime's (y, residual_out, rstd), the two last as empty (0,) tensors for a call without them."""
+    y, res_out, r = runtime().forward_variant(x, weight, residual, bias, eps, store_rstd)
+    return (y, res_out if res_out is not None else x.new_empty((0,)),
+            r if r is not None else x.new_empty((0,), dtype=torch.float32))
+
+
 @torch.library.custom_op(f"{NAMESPACE}::rmsnorm_fwd_variant", mutates_args=(),
                          schema="(Tensor x, Tensor weight, Tensor? residual, Tensor? bias, float eps, bool store_rstd)"
                                 " -> (Tensor, Tensor, Tensor)")
 def rmsnorm_fwd_variant(x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None, eps: float,
                         store_rstd: bool) -> tuple[Tensor, Tensor, Tensor]:
-    y, res_out, r = runtime().forward_variant(x, weight, residual, bias, eps, store_rstd)
-    return (y, res_out if res_out is not None else x.new_empty((0,)),
-            r if r is not None else x.new_empty((0,), dtype=torch.float32))
+    return _variant_outputs(x, weight, residual, bias, eps, store_rstd)
 
 
 @rmsnorm_fwd_variant.register_fake
@@ -86,9 +92,14 @@ def _variant_setup(ctx, inputs, output) -> None:
     ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
-def _variant_backward(ctx, dy: Tensor, dres_out: Tensor, _drstd: Tensor):
+def _variant_grads(ctx, bwd, dy: Tensor | None, dres_out: Tensor | None) -> tuple:
+    """(dx, dw, dresidual, db, None, None) of a variant call from ctx (_variant_setup's) by the backward `bwd` (the
+    rmsnorm_bwd custom op, or the runtime's): dh, dw on h, dresidual = dx = dh + dresidual_out, db = dy's column sum.
+    dy None (y unused): zeros; dres_out None or empty: no residual_out gradient."""
     h, weight = ctx.saved_tensors
-    dh, dw = rmsnorm_bwd(h, weight, dy.contiguous(), reference.rstd(h, ctx.eps))
+    if dy is None:
+        dy = torch.zeros(h.shape, dtype=ctx.x_dtype, device=h.device)
+    dh, dw = bwd(h, weight, dy.contiguous(), reference.rstd(h, ctx.eps))
     dx = dres = None
     if ctx.residual_dtype is not None:
         total = dh.float() + dres_out.float() if dres_out is not None and dres_out.numel() else dh.float()
@@ -98,6 +109,10 @@ def _variant_backward(ctx, dy: Tensor, dres_out: Tensor, _drstd: Tensor):
         dx = dh
     db = dy.float().sum(dim=0).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[3] else None
     return dx, (dw if ctx.needs_input_grad[1] else None), dres, db, None, None
+
+
+def _variant_backward(ctx, dy: Tensor, dres_out: Tensor, _drstd: Tensor):
+    return _variant_grads(ctx, rmsnorm_bwd, dy, dres_out)
 
 
 rmsnorm_fwd_variant.register_autograd(_variant_backward, setup_context=_variant_setup)
@@ -127,6 +142,33 @@ def forward(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     if torch.compiler.is_compiling():
         return rmsnorm_fwd(x, weight, eps)
     return _Forward.apply(x, weight, eps)
+
+
+class _Variant(torch.autograd.Function):
+    """rmsnorm_fwd_variant outside torch.compile: the same runtime forward and backward through an
+    autograd.Function. Gradients are not materialized: an unused residual_out costs no zeros."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None, eps: float,
+                store_rstd: bool) -> tuple[Tensor, Tensor, Tensor]:
+        out = _variant_outputs(x, weight, residual, bias, eps, store_rstd)
+        _variant_setup(ctx, (x, weight, residual, bias, eps, store_rstd), out)
+        ctx.mark_non_differentiable(out[2])
+        ctx.set_materialize_grads(False)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy: Tensor | None, dres_out: Tensor | None, _drstd: Tensor | None):
+        return _variant_grads(ctx, runtime().backward, dy, dres_out)
+
+
+def variant(x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None, eps: float,
+            store_rstd: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, residual_out, rstd) of a (M, N) x with autograd, the two last empty (0,) when off: the custom op while
+    torch.compile traces, else _Variant."""
+    if torch.compiler.is_compiling():
+        return rmsnorm_fwd_variant(x, weight, residual, bias, eps, store_rstd)
+    return _Variant.apply(x, weight, residual, bias, eps, store_rstd)
 
 
 def backward(x: Tensor, weight: Tensor, dout: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:

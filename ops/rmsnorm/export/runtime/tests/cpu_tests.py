@@ -283,6 +283,18 @@ def test_eager_calls_take_the_autograd_function():
     assert torch.allclose(bdx.double(), dx64, atol=1e-5) and torch.allclose(bdw.double(), dw64, atol=1e-4)
 
 
+def test_a_training_steps_searched_time_is_its_forward_and_backward_kernels():
+    """bench's rmsnorm_train rows: searched_median_us is the searched forward's plus the backward's median on the
+    same cell (None where the backward was not searched on it), not the forward's alone."""
+    pytest.importorskip("torch")
+    from kf_pkg.bench import searched_step_us
+
+    bwd = {e.cell: e.median_us for e in TABLES["rmsnorm_bwd"].entries} if "rmsnorm_bwd" in TABLES else {}
+    for e in PLAIN_ENTRIES.get("rmsnorm", []):
+        want = e.median_us + bwd[e.cell] if e.cell in bwd else None
+        assert searched_step_us(e) == want, e.cell
+
+
 def test_torch_compile_traces_the_custom_op_forward_and_backward_in_one_graph():
     """torch.compile traces rmsnorm as the custom op (Dynamo's graph holds it, not the autograd.Function), and with
     aot_eager (AOTAutograd with fake tensors, no code generation) its backward too, in one graph, with the eager
@@ -406,6 +418,60 @@ def test_variant_custom_op_schema_and_autograd_on_cpu_match_float64():
     assert torch.allclose(r.double(), r64.squeeze(-1), atol=1e-6)
     for got, want in zip(leaves, ref):
         assert torch.allclose(got.grad.double(), want.grad, atol=1e-4), (got.grad - want.grad).abs().max()
+
+
+@pytest.mark.parametrize("residual, bias, store_rstd, prenorm", [(True, False, False, True), (False, True, True, False),
+                                                             (True, True, True, True), (True, False, False, False)])
+def test_eager_variant_calls_take_the_autograd_function(residual, bias, store_rstd, prenorm):
+    """Outside torch.compile the variant op runs as an autograd.Function (its torch path on CPU tensors) with
+    float64's values and gradients, residual_out's gradient added where it is used (prenorm), none made where not;
+    rstd is stored and needs no gradient. torch.compile traces the variant custom op instead, with the same
+    gradients (aot_eager)."""
+    torch = pytest.importorskip("torch")
+    from kf_pkg import ops
+
+    g = torch.Generator().manual_seed(5)
+    x, res = torch.randn(6, 128, generator=g), torch.randn(6, 128, generator=g)
+    w, b = 1 + 0.1 * torch.randn(128, generator=g), torch.randn(128, generator=g)
+    dy, dro = torch.randn(6, 128, generator=g), torch.randn(6, 128, generator=g)
+    picked = (x, w, res if residual else None, b if bias else None)
+
+    def grads(fn):
+        leaves = [t.clone().requires_grad_(True) if t is not None else None for t in picked]
+        out, res_out, r = fn(*leaves, 1e-6, store_rstd)
+        outs, seeds = ([out, res_out], [dy, dro]) if prenorm and residual else ([out], [dy])
+        torch.autograd.backward(outs, seeds)
+        return out, res_out, r, [t.grad if t is not None else None for t in leaves]
+
+    out, res_out, r, got = grads(ops.variant)
+    assert type(out.grad_fn).__name__ == "_VariantBackward" and not r.requires_grad
+    assert r.shape == ((6,) if store_rstd else (0,)) and res_out.shape == ((6, 128) if residual else (0,))
+    ref = [t.double().requires_grad_(True) if t is not None else None for t in picked]
+    h = ref[0] + ref[2] if residual else ref[0]
+    r64 = torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-6)
+    y = h * r64 * ref[1] + (ref[3] if bias else 0)
+    torch.autograd.backward([y, h] if prenorm and residual else [y],
+                            [dy.double(), dro.double()] if prenorm and residual else [dy.double()])
+    assert torch.allclose(out.double(), y, atol=1e-5)
+    if residual:
+        assert torch.allclose(res_out.double(), h, atol=1e-6)
+    if store_rstd:
+        assert torch.allclose(r.double(), r64.squeeze(-1), atol=1e-6)
+    for mine, want in zip(got, ref):
+        assert (mine is None) == (want is None)
+        if want is not None:
+            assert torch.allclose(mine.double(), want.grad, atol=1e-4), (mine - want.grad).abs().max()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    torch.compile(ops.variant, backend=record, fullgraph=True)(*picked, 1e-6, store_rstd)
+    assert len(graphs) == 1 and f"{kf.__name__}.rmsnorm_fwd_variant" in graphs[0] and "_Variant" not in graphs[0]
+    compiled = grads(torch.compile(ops.variant, backend="aot_eager", fullgraph=True))
+    for mine, theirs in zip(got, compiled[3]):
+        assert (mine is None) == (theirs is None) and (mine is None or torch.allclose(mine, theirs, atol=1e-5))
 
 
 @pytest.mark.parametrize("kernel", ["right", "wrong"])
