@@ -7,7 +7,7 @@ the same step with the package's former rstd (x copied to float32, squared, aver
 beside, and each rstd alone, so the one change is measured in the same process.
 
     python experiments/scripts/rmsnorm_train_step.py OUT.json [--package kf_rmsnorm] [--samples 30]
-        [--cells REGEX] [--compile] [--split] [--host-parts 300] [--time-limit 300]
+        [--cells REGEX] [--compile] [--split] [--host-parts CALLS] [--time-limit 300]
     python experiments/scripts/rmsnorm_train_step.py --table TRAIN.json   (a markdown table, no GPU)
 
 Every side's dx and dw are checked against float64 (the package's own verify.check_backward) before timing; a

@@ -474,6 +474,21 @@ def test_eager_variant_calls_take_the_autograd_function(residual, bias, store_rs
         assert (mine is None) == (theirs is None) and (mine is None or torch.allclose(mine, theirs, atol=1e-5))
 
 
+def test_an_eager_variant_call_whose_y_is_unused_passes_residual_outs_gradient_through():
+    """Only residual_out used (y dropped): the Function's backward gets no dy (gradients are not materialized) and
+    takes it as zeros: dx = dresidual = dresidual_out, dw = 0."""
+    torch = pytest.importorskip("torch")
+    from kf_pkg import ops
+
+    g = torch.Generator().manual_seed(6)
+    x, res = torch.randn(5, 64, generator=g).requires_grad_(True), torch.randn(5, 64, generator=g).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(64, generator=g)).requires_grad_(True)
+    dro = torch.randn(5, 64, generator=g)
+    _, res_out, _ = ops.variant(x, w, res, None, 1e-6, False)
+    dx, dw, dres = torch.autograd.grad(res_out, (x, w, res), dro)
+    assert torch.equal(dx, dro) and torch.equal(dres, dro) and torch.count_nonzero(dw) == 0
+
+
 @pytest.mark.parametrize("kernel", ["right", "wrong"])
 def test_an_unchecked_variant_kernel_is_checked_on_first_use_and_dropped_when_wrong(kernel):
     torch = pytest.importorskip("torch")
