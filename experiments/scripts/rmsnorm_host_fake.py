@@ -116,12 +116,11 @@ def main(argv: list[str] | None = None) -> int:
             m = measure(pkg, args.calls)
             rows.append({"package": str(pkg), **m, **over_eager(m["median_us"])})
             print(f"{pkg}: " + ", ".join(f"{k} {v:.1f} us" for k, v in m["median_us"].items()))
-    summary = {str(p): statistics.median(r["package_over_eager"] for r in rows if r["package"] == str(p))
-               for p in args.packages}
+    by_pkg = {str(p): [r for r in rows if r["package"] == str(p)] for p in args.packages}
+    summary = {p: statistics.median(r["package_over_eager"] for r in rs) for p, rs in by_pkg.items()}
     print("median package / eager:", {k: round(v, 3) for k, v in summary.items()})
-    variant = {str(p): {k: statistics.median(r["variant_over_eager"][k] for r in rows if r["package"] == str(p))
-                        for k in next(r for r in rows if r["package"] == str(p))["variant_over_eager"]}
-               for p in args.packages}
+    variant = {p: {k: statistics.median(r["variant_over_eager"][k] for r in rs) for k in rs[0]["variant_over_eager"]}
+               for p, rs in by_pkg.items()}
     print("median variant side / its eager:", variant)
     doc = {"method": __doc__.split("\n\n")[0], "calls": args.calls, "rounds": args.rounds,
            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
