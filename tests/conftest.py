@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One build cache on disk for the whole run ($KF_BUILD_CACHE, evo/build/cache.py): made by the first process
+    (the xdist controller, or a lone pytest) before any worker starts, so the workers, their compile processes and
+    the `kfactory` commands the tests spawn inherit it, and a build one of them made is not compiled again. A cache
+    the caller set is used as it is."""
+    from evo.build.cache import ENV
+
+    if not os.environ.get(ENV):
+        os.environ[ENV] = tempfile.mkdtemp(prefix="kf-test-builds-")
+        config._kf_build_cache = os.environ[ENV]  # this process made it: it removes it at the end
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = getattr(config, "_kf_build_cache", None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop("KF_BUILD_CACHE", None)
 
 
 @functools.lru_cache(maxsize=1)

@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from evo.build import cache as build_cache
 from evo.build.cubin import CubinError, cubin_regcounts
 from evo.core.genome import Genome
 from evo.templates.render import render
@@ -237,11 +238,30 @@ def resources_of(log: str, cubin: bytes) -> dict[str, KernelResources]:
 
 
 def compile_one(bi: BuildInput) -> BuildResult:
-    """Compile one prepared input; runs in a compile process (or a Ray task)."""
+    """Compile one prepared input; runs in a compile process (or a Ray task). NVRTC's answer comes from the build
+    cache ($KF_BUILD_CACHE, evo/build/cache.py) when it holds this build key."""
     key = bi.key()
     version = compiler_version()
     if bi.render_error:
         return BuildResult(key, Status.RENDER_ERROR, error=bi.render_error, compiler=version)
+    out = build_cache.load(key)
+    if out is None:
+        out = _nvrtc(bi)
+        build_cache.store(key, out)
+    if not out.ok:
+        return BuildResult(key, Status.COMPILE_ERROR, log=out.log, error=_first_error(out.log),
+                           compile_ms=out.compile_ms, compiler=version)
+    res = resources_of(out.log, out.cubin)
+    missing = [k for k in bi.kernels if k not in res] if res else []
+    if missing:
+        return BuildResult(key, Status.COMPILE_ERROR, log=out.log, error=f"kernels not in the cubin: {missing}",
+                           compile_ms=out.compile_ms, compiler=version)
+    status, error = check_resources(res, dict(bi.kernel_threads) or bi.threads)
+    return BuildResult(key, status, tuple(sorted(res.items())), out.cubin, out.log, error, out.compile_ms, version)
+
+
+def _nvrtc(bi: BuildInput) -> build_cache.Compiled:
+    """NVRTC's answer for one input: the cubin and ptxas's report, or the log of a refused compile."""
     from cuda.core import Program, ProgramOptions
     from cuda.core._utils.cuda_utils import NVRTCError
 
@@ -251,19 +271,10 @@ def compile_one(bi: BuildInput) -> BuildResult:
     try:
         obj = Program(bi.source, code_type="c++", options=opts).compile("cubin", logs=buf)
     except NVRTCError as e:
-        ms = (time.perf_counter() - t0) * 1e3
         log = str(e.args[0] if e.args else e).replace("\x00", "")
-        return BuildResult(key, Status.COMPILE_ERROR, log=log, error=_first_error(log), compile_ms=ms, compiler=version)
+        return build_cache.Compiled(False, b"", log, (time.perf_counter() - t0) * 1e3)
     ms = (time.perf_counter() - t0) * 1e3
-    log = buf.getvalue().replace("\x00", "")
-    res = resources_of(log, obj.code)
-    missing = [k for k in bi.kernels if k not in res] if res else []
-    if missing:
-        return BuildResult(
-            key, Status.COMPILE_ERROR, log=log, error=f"kernels not in the cubin: {missing}", compile_ms=ms, compiler=version
-        )
-    status, error = check_resources(res, dict(bi.kernel_threads) or bi.threads)
-    return BuildResult(key, status, tuple(sorted(res.items())), obj.code, log, error, ms, version)
+    return build_cache.Compiled(True, bytes(obj.code), buf.getvalue().replace("\x00", ""), ms)
 
 
 def check_resources(res: Mapping[str, KernelResources], threads: int | Mapping[str, int]) -> tuple[Status, str]:

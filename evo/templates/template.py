@@ -42,7 +42,7 @@ from jinja2 import TemplateError as JinjaTemplateError
 from jinja2 import meta
 from jinja2.exceptions import SecurityError
 
-from evo.templates.sandbox import TEMPLATES_ROOT, eval_expression, sandbox_env
+from evo.templates.sandbox import EXPR_TIMEOUT_S, TEMPLATES_ROOT, compile_expression, eval_expression, sandbox_env
 
 HEADER = re.compile(r"\A\s*\{#-?\s*kfactory[ \t]*\n(?P<toml>.*?)\n\s*-?#\}", re.DOTALL)
 ARG_TYPES = ("ptr", "i32", "i64", "f32")
@@ -84,6 +84,23 @@ class Expr:
             return eval_expression(self.text, ctx)
         except EXPR_ERRORS as e:
             raise TemplateError(f"expression {self.text!r} failed: {type(e).__name__}: {e}") from None
+
+
+def eval_together(exprs: tuple[Expr, ...], ctx: Mapping[str, Any]) -> list[Any] | None:
+    """The values of several expressions over one ctx from one sandbox call (a header's constraints are checked
+    together at every point a search or a sweep looks at: one call instead of one each), within the sum of their
+    time limits; None where that cannot stand for evaluating each alone (one of them does not compile as an
+    expression on its own, or any of them fails): the caller then evaluates them one by one, for the error."""
+    if len(exprs) < 2:
+        return None
+    try:
+        for e in exprs:  # each a whole expression, so "(text)" means what text means alone (cached compiles)
+            compile_expression(e.text)
+        text = "[" + ", ".join(f"({e.text})" for e in exprs) + "]"
+        vals = eval_expression(text, ctx, seconds=EXPR_TIMEOUT_S * len(exprs))
+    except EXPR_ERRORS:
+        return None
+    return vals if isinstance(vals, list) and len(vals) == len(exprs) else None
 
 
 STREAMS = ("main", "side")
@@ -249,15 +266,28 @@ class TemplateDef:
         if bad:
             return bad
         ctx = self.context(params, arch, dtypes, dims)
-        for name, e in self.constraints:
-            if not e.names <= set(ctx) | set(sandbox_env().globals):
-                continue  # reads a dim and no cell was given
+        known = set(ctx) | set(sandbox_env().globals)
+        # a constraint that reads a dim is skipped where no cell was given
+        return self._broken([(name, e) for name, e in self.constraints if e.names <= known], ctx, every=True)
+
+    def _broken(self, named: list[tuple[str, Expr]], ctx: Mapping[str, Any], every: bool) -> list[str]:
+        """The names of the constraints in `named` that do not hold over ctx (with every=False: the first only).
+        They are evaluated together, in one sandbox call; where that fails, one by one in order, so the error
+        names the constraint that raised (after the ones before it were checked, as one at a time)."""
+        vals = eval_together(tuple(e for _, e in named), ctx)
+        if vals is not None:
+            bad = [name for (name, _), v in zip(named, vals) if not v]
+            return bad if every else bad[:1]
+        bad = []
+        for name, e in named:
             try:
                 holds = e.eval(ctx)
             except TemplateError as err:
                 raise TemplateError(f"template {self.name}: constraint {name}: {err}") from None
             if not holds:
                 bad.append(name)
+                if not every:
+                    break
         return bad
 
     def is_valid(
@@ -285,24 +315,32 @@ class TemplateDef:
         base = self.context({}, arch, dtypes, dims)
         known = set(base) | set(sandbox_env().globals)
         pnames = set(names)
-        checks: list[list[tuple[str, Expr]]] = [[] for _ in names]
+        checks: list[list[tuple[str, Expr, tuple[str, ...]]]] = [[] for _ in names]
         for cname, e in self.constraints:
             reads = e.names & pnames
             if not e.names - pnames <= known:
                 continue  # reads a dim and no cell was given (violations skips it too)
             last = max((names.index(n) for n in reads), default=0)
-            checks[last].append((cname, e))
+            checks[last].append((cname, e, tuple(sorted(reads))))
         choices = [(fixed[n],) if n in fixed else self.values(n) for n in names]
         out: list[dict[str, Any]] = []
         ctx = dict(base)
 
+        # An expression's value is a function of the names it reads: each constraint is evaluated once per
+        # combination of the params it reads (a handful), not once per node of the walk (hundreds of thousands).
+        seen: dict[tuple, bool] = {}
+
         def holds(depth: int) -> bool:
-            for cname, e in checks[depth]:
-                try:
-                    if not e.eval(ctx):
-                        return False
-                except TemplateError as err:
-                    raise TemplateError(f"template {self.name}: constraint {cname}: {err}") from None
+            for cname, e, reads in checks[depth]:
+                key = (cname,) + tuple((type(ctx[n]), ctx[n]) for n in reads)
+                ok = seen.get(key)
+                if ok is None:
+                    try:
+                        ok = seen[key] = bool(e.eval(ctx))
+                    except TemplateError as err:
+                        raise TemplateError(f"template {self.name}: constraint {cname}: {err}") from None
+                if not ok:
+                    return False
             return True
 
         def walk(depth: int) -> None:

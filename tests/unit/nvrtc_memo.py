@@ -5,6 +5,7 @@ frozen, so a repeated build gives the same object."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 from evo.build.nvrtc import BuildInput, BuildResult, compile_one
@@ -23,3 +24,10 @@ def compile_memo(bi: BuildInput) -> BuildResult:
         with _LOCK:
             hit = _DONE.setdefault(key, hit)
     return hit
+
+
+def compile_threads() -> int:
+    """Threads a test may compile on at once: this machine's cores shared among the pytest-xdist workers (NVRTC
+    releases the GIL, so each thread is a core; more than the share only oversubscribes the machine)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return max(1, (os.cpu_count() or 1) // workers)

@@ -258,15 +258,21 @@ def test_fills_have_make_inputs_statistics(kind: str):
 
 
 def test_offsets_fill_is_valid_cu_seqlens_on_varlen_cells():
+    lengths = {}
+    # the matrix's 8192-token cell at two seeds (its fill is 3 s, a GB of float64), the small cells at five
     for c in (cell(BF, 1, 7, 2, 16, 16, n=3), cell(BF, 1, 8192, 32, n=8), cell(BF, 1, 5, 1, 16, 16, n=5)):
-        for seed in range(5):
-            cu = device_fill(c, "normal", seed)["cu_seqlens"]
+        for seed in range(2 if c.dim("T") == 8192 else 5):
+            fill = device_fill(c, "normal", seed)
+            lengths[c.dim("T"), seed] = np.diff(fill["cu_seqlens"])
+            cu = fill["cu_seqlens"]
             assert cu[0] == 0 and cu[-1] == c.dim("T") and len(cu) == c.dim("N") + 1
             assert np.all(np.diff(cu) >= 1)
-            inputs = {k: v for k, v in device_fill(c, "normal", seed).items() if k not in ("A_log", "dt_bias")}
+            inputs = {k: v for k, v in fill.items() if k not in ("A_log", "dt_bias")}
+            if c.dim("H") > 2:  # heads are independent and filled alike: two of them stand for all (the reference's
+                inputs = {k: v if k == "cu_seqlens" else v[:, :2] if k == "initial_state" else v[:, :, :2]
+                          for k, v in inputs.items()}  # cost is a head's, 25 s a seed at T = 8192 with all 32)
             assert np.all(np.isfinite(SPEC.reference(inputs, SPEC.scalar_values(c))["o"]))
-    lengths = np.diff(device_fill(cell(BF, 1, 8192, 32, n=8), "normal", 1)["cu_seqlens"])
-    assert lengths.max() > 4 * lengths.min()  # uneven
+    assert lengths[8192, 1].max() > 4 * lengths[8192, 1].min()  # uneven
 
 
 # ---- the template's algorithm, emulated in numpy ------------------------------------------------------

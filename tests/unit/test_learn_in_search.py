@@ -4,7 +4,11 @@ seeds from champions, and every use is recorded with the lesson behind it."""
 from __future__ import annotations
 
 import json
+import shutil
+from functools import partial
 from pathlib import Path
+
+import pytest
 
 from evo.cli.main import main
 from memory.lessons import lesson_id
@@ -120,20 +124,30 @@ def test_warm_runs_are_deterministic(tmp_path):
     assert len(outs[0]) > 0 and outs[0].equals(outs[1])
 
 
-def _targeted(tmp_path: Path, refine: str) -> tuple:
+def _targeted_config(tmp_path: Path, lessons: str, n: int) -> Path:
+    p = _config(tmp_path, lessons, f"[{n}]")
+    p.write_text(p.read_text().replace('dtypes = ["bf16"]', 'dtypes = ["bf16", "fp32"]')
+                 .replace("population = 6", "population = 8"))
+    return p
+
+
+@pytest.fixture(scope="module")
+def first_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cold run on N = 16384 (bf16 and fp32) both refinement tests start from, made once."""
+    tmp = tmp_path_factory.mktemp("first")
+    store = tmp / "first.duckdb"
+    off = "[lessons]\nwarm_start = false\npriors = false\nfailure_memory = false\n"
+    assert main(["run", str(_targeted_config(tmp, off, 16384)), "--store", str(store), "--run-id", "first"]) == 0
+    return store
+
+
+def _targeted(tmp_path: Path, first: Path, refine: str) -> tuple:
     """A run on N = 16384 (bf16 and fp32), then a warm run on N = 32768. There the bf16 N = 16384
     champion is ~2.4x off the best (experiments/results/transfer_gap.json) while the fp32 champion comes
     within 2%: the warm start's prediction for the bf16 cell misses."""
     store = tmp_path / f"s{refine}.duckdb"
-
-    def config(lessons: str, n: int) -> Path:
-        p = _config(tmp_path, lessons, f"[{n}]")
-        p.write_text(p.read_text().replace('dtypes = ["bf16"]', 'dtypes = ["bf16", "fp32"]')
-                     .replace("population = 6", "population = 8"))
-        return p
-
-    off = "[lessons]\nwarm_start = false\npriors = false\nfailure_memory = false\n"
-    assert main(["run", str(config(off, 16384)), "--store", str(store), "--run-id", "first"]) == 0
+    shutil.copy(first, store)
+    config = partial(_targeted_config, tmp_path)
     on = f"[lessons]\nwarm_start = true\npriors = false\nfailure_memory = false\nrefine = {refine}\n"
     assert main(["run", str(config(on, 32768)), "--store", str(store), "--run-id", "second"]) == 0
     with Store.open(store, read_only=True) as s:
@@ -145,8 +159,8 @@ def _targeted(tmp_path: Path, refine: str) -> tuple:
     return refined, seeded, gens
 
 
-def test_targeted_refinement_where_the_warm_prediction_missed(tmp_path):
-    refined, seeded, gens = _targeted(tmp_path, "true")
+def test_targeted_refinement_where_the_warm_prediction_missed(tmp_path, first_store):
+    refined, seeded, gens = _targeted(tmp_path, first_store, "true")
     g0 = gens[gens.generation == 0]
     seeds = g0[g0.genome_key.isin(seeded.genome_key)]
     assert len(seeds)  # the seeds (those legal here) make the first generation, beside a share for the
@@ -157,8 +171,8 @@ def test_targeted_refinement_where_the_warm_prediction_missed(tmp_path):
     assert set(gens[gens.genome_key.isin(refined.genome_key)].cell) == {"w=bf16,x=bf16 M4096-N32768"}
 
 
-def test_refinement_switched_off_leaves_the_warm_start_as_it_was(tmp_path):
-    refined, seeded, gens = _targeted(tmp_path, "false")
+def test_refinement_switched_off_leaves_the_warm_start_as_it_was(tmp_path, first_store):
+    refined, seeded, gens = _targeted(tmp_path, first_store, "false")
     assert refined.empty and len(seeded) > 0
     assert set(gens[gens.generation == 0].genome_key) - set(seeded.genome_key)  # seeds plus drawn genomes
 

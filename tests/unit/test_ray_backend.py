@@ -120,7 +120,8 @@ def test_a_compile_past_the_timeout_is_a_compile_error_and_the_batch_goes_on() -
 def test_batch_with_hang_and_die() -> None:
     ids = ["ok1", "hang1", "ok2", "die1", "ok3", "ok4", "ok5", "ok6"]
     seen: list[str] = []
-    with runner() as r:
+    hang_s = 6.0  # the other actor restarts its dead worker and drains the queue within it, on a loaded machine too
+    with runner(timeout_s=hang_s) as r:
         assert r.fingerprint["device"] == "0" and r.ceiling_gbps == fake_worker.CEILING_GBPS
         actors = r.actor_ids()
         t0 = time.monotonic()
@@ -131,10 +132,10 @@ def test_batch_with_hang_and_die() -> None:
         after = r.run([job("ok7"), job("ok8")])
     assert [x.job_id for x in out] == ids and sorted(seen) == sorted(ids)
     assert [x.error_kind for x in out] == ["", TIMEOUT, "", CRASH, "", "", "", ""]
-    assert "no answer within 2.0 s" in out[1].error and out[3].error.startswith("worker died")
+    assert f"no answer within {hang_s:.1f} s" in out[1].error and out[3].error.startswith("worker died")
     assert seen.index("hang1") == len(ids) - 1  # the other actor drained the queue meanwhile
     # the watchdog cut the hang (it sleeps an hour): room for a loaded 2-core machine, where + 3 s once failed
-    assert wall < TIMEOUT_S + 30.0
+    assert wall < hang_s + 30.0
     assert all(x.error_kind == "" for x in after)
     assert len({pid(x) for x in out if not x.error_kind}) >= 2
 
