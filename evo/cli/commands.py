@@ -77,31 +77,63 @@ def run_config(config: Config, store_path: Path, run_id: str) -> int:
     """Run a loaded config (a script may adjust it first: experiments/scripts/ga_h200.py --max-seconds)."""
     from evo.cli.errors import DEFAULT_STORE
 
-    with Store.open(store_path) as store, interruptible() as caught:
-        session = Session(config, store, run_id or new_run_id(config))
-        evaluator = None
-        if config.run.runner is Runner.REPLAY:
-            from evo.loop.search import replay_evaluator
+    created = _missing_parts(store_path)
+    started = False
+    try:
+        with Store.open(store_path) as store, interruptible() as caught:
+            session = Session(config, store, run_id or new_run_id(config))
+            evaluator = None
+            if config.run.runner is Runner.REPLAY:
+                from evo.loop.search import replay_evaluator
 
-            evaluator = replay_evaluator(session)  # refuses data that does not cover the cells
-        session.record_run()  # refuses a run id started under another config
+                evaluator = replay_evaluator(session)  # refuses data that does not cover the cells
+            session.record_run()  # refuses a run id started under another config
+            started = True
+            try:
+                store.write_snapshot()
+                return _execute(session, store_path, evaluator)
+            except BaseException as e:
+                if caught or isinstance(e, Interrupted):
+                    name = signal.Signals(caught[0]).name if caught else str(e)
+                    store.finish_run(session.run_id, "interrupted", f"stopped by {name}")
+                    store.write_snapshot()
+                    where = "" if store_path == DEFAULT_STORE else f" --store {store_path}"
+                    print(f"kfactory run: {name}: run {session.run_id} stopped and recorded as interrupted; "
+                          f"continue it with: kfactory resume {session.run_id}{where}", file=sys.stderr)
+                    return 128 + (caught[0] if caught else signal.SIGINT)
+                if not isinstance(e, NoGpuError):  # that one is recorded as stopped, with its builds
+                    # a user error or a bug: the run must not stay 'running'
+                    store.finish_run(session.run_id, "failed", f"{type(e).__name__}: {e}"[:2000])
+                    store.write_snapshot()
+                raise
+    finally:
+        if not started:  # refused before it started: a store this call created would stay empty, so it goes
+            _remove_created(store_path, created)
+
+
+def _missing_parts(store_path: Path) -> list[Path]:
+    """What opening a store at store_path creates: the file, then the folders it needs that are missing."""
+    if store_path.exists():
+        return []
+    missing = [store_path]
+    for folder in store_path.absolute().parents:
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing
+
+
+def _remove_created(store_path: Path, created: list[Path]) -> None:
+    """Remove what _missing_parts listed: the store file, its WAL, and its new folders while they are empty."""
+    if not created:
+        return
+    store_path.unlink(missing_ok=True)
+    Path(f"{store_path}.wal").unlink(missing_ok=True)
+    for folder in created[1:]:
         try:
-            store.write_snapshot()
-            return _execute(session, store_path, evaluator)
-        except BaseException as e:
-            if caught or isinstance(e, Interrupted):
-                name = signal.Signals(caught[0]).name if caught else str(e)
-                store.finish_run(session.run_id, "interrupted", f"stopped by {name}")
-                store.write_snapshot()
-                where = "" if store_path == DEFAULT_STORE else f" --store {store_path}"
-                print(f"kfactory run: {name}: run {session.run_id} stopped and recorded as interrupted; continue "
-                      f"it with: kfactory resume {session.run_id}{where}", file=sys.stderr)
-                return 128 + (caught[0] if caught else signal.SIGINT)
-            if not isinstance(e, NoGpuError):  # that one is recorded as stopped, with its builds
-                # a user error or a bug: the run must not stay 'running'
-                store.finish_run(session.run_id, "failed", f"{type(e).__name__}: {e}"[:2000])
-                store.write_snapshot()
-            raise
+            folder.rmdir()
+        except OSError:  # not empty: something else was put there meanwhile
+            return
 
 
 def _execute(session: Session, store_path: Path, evaluator: Any) -> int:
@@ -165,7 +197,9 @@ def format_lessons(df: pd.DataFrame, width: int) -> list[str]:
 
 def cmd_lessons(store_path: Path, op: str, arch: str, kind: str | None, limit: int) -> int:
     from memory.queries import lessons_table
+    from ops import get_op
 
+    get_op(op)  # an unknown op is the user's error (UnknownOpError, exit 2), not an empty list of lessons
     with open_reader(store_path) as store:
         df = lessons_table(store, op, arch, kind)
     if df.empty:

@@ -52,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume", help="continue a stopped run with its stored config, re-evaluating nothing",
                        description="Continue RUN_ID (after Ctrl-C, a crash or kill -9) with the config stored "
                                    "with it and what is left of its time budget.")
-    p.add_argument("run_id")
+    p.add_argument("run_id", help="the run to continue (kfactory sql \"SELECT run_id, status FROM runs\" lists them)")
     _store_arg(p)
 
     p = sub.add_parser("sql", help="run a SQL query against the store and print the result as a table",
@@ -64,25 +64,27 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("lessons", help="print what the store has learned for an op and arch",
                        description="Lessons (parameter effects, failure rules, champions, LLM notes) with their "
                                    "support and earned usefulness; provenance is in the lessons table (SQL).")
-    p.add_argument("--op", default="rmsnorm")
+    p.add_argument("--op", default="rmsnorm", help="op whose lessons to print (default rmsnorm)")
     p.add_argument("--arch", default="sm_90", help="arch prefix: sm_90 matches sm_90a")
-    p.add_argument("--kind", default=None, choices=("param_effect", "failure", "champion", "llm_failure", "llm_note"))
+    p.add_argument("--kind", default=None, choices=("param_effect", "failure", "champion", "llm_failure", "llm_note"),
+                   help="only lessons of this kind (default: every kind)")
     p.add_argument("--limit", type=_positive_int, default=50, help="lessons shown (default 50)")
     _store_arg(p)
 
     p = sub.add_parser("report", help="write a markdown report with PNG plots for a run",
                        description="Best-so-far against evaluations, per-cell speedup over the baseline and % of "
                                    "the copy ceiling, from the store; RUN_ID 'latest' picks the newest run.")
-    p.add_argument("run_id", nargs="?", default="latest")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: <store dir>/runs/<run_id>/report); "
-                                                          "an existing file there is refused")
+    p.add_argument("run_id", nargs="?", default="latest", help="the run to report on (default: latest, the newest)")
+    p.add_argument("--out", type=Path, default=None, help="output folder, new or empty (default: <store dir>/runs/"
+                                                          "<run_id>/report, rewritten); a file or a non-empty "
+                                                          "folder there is refused")
     _store_arg(p)
 
     p = sub.add_parser("bench", help="time templates at given points against the baselines over the op's matrix",
                        description="Verify and time each template's default point (repaired per cell) or the "
                                    "given genome keys against torch, over the op's shape matrix; writes CSV + markdown.")
-    p.add_argument("--op", default="rmsnorm")
-    p.add_argument("--arch", default="sm_90a")
+    p.add_argument("--op", default="rmsnorm", help="op to benchmark (default rmsnorm)")
+    p.add_argument("--arch", default="sm_90a", help="arch the kernels are built for (default sm_90a)")
     p.add_argument("--template", action="append", default=[], help="template name (repeatable; default: all)")
     p.add_argument("--genome", action="append", default=[], help="genome key from the store (repeatable)")
     p.add_argument("--params", default="", help='JSON params for the single --template, e.g. \'{"threads": 256, ...}\'')
@@ -105,7 +107,7 @@ def parser() -> argparse.ArgumentParser:
                                    "torch custom op with autograd, a QuACK-compatible API, tests, a benchmark), "
                                    "with provenance.")
     p.add_argument("runs", nargs="+", metavar="RUN",
-                   help="run ids of one op family: the forward runs (several where the plug-in merges them: RMSNorm's plain and variant runs, no cell shared) and at most one backward run (e.g. rmsnorm, rmsnorm_bwd)")
+                   help="run ids of one op family: the forward runs (several where the plug-in merges them: RMSNorm's plain and variant runs, no cell shared) and at most one backward run (e.g. rmsnorm, rmsnorm_bwd); 'latest' is the newest run")
     p.add_argument("--out", type=Path, required=True, help="output folder (new or empty)")
     p.add_argument("--name", default=None, help="package name (default: the op family's exporter's, e.g. kf_rmsnorm)")
     p.add_argument("--nvrtc", type=Path, action="append", default=[], metavar="DIR",

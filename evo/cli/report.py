@@ -312,6 +312,8 @@ def cmd_report(store: Path, run_id: str, out: Path | None) -> int:
         raise StoreError(f"no store at {store} (run an experiment first, or pass --store PATH)")
     if out is not None and out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file; give a folder (it is created if missing)")
+    if out is not None and out.is_dir() and any(out.iterdir()):  # a folder the user named may hold other work
+        raise UsageError(f"--out {out}: is not empty; give a new or empty folder (nothing is overwritten)")
     from evo.cli.commands import open_reader
 
     with open_reader(store) as s:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,22 @@ def test_help_documents_every_command(capsys):
     out = capsys.readouterr().out
     for cmd in parser()._subparsers._group_actions[0].choices:  # noqa: SLF001
         assert cmd in out
+
+
+def test_every_option_has_help():
+    def actions(p: argparse.ArgumentParser, path: str):
+        for a in p._actions:  # noqa: SLF001
+            if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+                for c in a._choices_actions:  # noqa: SLF001
+                    yield f"{path} {c.dest}", c.help
+                for name, sub in a.choices.items():
+                    yield from actions(sub, f"{path} {name}")
+            elif not isinstance(a, argparse._HelpAction):  # noqa: SLF001
+                yield f"{path} {'/'.join(a.option_strings) or a.dest}", a.help
+
+    seen = dict(actions(parser(), "kfactory"))
+    assert "kfactory bench --arch" in seen and "kfactory export runs" in seen  # the walk reaches every command
+    assert [name for name, text in seen.items() if not (text or "").strip()] == []
 
 
 def test_run_builds_population_and_records_it(tmp_path, capsys, monkeypatch):

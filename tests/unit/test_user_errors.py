@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import duckdb
 import pytest
 
 from evo.cli.main import main
+from evo.export.errors import ExportError
 from evo.templates.template import load_templates, parse_template
 from memory import Store
 from tests.unit import fixture_store as fx
@@ -105,8 +107,22 @@ def test_cells_the_replay_data_does_not_cover_are_refused(tmp_path: Path, capsys
     assert "cells: the replay data" in line and "no OK measurement for 1 of the 2 cells" in line
     listed = line.split("cells: ", 2)[-1]
     assert "M4000-N1024" in listed and "M4096-N1024" not in listed
-    with Store.open(store, read_only=True) as s:
-        assert s.runs().empty  # validated before the run was recorded
+    assert not store.exists() and not Path(f"{store}.wal").exists()  # validated before the run was recorded
+
+
+def test_a_refused_run_leaves_no_new_store_and_an_old_one_untouched(lessons_store: Path, tmp_path: Path,
+                                                                   capsys) -> None:
+    bad = _config(tmp_path, SMALL.replace('op = "rmsnorm"', 'op = "nope"'))
+    new = tmp_path / "new" / "deeper" / "s.duckdb"
+    assert main(["run", str(bad), "--store", str(new)]) == 2
+    assert "unknown op 'nope'" in _err(capsys)
+    assert not (tmp_path / "new").exists()  # no file, no WAL, no folder made for them
+    old = tmp_path / "old.duckdb"
+    shutil.copy(lessons_store, old)
+    before = (old.read_bytes(), old.stat().st_mtime_ns)
+    assert main(["run", str(bad), "--store", str(old)]) == 2
+    assert "unknown op 'nope'" in _err(capsys)
+    assert (old.read_bytes(), old.stat().st_mtime_ns) == before and not Path(f"{old}.wal").exists()
 
 
 def test_missing_replay_data_names_the_key(tmp_path: Path, capsys) -> None:
@@ -138,6 +154,36 @@ def test_report_out_on_an_existing_file(lessons_store: Path, tmp_path: Path, cap
     assert "is a file" in _err(capsys) and f.read_text() == "keep me"
     assert main(["report", fx.RUN2, "--out", str(f / "sub"), "--store", str(lessons_store)]) == 2
     assert "a file is in the way" in _err(capsys)
+
+
+def test_report_out_refuses_a_folder_with_files(lessons_store: Path, tmp_path: Path, capsys) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("keep me")
+    assert main(["report", fx.RUN2, "--out", str(mine), "--store", str(lessons_store)]) == 2
+    assert "is not empty" in _err(capsys)
+    assert [x.name for x in mine.iterdir()] == ["report.md"] and (mine / "report.md").read_text() == "keep me"
+
+
+def test_export_latest_is_the_newest_run_as_for_report(lessons_store: Path, tmp_path: Path, capsys,
+                                                        monkeypatch) -> None:
+    asked: list[list[str]] = []
+
+    def stop(store: Path, runs: list[str], *args: object, **kw: object) -> None:
+        asked.append(list(runs))
+        raise ExportError("stopped here")  # packaging itself is test_export's
+
+    monkeypatch.setattr("evo.cli.export.export", stop)
+    assert main(["export", "latest", "--store", str(lessons_store), "--out", str(tmp_path / "o")]) == 2
+    assert "stopped here" in _err(capsys)
+    with Store.open(lessons_store, read_only=True) as s:
+        newest = s.sql("SELECT run_id FROM runs ORDER BY created_at DESC LIMIT 1").run_id[0]
+    assert asked == [[newest]]
+    empty = tmp_path / "empty.duckdb"
+    Store.open(empty).close()
+    assert main(["export", "latest", "--store", str(empty), "--out", str(tmp_path / "o")]) == 2
+    line = _err(capsys)
+    assert "no run 'latest'" in line and "holds no runs" in line and not asked[1:]
 
 
 def test_a_store_whose_columns_do_not_match_its_version(tmp_path: Path, capsys) -> None:
@@ -173,6 +219,12 @@ def test_lessons_fit_100_columns_most_useful_first(lessons_store: Path, capsys, 
     ties = [(u, s) for u, s in zip(useful, support)]
     assert all(a[1] >= b[1] for a, b in zip(ties, ties[1:]) if a[0] == b[0])  # then by support
     assert all(x.startswith("    ") for x in out if x not in heads)  # text wrapped under its lesson
+
+
+def test_lessons_for_an_unknown_op_is_one_line(lessons_store: Path, capsys) -> None:
+    assert main(["lessons", "--op", "nope", "--store", str(lessons_store)]) == 2
+    line = _err(capsys)
+    assert line.startswith("kfactory lessons: error: unknown op 'nope'; known ops: ") and "rmsnorm" in line
 
 
 def test_lessons_limit_says_what_is_left(lessons_store: Path, capsys) -> None:
