@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import threading
@@ -14,6 +15,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'kernel-factory[ray]'")
 
+from evo.build import cache as build_cache  # noqa: E402
 from evo.build.nvrtc import Builder, BuildInput, BuildResult, prepare  # noqa: E402
 from evo.core.genome import Genome  # noqa: E402
 from evo.measure.jobs import EvalJob, JobResult  # noqa: E402
@@ -31,9 +33,14 @@ DIMS = {"M": 4096, "N": 4096}
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster() -> Iterator[None]:
+    """A local Ray instance whose tasks, like the local builder's compile processes, run NVRTC themselves: the run's
+    build cache ($KF_BUILD_CACHE) is off in this module, so a Ray task's build is compared with a local compile."""
+    cache = os.environ.pop(build_cache.ENV, None)
     init_ray("", num_cpus=2, num_gpus=0)
     yield
     ray.shutdown()
+    if cache is not None:
+        os.environ[build_cache.ENV] = cache
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 
 from evo.templates.template import TemplateError, load_templates
 from ops import get_op
+from tests.unit.test_sandbox_limits import HEADER as BOUNDED
 
 ARCH = 90
 
@@ -71,3 +72,33 @@ def test_bad_pins_are_refused_by_name(pin, words):
     c = _cells("kda", 8)[0]
     with pytest.raises(TemplateError, match=words):
         t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=pin)
+
+
+# ---- a header's constraints evaluated together ----------------------------------------------------------------
+
+# the sandbox tests' header with a second param and three constraints, the last raising at vec = 0
+TOGETHER = (BOUNDED.replace('name = "bounded"', 'name = "together"')
+            .replace("threads = [128, 256]", "threads = [64, 128, 256]\nvec = [1, 2, 4, 0]")
+            .replace("threads = 128", "threads = 128\nvec = 1")
+            .replace("CONSTRAINTS", 'warp_multiple = "threads % 128 == 0"\nwide = "threads * (vec + 1) >= 256"\n'
+                                    'divides = "256 // vec >= 1"'))
+
+
+def test_constraints_together_give_each_ones_verdict_and_name_the_one_that_raises():
+    """violations evaluates a header's constraints in one sandbox call: the same names as one at a time; where one
+    raises (vec = 0 divides by zero), the error names it whether or not an earlier one failed; legal_points stops at a
+    prefix's first failure, as one at a time did, so a point refused before the raising one does not raise there."""
+    from evo.templates.template import parse_template
+
+    t = parse_template(TOGETHER, "together")
+    assert t.violations({"threads": 64, "vec": 1}, ARCH, {}) == ["warp_multiple", "wide"]
+    assert t.violations({"threads": 128, "vec": 2}, ARCH, {}) == []
+    assert t.violations({"threads": 256, "vec": 1}, ARCH, {}) == []
+    for threads in (64, 256):  # warp_multiple and wide fail at 64 and hold at 256: divides raises either way
+        with pytest.raises(TemplateError, match="constraint divides: .*ZeroDivisionError"):
+            t.violations({"threads": threads, "vec": 0}, ARCH, {})
+    with pytest.raises(TemplateError, match="constraint divides"):
+        t.legal_points(ARCH, {})  # threads 256 with vec 0: warp_multiple and wide hold, divides raises
+    assert t.legal_points(ARCH, {}, fixed={"threads": 64}) == []  # warp_multiple refuses every point first
+    # at 128, wide refuses vec 0 before divides is read
+    assert t.legal_points(ARCH, {}, fixed={"threads": 128}) == [{"threads": 128, "vec": v} for v in (1, 2, 4)]
