@@ -143,6 +143,16 @@ def outcomes(store: Store, op: str, arch: str) -> pd.DataFrame:
     )
 
 
+def run_builds(store: Store, run_id: str) -> pd.DataFrame:
+    """The builds a run's evaluations used (build_key, status, error, template), in the order the run first used
+    them."""
+    return store.sql(
+        "SELECT b.build_key, any_value(b.status) AS status, any_value(b.error) AS error, "
+        "any_value(c.template) AS template, min(e.generation) AS g FROM evaluations e "
+        "JOIN builds b ON b.build_key = e.build_key JOIN candidates c ON c.genome_key = e.genome_key "
+        "WHERE e.run_id = ? GROUP BY b.build_key ORDER BY g, b.build_key", [run_id])
+
+
 def lessons(store: Store, op: str, arch: str, kind: str | None = None) -> pd.DataFrame:
     """Stored lessons for op on arch (prefix match), optionally of one kind."""
     cond, params = arch_filter("arch", arch)

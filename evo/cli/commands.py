@@ -154,7 +154,8 @@ def _execute(session: Session, store_path: Path, evaluator: Any) -> int:
         from evo.loop.search import run_search
 
         return run_search(session, evaluator)
-    run_build_stage(session)
+    summary = run_build_stage(session)
+    summary.check()  # nothing built OK: an error, and run_config records the run as failed (its builds are kept)
     store.finish_run(session.run_id, "done", "built only (run.runner = 'none')")
     return 0
 

@@ -121,14 +121,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's to fix: printed as one clear line, not a traceback."""
     from evo.core.config import ConfigError
     from evo.export.errors import ExportError
-    from evo.loop.pipeline import NoGpuError
+    from evo.loop.pipeline import NoGpuError, NothingBuiltError
     from evo.templates.template import TemplateError
     from memory.store import StoreError
 
     from ops import UnknownOpError
 
-    return (ConfigError, TemplateError, StoreError, NoGpuError, UnknownNameError, UnknownOpError, UsageError,
-            ExportError)
+    return (ConfigError, TemplateError, StoreError, NoGpuError, NothingBuiltError, UnknownNameError, UnknownOpError,
+            UsageError, ExportError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ import random
 import re
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -28,6 +29,10 @@ from ops.spec import Cell, DType, OpSpec
 
 class NoGpuError(RuntimeError):
     """Evaluation was asked for on a machine without an NVIDIA GPU."""
+
+
+class NothingBuiltError(RuntimeError):
+    """No build of a run came out OK: every candidate failed to render, compile or fit its target."""
 
 
 # A stored failure is reused only when it is the source's fault every time: NVRTC's own error (it
@@ -116,7 +121,9 @@ class Session:
 
     def __post_init__(self) -> None:
         op = get_op(self.config.run.op)
-        all_t = load_templates(op.name)
+        # a broken template file stops only the runs that use it: the others say so in one line and go on
+        all_t = load_templates(op.name, use=self.config.run.templates or None,
+                               warn=lambda why: self.log(f"warning: skipped a broken template: {why}"))
         wanted = self.config.run.templates or tuple(all_t)
         missing = [t for t in wanted if t not in all_t]
         if missing:
@@ -160,6 +167,55 @@ class Session:
         return out
 
 
+SHOWN_ERRORS = 3  # distinct build errors a run's summary quotes
+
+
+@dataclass(frozen=True)
+class BuildSummary:
+    """A run's distinct builds by status and its first distinct build errors, each with its template: what a
+    run says at its end, so that a failing template is not left silent in the store's builds table."""
+
+    statuses: Mapping[str, Status] = field(default_factory=dict)  # build key -> status
+    errors: tuple[tuple[Status, str, str], ...] = ()  # (status, template, message), the first SHOWN_ERRORS
+
+    def add(self, results: Sequence[tuple[str, BuildResult]]) -> "BuildSummary":
+        """This summary and more (template, build result) pairs (a build key seen before is counted once)."""
+        statuses, errors = dict(self.statuses), list(self.errors)
+        for template, r in results:
+            statuses.setdefault(r.build_key, r.status)
+            if r.status is not Status.OK and len(errors) < SHOWN_ERRORS and r.error not in {e[2] for e in errors}:
+                errors.append((r.status, template, r.error))
+        return BuildSummary(statuses, tuple(errors))
+
+    @property
+    def ok(self) -> int:
+        return sum(s is Status.OK for s in self.statuses.values())
+
+    def counts(self) -> str:
+        """'3 OK, 1 COMPILE_ERROR', in the Status enum's order."""
+        n = Counter(self.statuses.values())
+        return ", ".join(f"{n[s]} {s.value}" for s in Status if n[s])
+
+    def lines(self) -> list[str]:
+        """The console summary: the counts, then each quoted error verbatim with its template."""
+        if not self.statuses:
+            return ["builds: none (no candidate was legal on any cell, or failure memory rejected every one)"]
+        return [f"builds: {len(self.statuses)} distinct: {self.counts()}",
+                *(f"  {s.value} in template {t}: {msg or '(no message)'}" for s, t, msg in self.errors)]
+
+    def check(self) -> None:
+        """NothingBuiltError (one line) when no build came out OK; call it once everything is recorded."""
+        if self.ok:
+            return
+        if not self.errors:
+            raise NothingBuiltError("nothing was built: no candidate was legal on any cell of the run (or failure "
+                                    "memory rejected every one)")
+        s, t, msg = self.errors[0]
+        raise NothingBuiltError(f"none of the run's {len(self.statuses)} distinct builds came out OK "
+                                f"({self.counts()}); the first error, {s.value} in template {t}: "
+                                f"{msg or '(no message)'} (every build is in the store's builds table)")
+
+
 @dataclass(frozen=True)
 class Built:
     """The build stage's result: per genome key its (cell, build) pairs, the rows to record, and counts."""
@@ -168,6 +224,7 @@ class Built:
     rows: list[Row]  # sources (templates/ files), candidates, every distinct build
     compiled: int  # build inputs handed to the compiler
     reused: int  # build inputs answered from the store's builds
+    distinct: tuple[tuple[str, BuildResult], ...] = ()  # (template, result) of every distinct build, in order
 
 
 def build(session: Session, builder: Builder, genomes: Sequence[Genome], generation: int,
@@ -201,7 +258,8 @@ def build(session: Session, builder: Builder, genomes: Sequence[Genome], generat
                              smem_bytes=r.smem_bytes, stack_bytes=r.stack_bytes, compile_ms=r.compile_ms,
                              compiler=r.compiler, log=r.log, error=r.error or None, cubin=r.cubin or None))
     cells = {k: [(c, results[bi.key()]) for c, bi in pairs] for k, pairs in per_genome.items()}
-    return Built(cells, rows, builder.compiled - before, len(stored))
+    return Built(cells, rows, builder.compiled - before, len(stored),
+                 tuple((bi.genome.template, results[bi.key()]) for bi in unique))
 
 
 def new_run_id(config: Config) -> str:
@@ -232,8 +290,8 @@ def initial_population(session: Session, rng: random.Random) -> list[Genome]:
     return list(out.values())[:max(n, len(session.templates))]
 
 
-def run_build_stage(session: Session) -> dict[str, list[tuple[Cell, BuildResult]]]:
-    """Render and compile the initial population; every build lands in the store."""
+def run_build_stage(session: Session) -> BuildSummary:
+    """Render and compile the initial population; every build lands in the store, and its summary on the console."""
     rng = random.Random(session.config.run.seed)
     pop = initial_population(session, rng)
     with Builder(session.config.build.workers, timeout_s=session.config.build.timeout_s) as builder:
@@ -244,4 +302,7 @@ def run_build_stage(session: Session) -> dict[str, list[tuple[Cell, BuildResult]
     n_all = len({r.build_key for pairs in built.values() for _, r in pairs})
     session.log(f"built {len(pop)} genomes -> {n_all} distinct builds for {session.config.run.arch}, "
                 f"{n_ok} cell bindings OK")
-    return built
+    summary = BuildSummary().add(result.distinct)
+    for line in summary.lines():
+        session.log(line)
+    return summary

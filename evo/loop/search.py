@@ -30,7 +30,7 @@ from evo.core.outcome import Outcome
 from evo.core.status import Status
 from evo.loop.generation import Callbacks, Generation
 from evo.loop.learn import REFRESH_EVERY, Learner, Screened
-from evo.loop.pipeline import Session, build, dtype_sets
+from evo.loop.pipeline import BuildSummary, Session, build, dtype_sets
 from evo.loop.record import Recorder, fingerprint_class
 from evo.measure.evaluators import EvalItem, Evaluator, GpuEvaluator, ReplayEvaluator
 from evo.measure.jobs import Timing
@@ -53,6 +53,7 @@ class Progress:
     builds_compiled: int = 0  # build inputs handed to the compiler
     builds_reused: int = 0  # build inputs answered from the store's builds
     genomes: int = 0  # genomes measured in this process's generations (the pace that sizes the last one)
+    builds: BuildSummary = field(default_factory=BuildSummary)  # the run's distinct builds, for its end
 
     @property
     def elapsed(self) -> float:
@@ -135,6 +136,16 @@ def stored_history(session: Session) -> tuple[list[Observation], list[Outcome]]:
                                                          json.loads(r.params_json)))
         outcomes.append(_stored_outcome(g, by_label[r.cell], r))
     return observations(session, outcomes, list(genomes.values())), outcomes
+
+
+def stored_builds_summary(session: Session) -> BuildSummary:
+    """The builds this run's recorded evaluations used (for resume), in the order the run first used them."""
+    from memory.queries import run_builds
+
+    df = run_builds(session.store, session.run_id)
+    return BuildSummary().add([(r.template, BuildResult(r.build_key, Status(r.status),
+                                                        error=r.error if isinstance(r.error, str) else ""))
+                               for r in df.itertuples(index=False)])
 
 
 def reusable(session: Session, evaluator: Evaluator) -> dict[tuple[str, str, str], Outcome]:
@@ -281,6 +292,7 @@ class Search:
         built = build(self.session, builder, genomes, n, origins, parents)
         self.progress.builds_compiled += built.compiled
         self.progress.builds_reused += built.reused
+        self.progress.builds = self.progress.builds.add(built.distinct)
         outcomes = self.measure(genomes, built.cells)
         return Generation(n, tuple(genomes), origins, screened.rejected, tuple(outcomes), screened.outcomes,
                           (*llm_rows, *built.rows, *screened.rows), self.progress.elapsed)
@@ -370,6 +382,7 @@ def _loop(session: Session, evaluator: Evaluator) -> int:
         progress.generation = int(session.store.sql(
             "SELECT coalesce(max(generation), -1) + 1 AS g FROM evaluations WHERE run_id = ?", [session.run_id]).g[0])
         session.log(f"resumed {session.run_id}: {len(history)} genomes, {len(past)} evaluations already recorded")
+        progress.builds = stored_builds_summary(session)  # a resume with nothing left to build built OK before
     reuse = reusable(session, evaluator)
     progress.reused = int(session.store.sql("SELECT count(reused_from) AS n FROM evaluations WHERE run_id = ?",
                                             [session.run_id]).n[0])
@@ -425,7 +438,6 @@ def _finish(session: Session, learner: Learner, progress: Progress,
     def finish(stop: str) -> None:
         dispatch, from_store = write_dispatch(session, progress, reuse)
         n_lessons = learner.refresh(final=True)
-        session.store.finish_run(session.run_id, "done", stop)
         session.log(f"lessons: {n_lessons} re-derived from the store; failure memory rejected {learner.rejected} "
                     f"candidates and let {learner.let_through} predicted failures through to check the rules")
         session.log(f"evaluations: {progress.evaluated - progress.reused} measured, {progress.reused} reused from "
@@ -434,6 +446,10 @@ def _finish(session: Session, learner: Learner, progress: Progress,
         kept = f" ({from_store} from earlier runs' measurements, faster than this run's)" if from_store else ""
         session.log(f"stopped: {stop}; best per cell over {len(progress.best)} cells, geomean speedup vs torch "
                     f"{progress.geomean_speedup():.3f}; dispatch table {dispatch}{kept}")
+        for line in progress.builds.lines():
+            session.log(line)
+        progress.builds.check()  # nothing built OK: an error, and run_config records the run as failed
+        session.store.finish_run(session.run_id, "done", stop)
 
     return finish
 

@@ -36,7 +36,7 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2 import meta
@@ -202,6 +202,17 @@ class TemplateDef:
         """The kernels the plan launches: all it declares, or with `ctx` (a build's context) those whose
         `when` holds there."""
         return tuple(dict.fromkeys(d.kernel for d in self.launches if ctx is None or _launched(d, ctx)))
+
+    def expressions(self) -> tuple[tuple[str, Expr], ...]:
+        """Every expression of the header, with where it is declared (`[constraints].fits`, `[[launch]] #0.grid`)."""
+        out = [(f"[constraints].{k}", e) for k, e in self.constraints]
+        for i, d in enumerate(self.launches):
+            at = f"[[launch]] #{i}"
+            out += [(f"{at}.grid", e) for e in d.grid] + [(f"{at}.block", e) for e in d.block]
+            out.append((f"{at}.smem", d.smem))
+            out += [(f"{at}.{k}", e) for k, e in (("when", d.when), ("pdl", d.pdl)) if e is not None]
+        out += [(f"[workspace].{k}", e) for k, e in self.workspaces]
+        return tuple(out)
 
     def restrict(self, space: Mapping[str, Any]) -> "TemplateDef":
         """The same template with some params limited to a subset of their declared values.
@@ -480,17 +491,75 @@ def parse_template(text: str, origin: str = "<string>", trusted: bool = False) -
     )
 
 
-def load_templates(op: str, root: Path = TEMPLATES_ROOT) -> dict[str, TemplateDef]:
-    """Every template of an op, by name."""
+def header_names(op: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """The dims and the dtype roles an OpSpec's templates may read in a header expression: every dim its
+    tensors, its dim defaults and its cells name (a variant's switch dims included), every dtype role its
+    tensors and cells use (each read as `<role>_bytes`, `<role>_dtype` and `<role>_t`)."""
+    from ops.spec import DType  # a sibling package, as in context()
+
+    cells = op.all_cells()
+    dims = {d for t in op.tensors for d in t.dims} | set(op.dim_defaults) | {k for c in cells for k, _ in c.dims}
+    roles = {*op.dtype_roles, *(t.dtype for t in op.tensors if not isinstance(t.dtype, DType)),
+             *(t.fallback for t in op.tensors if t.fallback), *(k for c in cells for k, _ in c.dtypes)}
+    return frozenset(dims), frozenset(roles)
+
+
+def check_names(t: TemplateDef, op: Any, origin: str) -> None:
+    """A TemplateError naming `origin` and the name where an expression of t reads a name no context has:
+    neither a param, `arch`, a dtype name or a dim of the op, nor a sandbox global (violations skips a
+    constraint whose names the context lacks, so a misspelt name would make it silently true)."""
+    dims, roles = header_names(op)
+    known = {*t.param_names, "arch", *dims, *sandbox_env().globals}
+    known |= {f"{r}_{x}" for r in roles for x in ("bytes", "dtype", "t")}
+    for where, e in t.expressions():
+        unknown = sorted(e.names - known)
+        if unknown:
+            raise TemplateError(
+                f"{origin}: {where} = {e.text!r} reads {', '.join(map(repr, unknown))}: not a param of template "
+                f"{t.name}, arch, a dtype name (<role>_bytes, _dtype, _t of roles {', '.join(sorted(roles))}), a "
+                f"dim of op {op.name} ({', '.join(sorted(dims))}) nor a sandbox global")
+
+
+def load_templates(op: str, root: Path = TEMPLATES_ROOT, use: Sequence[str] | None = None,
+                   warn: Callable[[str], None] | None = None) -> dict[str, TemplateDef]:
+    """Every usable template of an op, by name.
+
+    A broken file (a header that does not parse, an expression that reads an unknown name, a name another file
+    declares too) is a TemplateError naming it where the caller needs it: every file when `use` is None, else
+    a file whose template `use` names (a header that cannot be read goes by its file name). Any other is left
+    out and `warn` gets one line saying why (without `warn`, every broken file is an error)."""
+    from ops import get_op  # a sibling package, as in context()
+
     folder = root / op
     if not folder.is_dir():
         raise TemplateError(f"no template folder for op {op!r} at {folder}")
-    defs = {}
-    for path in sorted(folder.glob("*.cu.j2")):
-        t = parse_template(path.read_text(), str(path), trusted=True)
-        if t.op != op:
-            raise TemplateError(f"{path}: declares op {t.op!r}, but lives under {op!r}")
-        defs[t.name] = t
-    if not defs:
+    spec = get_op(op)
+    paths = sorted(folder.glob("*.cu.j2"))
+    if not paths:
         raise TemplateError(f"no templates (*.cu.j2) under {folder}")
+    defs: dict[str, TemplateDef] = {}
+    files: dict[str, list[Path]] = {}
+    broken: list[tuple[str, str]] = []  # (the template name it goes by, why it is broken)
+    for path in paths:
+        name = path.name.removesuffix(".cu.j2")
+        try:
+            t = parse_template(path.read_text(), str(path), trusted=True)
+            name = t.name
+            if t.op != op:
+                raise TemplateError(f"{path}: declares op {t.op!r}, but lives under {op!r}")
+            check_names(t, spec, str(path))
+        except TemplateError as e:
+            broken.append((name, str(e)))
+            continue
+        defs[t.name] = t
+        files.setdefault(t.name, []).append(path)
+    for name, where in files.items():
+        if len(where) > 1:  # neither may silently shadow the other
+            del defs[name]
+            broken.append((name, f"{' and '.join(map(str, where))} both declare template {name!r} of op {op}; "
+                                 "give each its own [template].name"))
+    for name, why in broken:
+        if warn is None or use is None or name in use:
+            raise TemplateError(why)
+        warn(why)
     return defs

@@ -137,7 +137,7 @@ def test_a_constraint_that_raises_a_security_error_fails_the_run_cleanly(tmp_pat
     text = real["cta_row"].text.replace("[constraints]\n", "[constraints]\nsneaky = \"vec.__class__.__name__ == 'int'\"\n", 1)
     assert "sneaky" in text
     bad = dict(real, cta_row=parse_template(text, "cta_row with a sneaky constraint", trusted=True))
-    monkeypatch.setattr("evo.loop.pipeline.load_templates", lambda op: bad)
+    monkeypatch.setattr("evo.loop.pipeline.load_templates", lambda op, **kw: bad)
     store = tmp_path / "s.duckdb"
     assert main(["run", str(_config(tmp_path)), "--store", str(store), "--run-id", "sec"]) == 2
     line = _err(capsys)
