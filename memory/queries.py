@@ -153,6 +153,73 @@ def run_builds(store: Store, run_id: str) -> pd.DataFrame:
         "WHERE e.run_id = ? GROUP BY b.build_key ORDER BY g, b.build_key", [run_id])
 
 
+def counts_text(counts: Mapping[str, int]) -> str:
+    """'18 OK, 1 UNKNOWN': counts by Status name, most first (then by name), or 'none'."""
+    items = sorted(((s, int(n)) for s, n in counts.items() if n), key=lambda x: (-x[1], x[0]))
+    return ", ".join(f"{n} {s}" for s, n in items) or "none"
+
+
+# Each cell's best: its fastest OK evaluation, the earlier one (in evaluation order) on a tie.
+_RUN_BESTS_SQL = """
+SELECT cell, coalesce(speedup, baseline_us / nullif(median_us, 0)) AS speedup FROM evaluations
+WHERE run_id = ? AND status = 'OK' AND median_us IS NOT NULL
+QUALIFY row_number() OVER (PARTITION BY cell ORDER BY median_us, generation NULLS LAST, created_at, rowid) = 1
+ORDER BY cell
+"""
+
+
+@dataclass(frozen=True)
+class RunTotals:
+    """A run's counts and geomean speedup as the store holds them: the console's end of run and `kfactory report`
+    both print these, in these words, so the two cannot disagree."""
+
+    statuses: Mapping[str, int]  # evaluations by Status name; REJECTED ones were recorded, never run
+    reused: int  # evaluations copied from an earlier run's measurement
+    builds: int  # distinct builds the run's evaluations used
+    builds_compiled: int  # of them, first built by this run; the others were read back from the store
+    cells: int  # cells with an OK evaluation
+    speedups: tuple[float, ...]  # speedup of each such cell's best, where it has a baseline
+
+    @property
+    def evaluations(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def geomean(self) -> float | None:
+        return math.exp(sum(map(math.log, self.speedups)) / len(self.speedups)) if self.speedups else None
+
+    def evaluations_text(self) -> str:
+        """'19: 18 measured, 1 reused from earlier runs' measurements (same fingerprint class)'."""
+        rejected = self.statuses.get("REJECTED", 0)
+        return (f"{self.evaluations}: {self.evaluations - self.reused - rejected} measured, {self.reused} reused "
+                "from earlier runs' measurements (same fingerprint class)"
+                + (f", {rejected} REJECTED by failure memory (never run)" if rejected else ""))
+
+    def builds_text(self) -> str:
+        """'12 used: 9 compiled in this run, 3 reused from the store'."""
+        return (f"{self.builds} used: {self.builds_compiled} compiled in this run, "
+                f"{self.builds - self.builds_compiled} reused from the store")
+
+    def geomean_text(self) -> str:
+        """'1.388 over 2 of 2 cells (cells with a baseline)'."""
+        gm = "n/a" if self.geomean is None else f"{self.geomean:.3f}"
+        return f"{gm} over {len(self.speedups)} of {self.cells} cells (cells with a baseline)"
+
+
+def run_totals(store: Store, run_id: str) -> RunTotals:
+    """The run's RunTotals, read from its evaluations and builds."""
+    st = store.sql("SELECT status, count(*) AS n, count(reused_from) AS reused FROM evaluations WHERE run_id = ? "
+                   "GROUP BY status", [run_id])
+    b = store.sql(
+        "SELECT count(DISTINCT e.build_key) AS used, count(DISTINCT e.build_key) FILTER (WHERE b.run_id = ?) "
+        "AS compiled FROM evaluations e LEFT JOIN builds b USING (build_key) WHERE e.run_id = ?",
+        [run_id, run_id]).iloc[0]
+    best = store.sql(_RUN_BESTS_SQL, [run_id])
+    speedups = tuple(float(s) for s in best.speedup.dropna() if s > 0 and math.isfinite(s))
+    return RunTotals(dict(zip(st.status, st.n.astype(int))), int(st.reused.sum()), int(b.used), int(b.compiled),
+                     len(best), speedups)
+
+
 def lessons(store: Store, op: str, arch: str, kind: str | None = None) -> pd.DataFrame:
     """Stored lessons for op on arch (prefix match), optionally of one kind."""
     cond, params = arch_filter("arch", arch)
@@ -180,15 +247,38 @@ def scope_label(kind: str, scope: Mapping[str, Any]) -> str:
     return json.dumps(scope, sort_keys=True)  # lessons written by others (e.g. the LLM lesson writer)
 
 
+def _structured(text: Any) -> dict[str, Any]:
+    """A lesson's structured_json as a dict ({} where it holds anything else)."""
+    d = json.loads(text) if isinstance(text, str) else {}
+    return d if isinstance(d, dict) else {}
+
+
+def _not_significant(structured: Mapping[str, Any]) -> bool:
+    """True for a lesson whose own test found no significant effect (param effects carry `significant`)."""
+    return structured.get("significant") is False
+
+
+def _effect_pct(structured: Mapping[str, Any]) -> float:
+    """A param effect's size (% faster, best value over the runner-up); 0 for lessons without one."""
+    x = structured.get("faster_pct")
+    return abs(float(x)) if isinstance(x, (int, float)) and math.isfinite(x) else 0.0
+
+
 def lessons_table(store: Store, op: str, arch: str, kind: str | None = None) -> pd.DataFrame:
-    """What `kfactory lessons --op OP --arch ARCH [--kind KIND]` prints: most useful first, then best supported."""
+    """What `kfactory lessons --op OP --arch ARCH [--kind KIND]` prints, ranked by evidence: lessons whose test
+    found no significant effect last; within each group most useful first, then largest effect, best supported."""
     df = lessons(store, op, arch, kind)
     cols = ["kind", "lesson_id", "scope", "text", "support", "usefulness", "created_run", "confirmed_run"]
     if df.empty:
         return pd.DataFrame(columns=cols)
     scope = [scope_label(k, json.loads(s)) for k, s in zip(df.kind, df.scope_json)]
-    df = df.assign(scope=scope).sort_values(["usefulness", "support", "kind", "lesson_id"],
-                                            ascending=[False, False, True, True], kind="stable")
+    structured = [_structured(s) for s in df.structured_json]
+    # usefulness alone put 'not significant' 0% effects on top (+0.99 earned while the search followed them):
+    # a lesson is only as good as its evidence, so significance ranks first
+    df = df.assign(scope=scope, _weak=[_not_significant(s) for s in structured],
+                   _effect=[_effect_pct(s) for s in structured])
+    df = df.sort_values(["_weak", "usefulness", "_effect", "support", "kind", "lesson_id"],
+                        ascending=[True, False, False, False, True, True], kind="stable")
     return df[cols].reset_index(drop=True)
 
 

@@ -13,16 +13,18 @@ from pathlib import Path
 from ops.spec import OpSpec
 
 
+ROOT = Path(__file__).parent  # the folder the op folders are in
+
+
 def _discover() -> tuple[str, ...]:
-    here = Path(__file__).parent
-    return tuple(sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.ispkg))
+    return tuple(sorted(m.name for m in pkgutil.iter_modules([str(ROOT)]) if m.ispkg))
 
 
 KNOWN = _discover()
 
 
 class UnknownOpError(KeyError):
-    """An op name that has no folder under ops/."""
+    """An op name with no op under ops/: no folder, or one that exposes no SPEC (an OpSpec)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -30,9 +32,18 @@ class UnknownOpError(KeyError):
 
 def get_op(name: str) -> OpSpec:
     """The spec of a known op; a clear error for an unknown one."""
+    known = f"known ops: {', '.join(n for n in KNOWN if n != name)}"
     if name not in KNOWN:
-        raise UnknownOpError(f"unknown op {name!r}; known ops: {', '.join(KNOWN)}")
-    spec = importlib.import_module(f"ops.{name}").SPEC
+        # a folder without __init__.py is no package, so discovery skips it: say so to whoever is adding an op
+        if name.isidentifier() and (ROOT / name).is_dir() and not (ROOT / name / "__init__.py").exists():
+            raise UnknownOpError(f"unknown op {name!r}: ops/{name}/ has no __init__.py exposing SPEC (an OpSpec); "
+                                 f"{known}")
+        raise UnknownOpError(f"unknown op {name!r}; {known}")
+    spec = getattr(importlib.import_module(f"ops.{name}"), "SPEC", None)
+    if not isinstance(spec, OpSpec):
+        what = "no SPEC" if spec is None else f"a SPEC of type {type(spec).__name__}"
+        raise UnknownOpError(f"unknown op {name!r}: ops/{name}/__init__.py has {what}; it must expose SPEC "
+                             f"(an OpSpec); {known}")
     if spec.name != name:
         raise UnknownOpError(f"ops/{name} exports a SPEC named {spec.name!r}")
     return spec

@@ -146,17 +146,19 @@ def _execute(session: Session, store_path: Path, evaluator: Any) -> int:
         if config.run.backend is Backend.LOCAL and not gpu_available():
             run_build_stage(session)
             store.finish_run(session.run_id, "stopped", "no NVIDIA GPU: built only")
+            # compile is named first: replay needs measurements recorded on a GPU, which a new user lacks
             raise NoGpuError(
                 "evaluation needs an NVIDIA GPU and none is visible (no driver or no device); the builds "
-                f"are recorded in {store_path}. Run on a GPU machine, or use a replay config "
-                "(run.runner = 'replay') to search against recorded measurements.")
+                f"are recorded in {store_path}. Without a GPU, set run.runner = \"compile\" to render and "
+                "compile only (build errors summed up per template), or replay recorded data with "
+                "run.runner = \"replay\"; or run on a GPU machine.")
     if config.run.runner in (Runner.GPU, Runner.REPLAY):
         from evo.loop.search import run_search
 
         return run_search(session, evaluator)
     summary = run_build_stage(session)
     summary.check()  # nothing built OK: an error, and run_config records the run as failed (its builds are kept)
-    store.finish_run(session.run_id, "done", "built only (run.runner = 'none')")
+    store.finish_run(session.run_id, "done", "compile only (run.runner = 'compile'): built, nothing evaluated")
     return 0
 
 
@@ -209,5 +211,6 @@ def cmd_lessons(store_path: Path, op: str, arch: str, kind: str | None, limit: i
     width = max(40, min(LESSONS_WIDTH, shutil.get_terminal_size((LESSONS_WIDTH, 24)).columns))
     print("\n".join(format_lessons(df.head(limit), width)))
     if len(df) > limit:
-        print(f"... {len(df) - limit} more (most useful first, then best supported; --limit N shows more)")
+        print(f"... {len(df) - limit} more (not significant last; else most useful, largest effect, best supported "
+              "first; --limit N shows more)")
     return 0

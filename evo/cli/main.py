@@ -40,10 +40,13 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("run", help="run an experiment: render, build, verify and time candidates",
-                       description="Run an experiment TOML. Builds are recorded in the store; evaluation uses "
-                                   "the GPU (run.runner = 'gpu') or recorded measurements ('replay'). Paths in "
-                                   "the TOML are relative to its folder. Ctrl-C or SIGTERM stops the run, "
-                                   "recorded as interrupted, and prints the command that resumes it.")
+                       description="Run an experiment TOML. Builds are recorded in the store. run.runner picks "
+                                   "what follows them: 'gpu' (the default) verifies and times candidates on an "
+                                   "NVIDIA GPU; 'compile' renders and compiles only, summing up build errors per "
+                                   "template, and needs no GPU ('none' is its older name); 'replay' searches "
+                                   "against measurements recorded on a GPU (run.replay_data). Paths in the TOML "
+                                   "are relative to its folder. Ctrl-C or SIGTERM stops the run, recorded as "
+                                   "interrupted, and prints the command that resumes it.")
     p.add_argument("config", type=Path, help="experiment TOML, e.g. experiments/rmsnorm_h200.toml")
     p.add_argument("--run-id", default="", help="run id (default: a new id; an existing id resumes that run, "
                                                 "if it was started with the same config)")

@@ -1,7 +1,8 @@
 """A run's report: markdown summary of one run in the store, with best-so-far, speedup and %-of-ceiling plots.
 
 Best per cell means what the search means by it (evo.loop.search.update_progress): the fastest OK evaluation
-(lowest median_us, the earlier one on a tie), and its speedup is that row's baseline_us / median_us.
+(lowest median_us, the earlier one on a tie), and its speedup is that row's baseline_us / median_us. The run's
+counts and geomean speedup are memory.queries.run_totals', which the console prints at the end of the run too.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from evo.cli.errors import UnknownNameError, UsageError
+from evo.core.config import Runner
+from memory.queries import RunTotals, counts_text, run_totals
 from memory.store import Store, StoreError
 
 # Plots are drawn on an explicit Agg canvas instead of through pyplot: no display is needed, and
@@ -78,11 +82,6 @@ def _natural_key(label: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", label)]
 
 
-def geomean(values: list[float]) -> float | None:
-    """Geometric mean of positive values, or None for none."""
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 def resolve_run_id(store: Store, run_id: str) -> str:
     """run_id itself if the store has it; 'latest' means the most recent run; else UnknownNameError (a KeyError)."""
     runs = store.sql("SELECT run_id FROM runs ORDER BY created_at DESC, run_id DESC").run_id.tolist()
@@ -116,21 +115,22 @@ def best_per_cell(evals: pd.DataFrame) -> list[CellBest]:
     return sorted(out, key=lambda b: _natural_key(b.cell))
 
 
-def best_so_far(evals: pd.DataFrame) -> list[float | None]:
-    """After each evaluation (in order): geomean speedup of the cells' bests so far, over cells with a speedup."""
-    best: dict[str, tuple[float, float | None]] = {}  # cell -> (median_us, speedup)
-    log_sum, n, curve = 0.0, 0, []
+def best_so_far(evals: pd.DataFrame) -> list[float]:
+    """After each evaluation (in order): the geomean, over every cell the run evaluated, of each cell's best speedup
+    so far, a cell counting at the baseline (speedup 1.0) until it has an OK result faster than the baseline."""
+    # Over every cell from the start, never only those with a result: averaging just those made the curve drop
+    # (1.43 to 1.17) when a cell got its first, slower result. Each term only rises, so the curve never goes down;
+    # it ends at the report's geomean once every cell has an OK result beating its baseline (with one baseline time
+    # per cell, as in replay, a cell's fastest result is also its highest speedup).
+    cells = evals.cell.nunique()
+    best: dict[str, float] = {}  # cell -> best speedup so far, above 1.0
+    log_sum, curve = 0.0, []
     for r in evals.itertuples(index=False):
-        us = _num(r.median_us)
-        if r.status == "OK" and us is not None and (r.cell not in best or us < best[r.cell][0]):
-            old = best.get(r.cell, (math.inf, None))[1]
-            new = _speedup(r)
-            if old is not None:
-                log_sum, n = log_sum - math.log(old), n - 1
-            if new is not None:
-                log_sum, n = log_sum + math.log(new), n + 1
-            best[r.cell] = (us, new)
-        curve.append(math.exp(log_sum / n) if n else None)
+        s = _speedup(r) if r.status == "OK" and _num(r.median_us) is not None else None
+        if s is not None and s > best.get(r.cell, 1.0):
+            log_sum += math.log(s) - math.log(best.get(r.cell, 1.0))
+            best[r.cell] = s
+        curve.append(math.exp(log_sum / cells))
     return curve
 
 
@@ -146,23 +146,30 @@ def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=100, bbox_inches="tight")
 
 
+def best_so_far_caption(cells: int) -> str:
+    """What the best-so-far curve is, in words: the report's caption under it (its axis says the same, shorter)."""
+    return (f"geomean over all {cells} cells of the run of each cell's best speedup so far, a cell counting at the "
+            "baseline (1.0) until it has an OK result faster than the baseline")
+
+
 def _plot_best_so_far(evals: pd.DataFrame, run_id: str, path: Path) -> None:
     curve = best_so_far(evals)
     fig = Figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
     xs = range(1, len(curve) + 1)
-    ax.plot(xs, [math.nan if y is None else y for y in curve], drawstyle="steps-post", color="tab:blue")
+    ax.plot(xs, curve, drawstyle="steps-post", color="tab:blue")
     gens = evals.generation.tolist()
     for i in range(1, len(gens)):  # faint line where each generation starts
         if gens[i] != gens[i - 1]:
             ax.axvline(i + 1, color="0.85", lw=0.8, zorder=0)
     ax.axhline(1.0, color="0.4", ls="--", lw=1)
     covered = _all_cells_covered_at(evals)
-    if covered is not None:  # before this, the geomean is over fewer cells and jumps around
-        ax.axvline(covered, color="tab:orange", ls=":", lw=1.2, label="every cell has a best")
+    if covered is not None:  # from here on no cell with an OK result is still counted at the baseline for lack of one
+        ax.axvline(covered, color="tab:orange", ls=":", lw=1.2, label="every cell has an OK result")
         ax.legend(loc="lower right")
     ax.set_xlabel("(genome, cell) evaluations, in evaluation order (grey lines: generation starts)")
-    ax.set_ylabel("geomean of best speedup so far")
+    ax.set_ylabel(f"geomean over all {evals.cell.nunique()} cells of\neach cell's best speedup so far\n"
+                  "(1.0 until an OK result beats the baseline)", fontsize=9)
     ax.set_title(f"{run_id}: best so far vs baseline")
     ax.grid(alpha=0.3)
     _save(fig, path)
@@ -227,40 +234,58 @@ def _cells_table(bests: list[CellBest]) -> list[str]:
     return lines + [""]
 
 
-def _header_lines(run: pd.Series, evals: pd.DataFrame, builds: pd.Series) -> list[str]:
+def run_runner(config_toml: Any) -> Runner | None:
+    """The runner a run's stored config names (absent: gpu, the default); None where the text cannot tell."""
+    try:  # read directly, not through parse_config: an older config may hold keys since renamed
+        run = tomllib.loads(config_toml).get("run", {})
+        return Runner(run.get("runner", Runner.GPU.value))
+    except (TypeError, ValueError, AttributeError):  # TOMLDecodeError is a ValueError
+        return None
+
+
+def _header_lines(run: pd.Series, evals: pd.DataFrame, totals: RunTotals, build_counts: pd.DataFrame,
+                  genomes: int) -> list[str]:
     message = f": {_md(run.message)}" if isinstance(run.message, str) else ""
     finished = run.finished_at if pd.notna(run.finished_at) else "n/a"
     elapsed = f"{run.elapsed_s:.0f} s" if pd.notna(run.elapsed_s) else "n/a"
     sources = ", ".join(sorted(evals.source.dropna().unique())) or "n/a"
-    reused = int(evals.reused_from.notna().sum())
     n_gens = evals.generation.nunique()
-    return [f"# Run report: {run.run_id}", "", "| | |", "| --- | --- |",
+    runner = run_runner(run.config_toml)
+    head = [f"# Run report: {run.run_id}", "", "| | |", "| --- | --- |",
             f"| op | {_md(run.op)} |", f"| arch | {_md(run.arch)} |",
             f"| config hash | `{_md(run.config_hash)}` |", f"| seed | {run.seed} |",
+            f"| runner | {runner.value if runner else 'n/a'} |",
             f"| status | {_md(run.status)}{message} |", f"| started | {run.created_at} |", f"| finished | {finished} |",
-            f"| search time | {elapsed} |",
+            f"| search time | {elapsed} |"]
+    if evals.empty and genomes:  # built, never evaluated: the evaluation counts would all read 0 beside OK builds
+        kind = "compile-only run (run.runner = 'compile'): " if runner is Runner.COMPILE else ""
+        return [*head, f"| candidates | {kind}{genomes} genome(s) first built in this run, none evaluated |",
+                f"| builds | {int(build_counts.n.sum())} distinct, first built in this run: "
+                f"{counts_text(dict(zip(build_counts.status, build_counts.n)))} |", ""]
+    return [*head,
             f"| candidates | {evals.genome_key.nunique()} genomes over {n_gens} generation(s) |",
-            f"| evaluations | {len(evals)}: {len(evals) - reused} measured, {reused} reused from earlier runs' "
-            "measurements (same fingerprint class) |",
-            f"| builds | {int(builds.used)} used: {int(builds.compiled)} compiled in this run, "
-            f"{int(builds.used) - int(builds.compiled)} reused from the store |",
+            # the console's end of run prints these same RunTotals texts
+            f"| evaluations | {totals.evaluations_text()} |",
+            f"| builds | {totals.builds_text()} |",
             f"| measurements | {sources} |", ""]
 
 
-def _best_lines_and_plots(evals: pd.DataFrame, run_id: str, out_dir: Path) -> list[str]:
+def _best_lines_and_plots(evals: pd.DataFrame, totals: RunTotals, run_id: str, out_dir: Path,
+                          compile_only: bool = False) -> list[str]:
     """The best-per-cell section and the plots section; draws the plots into out_dir."""
     bests = best_per_cell(evals)
+    if not bests and compile_only:
+        return ["**Compile-only run**: nothing was evaluated, so no best per cell, no speedup, no plots.", ""]
     if not bests:
         return ["**No OK evaluation in this run**: no best per cell, no speedup, no plots.", ""]
     with_s = [b for b in bests if b.speedup is not None]
     with_c = [b for b in bests if b.pct_ceiling is not None]
     baselines = ", ".join(sorted(evals[evals.status == "OK"].baseline.dropna().unique())) or "none"
-    gm = geomean([b.speedup for b in with_s if b.speedup is not None])
     lines = [f"Fastest OK evaluation per cell; speedup = baseline µs / µs (baseline: {_md(baselines)}).", "",
-             f"**Geomean speedup: {_fmt(gm, '.3f')}** over {len(with_s)} of {len(bests)} cells "
-             "(cells with a baseline).", "", *_cells_table(bests), "## Plots", ""]
+             f"**Geomean speedup: {totals.geomean_text()}**.", "", *_cells_table(bests), "## Plots", ""]
     _plot_best_so_far(evals, run_id, out_dir / BEST_SO_FAR_PNG)
-    lines += [f"![best so far]({BEST_SO_FAR_PNG})", ""]
+    lines += [f"![best so far]({BEST_SO_FAR_PNG})", "",
+              f"Best so far: after each evaluation, the {best_so_far_caption(evals.cell.nunique())}.", ""]
     if with_s:
         _bar_plot([b.cell for b in with_s], [b.speedup for b in with_s if b.speedup is not None], 1.0,
                   "best speedup vs baseline", f"{run_id}: best speedup per cell", out_dir / SPEEDUP_PNG,
@@ -286,21 +311,20 @@ def write_report(store_path: Path, run_id: str, out_dir: Path) -> Path:
                                 "GROUP BY status ORDER BY n DESC, status", [run_id])
         build_counts = store.sql("SELECT status, count(*) AS n FROM builds WHERE run_id = ? "
                                  "GROUP BY status ORDER BY n DESC, status", [run_id])
-        builds = store.sql(
-            "SELECT count(DISTINCT e.build_key) AS used, count(DISTINCT e.build_key) FILTER (WHERE b.run_id = ?) "
-            "AS compiled FROM evaluations e LEFT JOIN builds b USING (build_key) WHERE e.run_id = ?",
-            [run_id, run_id]).iloc[0]
+        totals = run_totals(store, run_id)
+        genomes = int(store.sql("SELECT count(*) AS n FROM candidates WHERE run_id = ?", [run_id]).n[0])
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise UsageError(f"--out {out_dir}: a file is in the way (the report needs a folder)") from None
     for name in (BEST_SO_FAR_PNG, SPEEDUP_PNG, CEILING_PNG):  # no stale plot from an earlier report
         (out_dir / name).unlink(missing_ok=True)
-    lines = [*_header_lines(run, evals, builds),
+    compile_only = evals.empty and run_runner(run.config_toml) is Runner.COMPILE
+    lines = [*_header_lines(run, evals, totals, build_counts, genomes),
              "## Fingerprint", "", *_fingerprint_lines(evals),
              "## Evaluations by status", "", *_counts_table(eval_counts, "evaluations"),
              "## Builds by status (first built in this run)", "", *_counts_table(build_counts, "builds"),
-             "## Best per cell", "", *_best_lines_and_plots(evals, run_id, out_dir)]
+             "## Best per cell", "", *_best_lines_and_plots(evals, totals, run_id, out_dir, compile_only)]
     md = out_dir / "report.md"
     md.write_text("\n".join(lines))
     return md

@@ -31,7 +31,12 @@ class ConfigError(ValueError):
 class Runner(str, enum.Enum):
     GPU = "gpu"
     REPLAY = "replay"
-    NONE = "none"  # build only
+    COMPILE = "compile"  # render and compile only, nothing evaluated: needs no GPU
+
+    @classmethod
+    def _missing_(cls, value: object) -> Runner | None:
+        """'none', the compile runner's first name, still parses: older configs keep working."""
+        return cls.COMPILE if value == "none" else None
 
 
 class Backend(str, enum.Enum):

@@ -16,6 +16,7 @@ import json
 import math
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -35,6 +36,7 @@ from evo.loop.record import Recorder, fingerprint_class
 from evo.measure.evaluators import EvalItem, Evaluator, GpuEvaluator, ReplayEvaluator
 from evo.measure.jobs import Timing
 from evo.search.strategy import GeneticSearch, Observation, RandomSearch
+from memory.queries import counts_text, run_builds, run_totals
 from memory.rows import Row
 from ops.spec import Cell
 
@@ -45,15 +47,12 @@ class Progress:
 
     generation: int = 0
     evaluated: int = 0  # (genome, cell) evaluations, failures included
-    failed: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)  # of them, by Status name (the report's words)
     reused: int = 0  # of them, results copied from another run's measurement (same fingerprint class)
     best: dict[str, tuple[str, float, float]] = field(default_factory=dict)  # cell -> (genome key, us, baseline)
     stale: int = 0
     started: float = field(default_factory=lambda: time.monotonic())  # moved back by the time spent before a resume
-    builds_compiled: int = 0  # build inputs handed to the compiler
-    builds_reused: int = 0  # build inputs answered from the store's builds
     genomes: int = 0  # genomes measured in this process's generations (the pace that sizes the last one)
-    builds: BuildSummary = field(default_factory=BuildSummary)  # the run's distinct builds, for its end
 
     @property
     def elapsed(self) -> float:
@@ -140,8 +139,6 @@ def stored_history(session: Session) -> tuple[list[Observation], list[Outcome]]:
 
 def stored_builds_summary(session: Session) -> BuildSummary:
     """The builds this run's recorded evaluations used (for resume), in the order the run first used them."""
-    from memory.queries import run_builds
-
     df = run_builds(session.store, session.run_id)
     return BuildSummary().add([(r.template, BuildResult(r.build_key, Status(r.status),
                                                         error=r.error if isinstance(r.error, str) else ""))
@@ -179,8 +176,8 @@ def update_progress(p: Progress, outcomes: Sequence[Outcome]) -> bool:
     improved = False
     for o in outcomes:
         p.evaluated += 1
+        p.statuses[o.status.value] += 1
         if o.status is not Status.OK:
-            p.failed += 1
             continue
         label = o.cell.label()
         cur = p.best.get(label)
@@ -290,9 +287,6 @@ class Search:
         if not genomes and not screened.rejected:
             return Generation(n, (), origins, (), (), (), tuple(llm_rows), self.progress.elapsed)
         built = build(self.session, builder, genomes, n, origins, parents)
-        self.progress.builds_compiled += built.compiled
-        self.progress.builds_reused += built.reused
-        self.progress.builds = self.progress.builds.add(built.distinct)
         outcomes = self.measure(genomes, built.cells)
         return Generation(n, tuple(genomes), origins, screened.rejected, tuple(outcomes), screened.outcomes,
                           (*llm_rows, *built.rows, *screened.rows), self.progress.elapsed)
@@ -378,11 +372,11 @@ def _loop(session: Session, evaluator: Evaluator) -> int:
         progress.started -= _f(spent[0])  # a resumed run keeps what is left of budget.max_seconds
     if history:
         strategy.replay(history)
-        update_progress(progress, past)
+        # a REJECTED row was never run: the first run's progress did not count it either
+        update_progress(progress, [o for o in past if o.status is not Status.REJECTED])
         progress.generation = int(session.store.sql(
             "SELECT coalesce(max(generation), -1) + 1 AS g FROM evaluations WHERE run_id = ?", [session.run_id]).g[0])
         session.log(f"resumed {session.run_id}: {len(history)} genomes, {len(past)} evaluations already recorded")
-        progress.builds = stored_builds_summary(session)  # a resume with nothing left to build built OK before
     reuse = reusable(session, evaluator)
     progress.reused = int(session.store.sql("SELECT count(reused_from) AS n FROM evaluations WHERE run_id = ?",
                                             [session.run_id]).n[0])
@@ -440,15 +434,17 @@ def _finish(session: Session, learner: Learner, progress: Progress,
         n_lessons = learner.refresh(final=True)
         session.log(f"lessons: {n_lessons} re-derived from the store; failure memory rejected {learner.rejected} "
                     f"candidates and let {learner.let_through} predicted failures through to check the rules")
-        session.log(f"evaluations: {progress.evaluated - progress.reused} measured, {progress.reused} reused from "
-                    f"earlier runs; builds: {progress.builds_compiled} compiled, {progress.builds_reused} reused "
-                    "from the store")
+        # counted from the store, as `kfactory report` counts them and in its words, so the two never disagree
+        # (this process's own tallies counted build inputs, some for cells never evaluated: 1584 against 1272)
+        totals = run_totals(session.store, session.run_id)
+        session.log(f"evaluations: {totals.evaluations_text()}; by status: {counts_text(totals.statuses)}")
+        session.log(f"builds: {totals.builds_text()}")
         kept = f" ({from_store} from earlier runs' measurements, faster than this run's)" if from_store else ""
-        session.log(f"stopped: {stop}; best per cell over {len(progress.best)} cells, geomean speedup vs torch "
-                    f"{progress.geomean_speedup():.3f}; dispatch table {dispatch}{kept}")
-        for line in progress.builds.lines():
+        session.log(f"stopped: {stop}; geomean speedup: {totals.geomean_text()}; dispatch table {dispatch}{kept}")
+        builds = stored_builds_summary(session)  # the same builds, by status, with their first errors
+        for line in builds.lines():
             session.log(line)
-        progress.builds.check()  # nothing built OK: an error, and run_config records the run as failed
+        builds.check()  # nothing built OK: an error, and run_config records the run as failed
         session.store.finish_run(session.run_id, "done", stop)
 
     return finish
@@ -478,7 +474,7 @@ def _budget_exhausted(c: Config, p: Progress) -> str:
 
 def _line(p: Progress, c: Config) -> str:
     left = c.budget.max_seconds - (time.monotonic() - p.started)
-    return (f"gen {p.generation:3d}  evaluated {p.evaluated:5d}  failed {p.failed:4d}  cells with a best "
+    return (f"gen {p.generation:3d}  evaluated {p.evaluated:5d} ({counts_text(p.statuses)})  cells with a best "
             f"{len(p.best):3d}  geomean speedup {p.geomean_speedup():6.3f}  time left {left:6.0f} s")
 
 

@@ -5,8 +5,8 @@ on the same store (a new run id, same config and seed). The warm run reuses the 
 (same build key: no NVRTC compile) and the results measured under the same fingerprint class (never
 measured twice), and its dispatch table weighs those results too.
 
-Recorded per run: wall seconds of the whole `kfactory run` process, NVRTC compiles done and builds
-reused (the run's own summary line, checked against the builds table), (genome, cell) evaluations
+Recorded per run: wall seconds of the whole `kfactory run` process, the builds its evaluations used that it
+compiled and that it reused from the store (the run's own summary, in its report's words), (genome, cell) evaluations
 measured and reused (evaluations.reused_from), and per cell the best the store held before the warm
 run against the warm run's dispatch table.
 
@@ -33,8 +33,9 @@ from memory.store import Store  # noqa: E402
 
 CONFIG = ROOT / "experiments" / "rmsnorm_replay.toml"
 OUT = ROOT / "experiments" / "results" / "warm_rerun_replay.json"
-_SUMMARY = re.compile(r"evaluations: (?P<measured>\d+) measured, (?P<reused>\d+) reused from earlier runs; "
-                      r"builds: (?P<compiled>\d+) compiled, (?P<builds_reused>\d+) reused from the store")
+_SUMMARY = re.compile(r"evaluations: \d+: (?P<measured>\d+) measured, (?P<reused>\d+) reused from earlier runs' "
+                      r"measurements.*\nbuilds: \d+ used: (?P<compiled>\d+) compiled in this run, "
+                      r"(?P<builds_reused>\d+) reused from the store")
 
 
 def run(config: Path, store: Path, run_id: str) -> dict:

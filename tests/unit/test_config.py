@@ -55,3 +55,9 @@ def test_config_is_frozen():
     c = parse_config('[run]\nop = "rmsnorm"')
     with pytest.raises(AttributeError):
         c.run.op = "kda"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("spelling", ["compile", "none"])
+def test_compile_runner_and_its_old_name_none_parse_alike(spelling):
+    c = parse_config(f'[run]\nop = "rmsnorm"\nrunner = "{spelling}"')
+    assert c.run.runner is Runner.COMPILE and c.run.runner.value == "compile"  # what ran is said as 'compile'

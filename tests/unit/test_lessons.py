@@ -447,6 +447,24 @@ def test_lessons_table(lessons_path: Path) -> None:
     assert failures.scope.iloc[0] in {"warp_row WRONG_ANSWER", "cta_row RESOURCE_ERROR", "warp_row TIMEOUT"}
 
 
+def test_lessons_rank_significant_before_not_significant(store_copy: Store) -> None:
+    from evo.cli.commands import format_lessons
+
+    effects = q.lessons(store_copy, fx.OP, fx.ARCH, kind="param_effect")
+    sig = effects.structured_json.map(lambda s: json.loads(s)["significant"])
+    strong, weak = effects[sig].lesson_id.iloc[0], effects[~sig].lesson_id.iloc[0]
+    # what a user saw: a 'not significant' effect at the top for the +0.99 it earned
+    store_copy.sql("UPDATE lessons SET usefulness = 0.99 WHERE lesson_id = ?", [weak])
+    store_copy.sql("UPDATE lessons SET usefulness = 0.2 WHERE lesson_id = ?", [strong])
+    table = q.lessons_table(store_copy, fx.OP, fx.ARCH, kind="param_effect")
+    order = table.lesson_id.tolist()
+    assert order.index(strong) < order.index(weak) and order[0] == strong
+    weak_rows = table.text.str.contains("not significant")
+    assert weak_rows.sum() == (~sig).sum() and weak_rows.iloc[-int(weak_rows.sum()):].all()  # all of them last
+    heads = [x for x in format_lessons(table, 100) if not x.startswith("    ")]
+    assert "usefulness +0.20" in heads[0]
+
+
 @pytest.mark.parametrize(
     "stored, given, match",
     [("sm_90a", "sm_90", True), ("sm_90a", "sm_90a", True), ("sm_90", "sm_90a", False), ("sm_100a", "sm_10", False)],

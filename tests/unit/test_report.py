@@ -153,9 +153,44 @@ def test_best_so_far_follows_evaluation_order(store_path: Path) -> None:
     with Store.open(store_path, read_only=True) as store:
         evals = run_evaluations(store, "r1")
     assert evals.cell.tolist() == [CELL_A, CELL_B, CELL_A, CELL_B, CELL_A, CELL_B]  # e6..e1
-    g = math.sqrt
-    expected = [1.2, g(1.2 * 1.25), g(1.2 * 1.25), g(1.2 * 1.25), g(1.5 * 1.25), g(1.5 * 1.25)]
+    g = math.sqrt  # over both cells from the first evaluation on, CELL_B at the baseline (1.0) until it has one
+    expected = [g(1.2), g(1.2 * 1.25), g(1.2 * 1.25), g(1.2 * 1.25), g(1.5 * 1.25), g(1.5 * 1.25)]
     assert best_so_far(evals) == pytest.approx(expected)
+
+
+CELL_C = "w=bf16,x=bf16 M4096-N16384"
+# (genome, cell, status, median_us, baseline_us): in evaluation order; the cells get their first OK result at
+# different times, CELL_C last and well below the others' geomean (which the old curve dropped to), CELL_B first
+# slower than its baseline
+LATE_CELL = [
+    ("g1", CELL_A, "OK", 8.0, 12.0),  # 1.5
+    ("g1", CELL_B, "OK", 60.0, 50.0),  # 0.83: still counted at the baseline, 1.0
+    ("g1", CELL_C, "TIMEOUT", None, None),
+    ("g2", CELL_A, "OK", 6.0, 12.0),  # 2.0
+    ("g2", CELL_B, "OK", 40.0, 50.0),  # 1.25
+    ("g3", CELL_A, "OK", 7.0, 12.0),  # slower than the best: no change
+    ("g3", CELL_C, "OK", 90.0, 100.0),  # 1.11, the first result of CELL_C
+    ("g3", CELL_B, "WRONG_ANSWER", 1.0, 50.0),  # faster, but wrong: no change
+]
+
+
+def test_best_so_far_never_goes_down_and_ends_at_the_geomean(tmp_path: Path) -> None:
+    rows: list = [run_row("late", 0)]
+    rows += [CandidateRow(genome_key=k, op="rmsnorm", template=t, source_hash=None, params_json=canonical_json(p),
+                          origin="init", parents_json="[]", run_id="late", generation=0)
+             for k, (t, p) in GENOMES.items()]
+    rows += [eval_row(f"l{i}", "late", g, cell, status, us, base, None, 0, i)
+             for i, (g, cell, status, us, base) in enumerate(LATE_CELL)]
+    with Store.open(tmp_path / "s.duckdb") as store:
+        store.write(rows)
+        curve = best_so_far(run_evaluations(store, "late"))
+    assert all(b >= a for a, b in zip(curve, curve[1:])), curve
+    products = [1.5, 1.5, 1.5, 2.0, 2.0 * 1.25, 2.0 * 1.25, 2.0 * 1.25 * 100 / 90, 2.0 * 1.25 * 100 / 90]
+    assert curve == pytest.approx([p ** (1 / 3) for p in products])  # three cells, from the first evaluation on
+    md = write_report(tmp_path / "s.duckdb", "late", tmp_path / "out").read_text()
+    assert f"**Geomean speedup: {curve[-1]:.3f} over 3 of 3 cells" in md  # every cell has a result: the same number
+    assert ("after each evaluation, the geomean over all 3 cells of the run of each cell's best speedup so far, a "
+            "cell counting at the baseline (1.0) until it has an OK result faster than the baseline") in md
 
 
 def test_unknown_run_id_names_it_and_lists_known(store_path: Path, tmp_path: Path) -> None:

@@ -205,19 +205,24 @@ def test_unknown_run_is_one_line(lessons_store: Path, capsys) -> None:
 # ---------------------------------------------------------------- kfactory lessons
 
 
-def test_lessons_fit_100_columns_most_useful_first(lessons_store: Path, capsys, monkeypatch) -> None:
+def test_lessons_fit_100_columns_significant_then_most_useful_first(lessons_store: Path, capsys,
+                                                                     monkeypatch) -> None:
     for columns in ("100", "250"):
         monkeypatch.setenv("COLUMNS", columns)
         assert main(["lessons", "--store", str(lessons_store), "--limit", "200"]) == 0
         out = capsys.readouterr().out.splitlines()
         assert out and max(len(x) for x in out) <= 100
     heads = [x for x in out if not x.startswith("    ")]
+    # one block per lesson, its head then its wrapped text: the text joined again
+    texts = [" ".join(x.strip() for x in b.splitlines()[1:]) for b in re.split(r"\n(?=\S)", "\n".join(out))]
+    weak = ["not significant" in t for t in texts]
     useful = [float(re.search(r"usefulness ([-+]\d+\.\d+)", h).group(1)) for h in heads]
-    support = [int(re.search(r"support (\d+)", h).group(1)) for h in heads]
-    assert len(heads) == 45 and useful == sorted(useful, reverse=True)
+    assert len(heads) == len(texts) == 45
+    assert weak == sorted(weak) and any(weak)  # lessons whose test found no significant effect come last
+    for group in (False, True):  # each group most useful first
+        mine = [u for u, w in zip(useful, weak) if w is group]
+        assert mine == sorted(mine, reverse=True)
     assert useful[0] > 0.0  # earned usefulness leads, not a wall of champions at 0.0
-    ties = [(u, s) for u, s in zip(useful, support)]
-    assert all(a[1] >= b[1] for a, b in zip(ties, ties[1:]) if a[0] == b[0])  # then by support
     assert all(x.startswith("    ") for x in out if x not in heads)  # text wrapped under its lesson
 
 
@@ -233,4 +238,4 @@ def test_lessons_limit_says_what_is_left(lessons_store: Path, capsys) -> None:
     assert main(["lessons", "--store", str(lessons_store), "--limit", "5", "--kind", "param_effect"]) == 0
     out = capsys.readouterr().out
     assert sum(1 for x in out.splitlines() if x.startswith("param_effect |")) == 5
-    assert f"... {n - 5} more (most useful first" in out
+    assert f"... {n - 5} more (not significant last; else most useful" in out

@@ -21,8 +21,9 @@ def test_compare_flags_cells_that_got_worse_or_went_missing() -> None:
 
 
 def test_summary_line_is_read_from_a_run() -> None:
-    line = "evaluations: 510 measured, 4499 reused from earlier runs; builds: 0 compiled, 1584 reused from the store"
-    m = W._SUMMARY.search("x\n" + line + "\ny")
+    lines = ("evaluations: 5009: 510 measured, 4499 reused from earlier runs' measurements (same fingerprint class); "
+             "by status: 4000 OK, 1009 UNKNOWN\nbuilds: 1584 used: 0 compiled in this run, 1584 reused from the store")
+    m = W._SUMMARY.search("x\n" + lines + "\ny")
     assert (m["measured"], m["reused"], m["compiled"], m["builds_reused"]) == ("510", "4499", "0", "1584")
 
 

@@ -1,0 +1,52 @@
+"""Without a GPU: the compile-only runner (run.runner = "compile", "none" its older name) is documented, named by
+the GPU runner's error, and reported as what it was (genomes built, builds by status), not as an empty search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evo.cli.main import main
+from evo.loop.pipeline import BuildSummary
+from memory import Store
+from tests.unit.test_loud_failures import JINJA_ERROR, OK_BODY, _err_line, _run, _small, _template, root  # noqa: F401
+from tests.unit.test_search_replay import SMALL
+
+
+@pytest.mark.parametrize("spelling", ["compile", "none"])
+def test_a_compile_only_run_is_reported_as_one(root: Path, tmp_path: Path, capsys, spelling: str) -> None:
+    _template(root, "good", OK_BODY)
+    _template(root, "bad", JINJA_ERROR)
+    code, store = _run(tmp_path, _small(["good", "bad"], runner=spelling))
+    assert code == 0, capsys.readouterr().err
+    assert main(["report", "latest", "--store", str(store)]) == 0
+    md = (tmp_path / "runs" / "r" / "report" / "report.md").read_text()
+    assert "| runner | compile |" in md
+    assert ("| candidates | compile-only run (run.runner = 'compile'): 2 genome(s) first built in this run, "
+            "none evaluated |") in md
+    assert "| builds | 2 distinct, first built in this run: 1 OK, 1 RENDER_ERROR |" in md
+    assert "**Compile-only run**: nothing was evaluated" in md
+    assert "0 genomes over 0 generation" not in md and "0 used" not in md and "No OK evaluation" not in md
+    with Store.open(store, read_only=True) as s:
+        run = s.sql("SELECT status, message FROM runs WHERE run_id = 'r'").iloc[0]
+    assert run.status == "done" and "run.runner = 'compile'" in run.message
+
+
+def test_no_gpu_error_names_the_compile_runner_first(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("evo.measure.run.gpu_available", lambda: False)
+    monkeypatch.setattr("evo.cli.commands.run_build_stage", lambda session: BuildSummary())  # no compile needed
+    code, _ = _run(tmp_path, SMALL.replace('runner = "replay"', 'runner = "gpu"').replace("{gens}", "2"))
+    _, line = _err_line(capsys)
+    assert code == 2 and "needs an NVIDIA GPU" in line
+    assert 'run.runner = "compile"' in line
+    assert line.index('run.runner = "compile"') < line.index("replay")  # replay needs GPU-recorded data
+
+
+def test_run_help_lists_the_runners_and_says_compile_needs_no_gpu(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
+    for runner in ("'gpu'", "'compile'", "'replay'"):
+        assert runner in text
+    assert "'compile' renders and compiles only" in text and "needs no GPU" in text
