@@ -53,7 +53,7 @@ LOWER_BOUND = -5.0  # fla's recommended lower bound, the edge of its safe-gate r
 FLA_DEFAULT = Variant()  # fla's default call: log-space g, post-sigmoid beta, no L2 norm, K-first state
 
 # The check that matters is the RMS-relative error against float64 (rel_norm): 0.005 for bf16, as
-# issue 15 asks of o and the final state. atol/rtol only catch a few elements gone badly wrong; state
+# the op's contract asks of o and the final state. atol/rtol only catch a few elements gone badly wrong; state
 # entries are ~4x those of o. tests/unit/test_kda_spec.py calibrates them: an fp32 recurrence that
 # rounds only what it stores (o, final_state) is >= 2x inside on every edge cell and input kind, and
 # kernels with one classic bug each fail some kind. A kernel that rounds where fla's chunk_kda does
@@ -270,7 +270,7 @@ DECODE_B = (1, 16, 64, 256)
 
 
 def matrix() -> list[Cell]:
-    """Issue 15's cases, bf16, K = V = 128: fla's chunk_kda prefill shapes and fused_recurrent_kda
+    """The op's matrix, bf16, K = V = 128: fla's chunk_kda prefill shapes and fused_recurrent_kda
     decode (T = 1, H = 32) in fla's default call (fp32 log-space g, post-sigmoid beta, K-first fp32
     state), as fla was measured; and a varlen batch of 8 sequences, 8192 tokens, H = 32 in the
     model's call (MODEL), which puts every fused feature on the benchmark."""

@@ -36,7 +36,7 @@ from ops.spec import Cell, DType, FillSpec, OpSpec, Role, ScalarSpec, TensorSpec
 DTYPES = (DType.BF16, DType.FP16, DType.FP32)
 MATRIX_M = (4096, 32768)
 MATRIX_N = (1024, 2048, 4096, 8192, 16384, 32768)
-RESIDUAL_M = 32768  # issue 14: the residual variant at M = 32768
+RESIDUAL_M = 32768  # the residual variant's rows
 BIAS_RSTD_N = (1024, 4096, 16384)
 VARIANT_DIMS = ("bias", "store_rstd")
 
@@ -188,7 +188,7 @@ def matrix() -> list[Cell]:
 
 
 def matrix_residual() -> list[Cell]:
-    """Issue 14's residual variant (prenorm: residual in, residual_out out, as QuACK's benchmark times
+    """The residual variant (prenorm: residual in, residual_out out, as QuACK's benchmark times
     rmsnorm_fwd(x, w, residual=...)) at M = 32768: every N of the matrix in bf16 and fp16 with the
     residual in x's dtype, and bf16 with an fp32 residual stream (residual_dtype=torch.float32)."""
     cells = [cell(d, RESIDUAL_M, n, residual=True) for d in (DType.BF16, DType.FP16) for n in MATRIX_N]
@@ -196,7 +196,7 @@ def matrix_residual() -> list[Cell]:
 
 
 def matrix_bias_rstd() -> list[Cell]:
-    """Issue 14's other switches at M = 32768 in bf16, a few N: bias alone, store_rstd alone, and both
+    """The other switches at M = 32768 in bf16, a few N: bias alone, store_rstd alone, and both
     with the residual (QuACK's rmsnorm_fwd(x, w, bias, residual, store_rstd=True))."""
     return [cell(DType.BF16, RESIDUAL_M, n, **kw) for kw in ({"bias": True}, {"store_rstd": True},
                                                             {"residual": True, "bias": True, "store_rstd": True})

@@ -561,7 +561,7 @@ def test_flops_and_tolerances() -> None:
     assert SPEC.flops(c) == 8 * 4 * (7 * 16 * 16 + 4 * 16)
     for out in ("o", "final_state"):
         tols = [SPEC.tolerance(cell(d, 1, 8, 2, 16, 16), out) for d in (FP32, FP16, BF)]
-        assert tols[0].rel_norm < tols[1].rel_norm < tols[2].rel_norm <= 0.005  # issue 15's bound
+        assert tols[0].rel_norm < tols[1].rel_norm < tols[2].rel_norm <= 0.005  # the op's bound
         assert tols[0].atol <= tols[1].atol <= tols[2].atol
     with pytest.raises(KeyError, match="nope"):
         SPEC.tolerance(c, "nope")

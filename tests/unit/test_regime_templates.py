@@ -1,4 +1,4 @@
-"""The regime templates of issue 14 (RMSNorm backward's cluster_rows, the forward's cluster_row) build
+"""The regime templates (RMSNorm backward's cluster_rows, the forward's cluster_row) build
 with real NVRTC for sm_90a where their constraints admit a cell, and the register check reads each
 kernel of a plan against its own block size."""
 

@@ -1,4 +1,4 @@
-"""RMSNorm forward's variants (issue 14 item 3): residual with residual_out (prenorm), bias, store_rstd,
+"""RMSNorm forward's variants: residual with residual_out (prenorm), bias, store_rstd,
 out_dtype, an fp32 weight with 16-bit x. The reference against independent formulas, the plain op
 unchanged, the residual template built with real NVRTC and its arithmetic emulated in numpy against the
 op's tolerances, the device reference's launches and source, and the residual experiment."""
