@@ -25,6 +25,7 @@ from evo.build import cache as build_cache
 from evo.build.cubin import CubinError, cubin_regcounts
 from evo.core.genome import Genome
 from evo.templates.render import render
+from evo.templates.safety import cuda_problems
 from evo.core.status import Status
 from evo.templates.template import TemplateDef, TemplateError
 
@@ -186,8 +187,6 @@ def prepare(
     # Keyed on the template, not the genome: a genome drawn fresh, switched to, or rebuilt from the
     # store at resume carries no text, yet renders the LLM's template all the same.
     if not tdef.trusted or genome.text is not None:  # the rendered CUDA must still be device code only
-        from evo.llm.safety import cuda_problems
-
         problems = cuda_problems(r.source)
         if problems:
             return replace(bi, render_error="unsafe rendered CUDA: " + "; ".join(problems))

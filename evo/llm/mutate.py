@@ -19,7 +19,7 @@ from evo.core.genome import Genome
 from evo.llm.client import LLM
 from evo.llm.edits import EditError, new_template_text
 from evo.llm.prompts import Prompt, render_prompt, sha256
-from evo.llm.safety import cuda_problems, declaration_problems, template_problems
+from evo.templates.safety import cuda_problems, declaration_problems, template_problems
 from evo.templates.render import render
 from evo.core.status import Status
 from evo.templates.template import HEADER, TemplateDef, TemplateError, parse_template

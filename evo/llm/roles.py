@@ -16,7 +16,7 @@ from jinja2 import meta
 
 from evo.llm.client import LLM
 from evo.llm.prompts import render_prompt
-from evo.llm.safety import expression_problems
+from evo.templates.safety import expression_problems
 from evo.templates.sandbox import sandbox_env
 from evo.core.status import Status
 from memory.lessons import lesson_id

@@ -51,3 +51,11 @@ def test_no_import_cycles():
                 pkg.setdefault(pa, set()).add(pb)
     stage_cycles = sorted({(a, b) for a, ds in pkg.items() for b in ds if a in reach(pkg, b)})
     assert not stage_cycles, stage_cycles
+
+
+def test_the_build_stage_reaches_no_llm_module():
+    """Compiling needs the templates' safety checks, not the LLM operator: no import path from evo.build (the
+    compile processes' code) into evo.llm."""
+    g = imports()
+    reached = set().union(*(reach(g, m) for m in g if m.startswith("evo.build")))
+    assert not {m for m in reached if m.startswith("evo.llm")}, sorted(reached)

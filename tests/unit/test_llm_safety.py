@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from evo.llm.mutate import read_proposal
-from evo.llm.safety import cuda_problems, declaration_problems, template_problems
+from evo.templates.safety import cuda_problems, declaration_problems, template_problems
 from evo.core.status import Status
 from evo.templates.template import load_templates, parse_template
 from tests.unit.fake_llm_server import edits, parent_request, whole

@@ -7,7 +7,7 @@ import pytest
 
 from evo.build.nvrtc import BuildInput, compile_one
 from evo.core.genome import Genome
-from evo.llm.safety import cuda_problems, normalize_cuda
+from evo.templates.safety import cuda_problems, normalize_cuda
 from evo.templates.render import render
 from evo.core.status import Status
 from evo.templates.template import load_templates

@@ -1,4 +1,4 @@
-"""Static checks on LLM-written templates: no Jinja escape attempts, device code only.
+"""Static checks on untrusted (LLM-written) templates: no Jinja escape attempts, device code only.
 
 The sandbox already refuses attribute access to Python internals when rendering, and generated code
 is only ever compiled by NVRTC, never run on the host. These checks reject an answer before it gets
