@@ -32,7 +32,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     made = getattr(config, "_kf_build_cache", None)
     if made:
         shutil.rmtree(made, ignore_errors=True)
-        os.environ.pop("KF_BUILD_CACHE", None)
+        from evo.build.cache import ENV
+
+        os.environ.pop(ENV, None)
 
 
 @functools.lru_cache(maxsize=1)

@@ -34,7 +34,7 @@ import hashlib
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -91,16 +91,26 @@ def eval_together(exprs: tuple[Expr, ...], ctx: Mapping[str, Any]) -> list[Any] 
     together at every point a search or a sweep looks at: one call instead of one each), within the sum of their
     time limits; None where that cannot stand for evaluating each alone (one of them does not compile as an
     expression on its own, or any of them fails): the caller then evaluates them one by one, for the error."""
-    if len(exprs) < 2:
+    text = _together(tuple(e.text for e in exprs)) if len(exprs) > 1 else None
+    if text is None:
         return None
     try:
-        for e in exprs:  # each a whole expression, so "(text)" means what text means alone (cached compiles)
-            compile_expression(e.text)
-        text = "[" + ", ".join(f"({e.text})" for e in exprs) + "]"
         vals = eval_expression(text, ctx, seconds=EXPR_TIMEOUT_S * len(exprs))
     except EXPR_ERRORS:
         return None
     return vals if isinstance(vals, list) and len(vals) == len(exprs) else None
+
+
+@lru_cache(maxsize=256)
+def _together(texts: tuple[str, ...]) -> str | None:
+    """One list expression of `texts`, or None where one of them does not compile as an expression on its own
+    (each a whole expression, so "(text)" means what text means alone). Built once per set of constraints."""
+    try:
+        for t in texts:
+            compile_expression(t)
+    except EXPR_ERRORS:
+        return None
+    return "[" + ", ".join(f"({t})" for t in texts) + "]"
 
 
 STREAMS = ("main", "side")
@@ -279,16 +289,14 @@ class TemplateDef:
         ctx = self.context(params, arch, dtypes, dims)
         known = set(ctx) | set(sandbox_env().globals)
         # a constraint that reads a dim is skipped where no cell was given
-        return self._broken([(name, e) for name, e in self.constraints if e.names <= known], ctx, every=True)
+        return self._broken([(name, e) for name, e in self.constraints if e.names <= known], ctx)
 
-    def _broken(self, named: list[tuple[str, Expr]], ctx: Mapping[str, Any], every: bool) -> list[str]:
-        """The names of the constraints in `named` that do not hold over ctx (with every=False: the first only).
-        They are evaluated together, in one sandbox call; where that fails, one by one in order, so the error
-        names the constraint that raised (after the ones before it were checked, as one at a time)."""
+    def _broken(self, named: list[tuple[str, Expr]], ctx: Mapping[str, Any]) -> list[str]:
+        """The names of the constraints in `named` that do not hold over ctx. They are evaluated together, in one
+        sandbox call; where that fails, one by one in order, so the error names the constraint that raised."""
         vals = eval_together(tuple(e for _, e in named), ctx)
         if vals is not None:
-            bad = [name for (name, _), v in zip(named, vals) if not v]
-            return bad if every else bad[:1]
+            return [name for (name, _), v in zip(named, vals) if not v]
         bad = []
         for name, e in named:
             try:
@@ -297,8 +305,6 @@ class TemplateDef:
                 raise TemplateError(f"template {self.name}: constraint {name}: {err}") from None
             if not holds:
                 bad.append(name)
-                if not every:
-                    break
         return bad
 
     def is_valid(
