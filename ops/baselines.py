@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+# torch.compile with Dynamo's recompile limit raised and hitting it an error (never a silent eager fallback): the
+# exported benchmarks' own, shared with the gate's peers
+from evo.export.runtime.package.sides import RECOMPILE_LIMIT, compiled
+
+__all__ = ["RECOMPILE_LIMIT", "absent_unless", "compiled"]
+
 
 def absent_unless(makers: Mapping[str, Callable[[], Any]], name: str) -> Any:
     """makers[name]() (a callable baseline), or a one-line reason why it is absent."""
@@ -14,24 +20,3 @@ def absent_unless(makers: Mapping[str, Callable[[], Any]], name: str) -> Any:
         return makers[name]()
     except ImportError as e:
         return f"not installed: {e}"
-
-
-# Dynamo keeps this many compiled versions of one function (its code object) and then, by default,
-# silently runs it eagerly: a bench over more shapes than that timed "torch.compile" as torch eager on its
-# later cells (the H200 peers bench of 2026-12-03 hit the default of 8). Raised, and hitting it is an error
-# (the peer is reported absent), never a silent fallback.
-RECOMPILE_LIMIT = 4096
-
-
-def compiled(torch: Any, fn: Callable) -> Callable:
-    """torch.compile of fn (inductor, static shapes); it compiles on its first call, outside timing.
-    Each shape gets its own compiled graph up to RECOMPILE_LIMIT; past it the call raises."""
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(RECOMPILE_LIMIT, getattr(cfg, name)))
-    if hasattr(cfg, "accumulated_recompile_limit"):
-        cfg.accumulated_recompile_limit = max(RECOMPILE_LIMIT, cfg.accumulated_recompile_limit)
-    if hasattr(cfg, "fail_on_recompile_limit_hit"):
-        cfg.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, dynamic=False)

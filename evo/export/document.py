@@ -76,7 +76,14 @@ def op_document(run: RunTable, kernels: Sequence[Kernel], cell_kernel: dict[str,
     scalars = [{"name": s.name, "type": "f32" if s.kind is float else "i32"} for s in spec.scalars]
     return {"run_id": run.run["run_id"], "run_ids": list(run.run_ids), "arch": run.arch, "tensors": tensors,
             "scalars": scalars, "dim_defaults": dict(spec.dim_defaults), "templates": templates, "builds": builds,
-            "entries": [_entry_doc(e, cell_kernel[e.cell]) for e in run.entries]}
+            "entries": [_entry_doc(e, cell_kernel[e.cell]) for e in run.entries], "matrix": matrix_doc(spec)}
+
+
+def matrix_doc(spec: Any) -> list[dict[str, Any]]:
+    """The op's published cells (its matrix and named matrices, not its edge cells): what the package's benchmark
+    measures, whether the search covered a cell or not."""
+    cells = [*spec.matrix(), *(c for f in spec.matrices.values() for c in f())]
+    return [{"cell": c.label(), "dtypes": c.dtypes_dict(), "dims": c.dims_dict()} for c in dict.fromkeys(cells)]
 
 
 def dispatch_document(name: str, ops: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -48,13 +48,22 @@ def measured(run: RunTable, provenance: dict[str, Any]) -> str:
 
 
 def tests_and_bench(name: str, versus: str) -> list[str]:
-    """## Tests and benchmark: the commands, `versus` naming what the benchmark times the kernels against."""
+    """## Tests and benchmark: the commands, `versus` naming the peers the benchmark times the package against."""
     return [
         "## Tests and benchmark",
         "",
         "```bash",
         "pytest tests                     # tests/test_gpu.py skips, loudly, without a CUDA GPU",
-        f"python -m {name}.bench --out bench.json   # {versus} vs exported, same process, median",
+        f"python -m {name}.bench --out bench.json   # the package vs every installed peer, one process",
         "```",
+        "",
+        f"The benchmark times the package's public calls against {versus} on every cell of the op's matrix, in one",
+        "process, on the same inputs: every side's output is checked against a float64 reference first (a wrong or",
+        "failing peer is reported, not timed; a peer not installed is reported absent with the reason), then the",
+        "sides take turns sample by sample with the L2 flushed before each sample. Two columns per side: kernel",
+        "time (the stream held so the host's time is hidden) and call time (what a Python caller waits on an idle",
+        "GPU). The file records the card, clocks, driver, CUDA, NVRTC, torch, triton and every peer's version, the",
+        "copy ceiling measured in the same process, and the path the package took on each cell (`--help`: tables,",
+        "cells and peers to run).",
         "",
     ]

@@ -18,6 +18,7 @@ from evo.cli.main import main
 from tests.unit.export_fixtures import pip_install
 from evo.templates.render import render
 from memory.store import Store
+from ops import get_op
 from tests.unit import export_fixtures as fx
 
 NAME = "kf_test"
@@ -55,6 +56,10 @@ def test_files_agree_with_the_store(exported, store):
     winners = {fx.cell(dt, m, n).label(): fx.genome(*rows[0][0]).key() for (dt, m, n), rows in fx.PLAN.items()}
     assert {e["cell"]: e["genome_key"] for e in doc["entries"]} == winners
     assert len(doc["builds"]) == 3  # the two bf16 N=8192 cells share a build, and so do the fp32 cells
+    # the op's published cells, searched or not, for the package's benchmark: the matrix and its named matrices
+    spec = get_op("rmsnorm")
+    published = [*spec.matrix(), *(c for f in spec.matrices.values() for c in f())]
+    assert [c["cell"] for c in doc["matrix"]] == [c.label() for c in published]
     with Store.open(store, read_only=True) as s:
         measured = s.sql("SELECT e.cell, b.cubin FROM evaluations e JOIN builds b USING (build_key) "
                          "WHERE e.run_id = ? AND e.status = 'OK'", [fx.RUN])

@@ -5,7 +5,6 @@ the README sections (evo/export/readme.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -131,32 +130,6 @@ def test_the_benchmark_without_a_gpu_says_so_and_exits_2(monkeypatch, capsys, tm
     assert "no CUDA GPU visible" in capsys.readouterr().err and not called and not (tmp_path / "b.json").exists()
 
 
-@pytest.mark.parametrize("wrong", [False, True])
-def test_the_benchmark_writes_its_document_and_fails_on_a_wrong_cell(monkeypatch, capsys, tmp_path, wrong):
-    monkeypatch.setitem(sys.modules, "torch", _fake_torch(True))
-    monkeypatch.setattr(benchmark, "provenance", lambda: {"ops": {"op1": {"run": {"run_id": "r1"}}}})
-    seen = {}
-
-    def measure(args):
-        seen.update(samples=args.samples, quick=args.quick)
-        rows = [{"cell": "c1", "correct": True}, {"cell": "c2", "correct": not wrong}]
-        return rows, {"geomean": 1.5}, "geomean speedup over peer: 1.5"
-
-    out = tmp_path / "b.json"
-    rc = benchmark.main(["--out", str(out), "--samples", "7", "--quick"], "d", "q", measure, lambda: {"peer": "1.0"})
-    assert rc == (1 if wrong else 0) and seen == {"samples": 7, "quick": True}
-    doc = json.loads(out.read_text())
-    assert list(doc) == ["package", "device", "torch", "cuda", "python", "peer", "timer", "runs", "geomean", "cells"]
-    assert doc["device"] == "Fake GPU" and doc["runs"] == {"op1": "r1"} and doc["timer"] == benchmark.TIMER
-    # merged runs (KDA's decode and prefill in one package) are all named
-    monkeypatch.setattr(benchmark, "provenance", lambda: {"ops": {"op1": {"run": {"run_id": "r1"}, "runs": [
-        {"run": {"run_id": "r1"}}, {"run": {"run_id": "r2"}}]}}})
-    assert benchmark.header({})["runs"] == {"op1": "r1+r2"}
-    cap = capsys.readouterr()
-    assert cap.out.strip() == f"2 cells; geomean speedup over peer: 1.5; wrote {out}"
-    assert ("WRONG on 1 cells: c2" in cap.err) == wrong
-
-
 def test_the_benchmark_command_line_defaults():
     args = benchmark.parser("d", "q").parse_args([])
     assert args.samples == 100 and not args.quick and args.out.name.endswith("_bench.json")
@@ -182,4 +155,5 @@ def test_readme_sections():
     assert inst[0] == "## Install" and "plus NVRTC and CUDA headers: other GPUs" in inst[4] and inst[-1] == ""
     tb = readme.tests_and_bench("kf_x", "torch eager")
     assert tb[0] == "## Tests and benchmark" and tb[4] == (
-        "python -m kf_x.bench --out bench.json   # torch eager vs exported, same process, median")
+        "python -m kf_x.bench --out bench.json   # the package vs every installed peer, one process")
+    assert "against torch eager on every cell" in " ".join(tb)

@@ -32,7 +32,8 @@ def _fake_torch(log: list) -> SimpleNamespace:
         def sum(self):
             log.append("flush")
 
-    cuda = SimpleNamespace(Event=Event, _sleep=lambda cycles: log.append(("sleep", cycles)))
+    cuda = SimpleNamespace(Event=Event, _sleep=lambda cycles: log.append(("sleep", cycles)),
+                           synchronize=lambda: log.append("idle"))
     return SimpleNamespace(cuda=cuda, float32="float32", ones=lambda n, dtype, device: Flush())
 
 
@@ -69,3 +70,19 @@ def test_samples_never_hold_the_stream(timing):
     assert not any(isinstance(x, tuple) for x in log)
     assert log == ["flush", "event", "a", "event", "sync"] * 3
     assert len(out) == 1 and len(out[0]) == 3 and all(t >= 2000 for t in out[0])
+
+
+def test_kernel_and_call_time_each_side_once_each_way_per_sample_the_first_rotating(timing):
+    """Kernel time: the stream held between the flush and the start event; call time: the GPU synchronized (idle)
+    there instead; in sample i every side once each way, side i % k first."""
+    mod, log = timing
+    kernel, call = mod.kernel_and_call_us([_calls(log, s) for s in "abc"], n=3, warmup=0)
+
+    def sample(name):
+        return ["flush", ("sleep", mod.HOLD_CYCLES), "event", name, "event", "sync",
+                "flush", "idle", "event", name, "event", "sync"]
+
+    assert log == [*sample("a"), *sample("b"), *sample("c"), *sample("b"), *sample("c"), *sample("a"),
+                   *sample("c"), *sample("a"), *sample("b")]
+    assert [len(k) for k in kernel] == [len(c) for c in call] == [3, 3, 3]
+    assert all(t >= 2000 for side in kernel + call for t in side)  # each call's own 2 ms, in us

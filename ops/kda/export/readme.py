@@ -94,7 +94,8 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
         (f"{measured(run, provenance)} `source = replay` means recorded measurements replayed by the search, not "
          "a fresh GPU run."),
         "",
-        *tests_and_bench(name, "fla (when installed)"),
+        *tests_and_bench(name, "fla's chunk_kda (default and safe_gate=True), fla's FlashKDA backend, "
+                               "fused_recurrent_kda, cuDNN frontend's KDA and cuLA"),
         "The GPU tests compare every searched cell, off-table batches and head dims, every variant through the",
         "torch path, and fla's return convention with a float64 reference within the factory's tolerances.",
         "",

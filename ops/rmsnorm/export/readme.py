@@ -125,14 +125,12 @@ def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str,
         lines += [f"`{r.op}`{f' (runs {chr(44).join(r.run_ids)})' if len(r.run_ids) > 1 else ''}: {measured(r, provenance)} `source = replay` means the times are recorded measurements "
                   "replayed by the search, not a fresh GPU run.", ""]
     lines += [
-        *tests_and_bench(name, "torch eager"),
-        "The GPU tests compare every searched cell, off-table shapes (M = 1, odd M and N, mixed weight dtype,",
-        "long rows), every API variant, autograd and torch.compile with a float64 reference; the benchmark",
-        "times each cell with CUDA events, the L2 flushed before every launch, both sides interleaved in both",
-        "orders, and writes medians, spreads and GB/s to JSON: the forward, the backward given rstd, and a",
-        "training step (`rmsnorm_train`: forward and backward through autograd, host work included; the",
-        "backward recomputes rstd from x in one torch reduction, since the searched forward kernels do not",
-        "store it).",
+        *tests_and_bench(name, "torch eager, torch.compile, Liger, QuACK (heuristic and autotuned), FlashInfer and "
+                               "cuDNN frontend"),
+        "Its tables: `forward` (`rmsnorm`), `residual` (`rmsnorm_fwd` with a residual: y and residual_out),",
+        "`backward` (`rmsnorm_bwd` given rstd) and `train` (forward and backward through autograd, as a model",
+        "calls it). The GPU tests compare every searched cell, off-table shapes (M = 1, odd M and N, mixed",
+        "weight dtype, long rows), every API variant, autograd and torch.compile with a float64 reference.",
         "",
         "## Provenance",
         "",

@@ -132,6 +132,15 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Cell:
+    """One cell of the op's matrix: its label, dtypes and dims."""
+
+    label: str
+    dtypes: tuple[tuple[str, str], ...]
+    dims: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
 class Tensor:
     """An argument of the op: symbolic dims, dtype role (or a fixed dtype) and in/out."""
 
@@ -155,6 +164,16 @@ class OpTable:
     entries: tuple[Entry, ...]
     dim_defaults: Mapping[str, int] = dataclasses.field(default_factory=dict)  # dims a cell may lack
     run_ids: tuple[str, ...] = ()  # every run of the table (several when runs were merged)
+    matrix: tuple["Cell", ...] = ()  # the op's published cells (the benchmark's), searched or not
+
+    @property
+    def cells(self) -> tuple["Cell", ...]:
+        """The cells a benchmark measures: the op's matrix as exported, else (an older export) the searched ones."""
+        return self.matrix or tuple(Cell(e.cell, e.dtypes, e.dims) for e in self.entries)
+
+    def entry(self, cell: "Cell") -> Entry | None:
+        """The searched entry of a cell (same dtypes and dims), None where the search had none."""
+        return next((e for e in self.entries if e.dtypes == cell.dtypes and e.dims == cell.dims), None)
 
     @property
     def arch_number(self) -> int:
@@ -193,7 +212,8 @@ def _op_table(op: str, d: Mapping[str, Any]) -> OpTable:
                                                    for t in d["tensors"]),
                    tuple((s["name"], s["type"]) for s in d["scalars"]),
                    {tid: _template(tid, t, defaults) for tid, t in d["templates"].items()}, builds, entries,
-                   defaults, tuple(d.get("run_ids", [d["run_id"]])))
+                   defaults, tuple(d.get("run_ids", [d["run_id"]])),
+                   tuple(Cell(c["cell"], _items(c["dtypes"]), _items(c["dims"])) for c in d.get("matrix", [])))
 
 
 @lru_cache(maxsize=1)

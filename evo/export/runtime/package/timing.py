@@ -53,3 +53,38 @@ def _loop(fns: list[Callable[[], object]], n: int, warmup: int, hold: bool) -> t
             gpu[j].append(start.elapsed_time(end) * 1e3)
             host[j].append((t1 - t0) * 1e6)
     return gpu, host
+
+
+def kernel_and_call_us(fns: list[Callable[[], object]], n: int, warmup: int = 5) -> tuple[list[list[float]],
+                                                                                        list[list[float]]]:
+    """(kernel times, call times) per function, n samples of each in us, taken sample by sample: in sample i every
+    function is timed once each way, the first of them rotating with i. Kernel time: CUDA events with the stream
+    held busy while the host issues the call (host time hidden, as the factory's gate times). Call time: the GPU idle
+    (synchronized after the flush) when the call starts, so the events span the host's issue and the GPU's work:
+    what a Python caller waits. The L2 is flushed before every sample."""
+    flush = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    kernel: list[list[float]] = [[] for _ in fns]
+    call: list[list[float]] = [[] for _ in fns]
+    k = len(fns)
+    for i in range(n):
+        for j in [(i + r) % k for r in range(k)]:
+            kernel[j].append(_once(fns[j], flush, hold=True))
+            call[j].append(_once(fns[j], flush, hold=False))
+    return kernel, call
+
+
+def _once(fn: Callable[[], object], flush: "torch.Tensor", hold: bool) -> float:
+    flush.sum()
+    if hold:
+        torch.cuda._sleep(HOLD_CYCLES)
+    else:
+        torch.cuda.synchronize()  # the GPU idle when the call starts
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3

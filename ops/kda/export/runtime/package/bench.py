@@ -1,34 +1,27 @@
-"""fla (when installed) against the exported kernels on every searched cell, in one process, on the same
-inputs.
+"""The package's benchmark: its KDA calls (`chunk_kda` on prefill and varlen cells, `fused_recurrent_kda` on decode
+cells) against every peer on every cell of the op's matrix, in one process, on the same inputs (sides.compare:
+every side checked against float64 first, then timed in turn sample by sample, the L2 flushed before each sample;
+kernel time with the host hidden, call time as a Python caller waits).
 
-Each launch is timed with CUDA events after a 256 MiB read that flushes the L2 (clean lines only); the
-sides take turns (both orders), and the median of all samples is kept. Outputs are checked against a float64 reference
-(first and last sequence) before timing. A decode cell is timed against fla's fused_recurrent_kda, a
-prefill one against chunk_kda; without fla only the exported kernels are timed.
+Peers (peers.py): fla's chunk_kda by its default path and by its bounded-gate tensor-core path (safe_gate=True; the
+gates are drawn inside its bound for every side), fla's FlashKDA backend, fla's fused_recurrent_kda on decode cells,
+cuDNN frontend's KDA and cuLA; each present or absent with the reason. Every row names whether the cell was searched.
 
-With --split each side is also timed with the stream held busy while the host issues the call (its GPU time,
-`*_gpu_us`) and its host time per call is measured (`*_host_us`): a call's events time is about the larger of the
-two plus the rest. A call that synchronizes inside (reads a device value on the host) defeats the hold.
-
-    python -m <package>.bench [--out bench.json] [--samples 100] [--quick] [--split]
+    python -m <package>.bench [--out bench.json] [--tables prefill,decode] [--cells REGEX] [--peers ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from . import api, benchmark, verify
-from .benchmark import geomean
-from .choose import ENTRY_POINTS, kind_of
-from .table import Entry, tables
-from .timing import samples_us, split_us
+from . import api, benchmark, peers, verify
+from .sides import PACKAGE_SIDE, compare
+from .table import Cell, tables
 
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -49,7 +42,8 @@ def inputs(dims: dict[str, int], dtypes: dict[str, str], seed: int = 0) -> tuple
 
     q, kk = rows((b, t, h, k)), rows((b, t, h, k))
     vv = torch.randn(b, t, hv, v, device="cuda", generator=gen).to(x)
-    decay = -torch.exp(torch.randn(b, t, hv, k, device="cuda", generator=gen) - 2.0)
+    # log decays inside the safe gate's bound [-5, 0), so fla's bounded-gate path is a valid call on every cell
+    decay = -torch.exp(torch.randn(b, t, hv, k, device="cuda", generator=gen) - 2.0).clamp(max=4.99)
     logits = torch.randn(b, t, hv, device="cuda", generator=gen)
     beta = (logits if dims["beta_act"] else torch.sigmoid(logits)).to(x)
     shape = (n, hv, dims["SR"], dims["SC"])
@@ -73,14 +67,6 @@ def inputs(dims: dict[str, int], dtypes: dict[str, str], seed: int = 0) -> tuple
     return {"q": q, "k": kk, "v": vv, "g": g.to(gdt), "beta": beta}, kw
 
 
-def fla_entry(entry: str) -> Callable | None:
-    try:
-        import fla.ops.kda as fla_kda
-    except ImportError:
-        return None
-    return getattr(fla_kda, entry, None)
-
-
 def check(dims: dict[str, int], t: dict[str, Any], kw: dict[str, Any], o: torch.Tensor, final: torch.Tensor) -> str:
     s = {"scale": dims["K"] ** -0.5, "lower_bound": kw.get("lower_bound") or -5.0,
          **{d: dims[d] for d in ("gate", "beta_act", "qk_l2norm", "v_first")}}
@@ -88,61 +74,50 @@ def check(dims: dict[str, int], t: dict[str, Any], kw: dict[str, Any], o: torch.
     return verify.check(bound, s, o, final)
 
 
-def cell_row(e: Entry, samples: int, split: bool = False) -> dict:
-    dims, dt = dict(e.dims), dict(e.dtypes)
-    entry = next(ep for ep, (kind, _) in ENTRY_POINTS.items() if kind == kind_of(e.template))
+TABLES = ("prefill", "varlen", "decode")
+
+
+def table_of(dims: dict[str, int]) -> str:
+    return "decode" if dims["T"] == 1 else "varlen" if dims["N"] != dims["B"] else "prefill"
+
+
+def nbytes(t: dict[str, Any], kw: dict[str, Any]) -> int:
+    """Every input read once and o and the final state written once."""
+    ins = [*t.values(), kw["initial_state"]]
+    return sum(x.numel() * x.element_size() for x in ins) + t["v"].numel() * t["v"].element_size() + \
+        kw["initial_state"].numel() * 4
+
+
+def row(c: Cell, names: tuple[str, ...], samples: int, ceiling: float | None) -> dict[str, Any]:
+    dims, dt = dict(c.dims), dict(c.dtypes)
+    entry = "fused_recurrent_kda" if dims["T"] == 1 else "chunk_kda"
     t, kw = inputs(dims, dt)
     ours = getattr(api, entry)
-    o, final = ours(**t, **kw)
-    problem = check(dims, t, kw, o, final)
-    fns = [lambda: ours(**t, **kw)]
-    peer = fla_entry(entry)
-    if peer is not None:
-        fkw = dict(kw)
-        if entry == "chunk_kda":
-            fkw["safe_gate"] = dims["gate"] == 2
-        fns.append(lambda: peer(**t, **fkw))
-    times = samples_us(fns, samples)
-    ours_us = statistics.median(times[0])
-    fla_us = statistics.median(times[1]) if peer is not None else None
-    row = {"cell": e.cell, "entry": entry, "dims": dims, "dtypes": dt, "exported_us": ours_us, "fla_us": fla_us,
-           "speedup_vs_fla": fla_us / ours_us if fla_us else None, "searched_median_us": e.median_us,
-           "searched_baseline": e.baseline, "searched_baseline_us": e.baseline_us, "samples": samples,
-           "correct": not problem, "error": problem}
-    if split:  # the GPU's and the host's shares of each side's call (timing.split_us)
-        gpu, host = split_us(fns, samples)
-        for side, i in (("exported", 0), ("fla", 1)):
-            row[f"{side}_gpu_us"] = statistics.median(gpu[i]) if i < len(fns) else None
-            row[f"{side}_host_us"] = statistics.median(host[i]) if i < len(fns) else None
-    return row
+    sides = {PACKAGE_SIDE: lambda: ours(**t, **kw), **peers.sides(dims, t, kw, names)}
+
+    def checked(name: str, result: Any) -> str:
+        o, final = peers.outputs(name, result, t["v"], bool(dims["v_first"]))
+        return check(dims, t, kw, o, final)
+
+    e = tables()["kda"].entry(c)
+    out = {"table": table_of(dims), "cell": c.label, "entry": entry, "dims": dims, "dtypes": dt,
+           "searched": e is not None, "searched_median_us": e.median_us if e else None,
+           **compare(sides, checked, nbytes(t, kw), samples, ceiling)}
+    torch.cuda.empty_cache()
+    return out
+
+
+def table_cells(table: str) -> list[Cell]:
+    return [c for c in (tables()["kda"].cells if "kda" in tables() else ()) if table_of(dict(c.dims)) == table]
 
 
 def measure(args: argparse.Namespace) -> benchmark.Measured:
-    """Every searched cell's row (with --quick the first and last) and the geomean speedup over fla."""
-    entries = list(tables()["kda"].entries) if "kda" in tables() else []
-    if args.quick:
-        entries = entries[:1] + entries[-1:] if len(entries) > 1 else entries
-    rows = [cell_row(e, args.samples, getattr(args, "split", False)) for e in entries]
-    gm = geomean(r["speedup_vs_fla"] for r in rows if r["speedup_vs_fla"])
-    return rows, {"geomean_speedup_vs_fla": gm}, f"geomean speedup over fla: {gm}"
+    return benchmark.measure_tables(args, table_cells, lambda _, c, names, n, ceiling: row(c, names, n, ceiling))
 
 
 def main(argv: list[str] | None = None) -> int:
-    return benchmark.main(argv, __doc__.split("\n\n")[0], "the first and last cell only", measure,
-                          lambda: {"fla": _fla_version()}, split=True)
-
-
-def _fla_version() -> str | None:
-    """fla's version from whichever distribution installed it (fla-core holds the kernels; the full
-    flash-linear-attention depends on it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("fla-core", "flash-linear-attention"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return None
+    return benchmark.main(argv, __doc__.split("\n\n")[0], "the first cell of each table", measure, peers.DISTS,
+                          TABLES, peers.NAMES)
 
 
 if __name__ == "__main__":

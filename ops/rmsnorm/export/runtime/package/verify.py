@@ -17,9 +17,12 @@ TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfl
 _CHUNK = 1024  # rows of dw's float64 reference at a time
 
 
-def rows(m: int) -> Tensor:
-    picks = sorted({i for i in (0, 1, 2, 3, m // 2, m - 4, m - 3, m - 2, m - 1) if 0 <= i < m})
-    return torch.tensor(picks, dtype=torch.long)
+def rows(m: int, sample: int = 0) -> Tensor:
+    """The first and last four rows and the middle one, and `sample` more drawn at random (the benchmark's check)."""
+    picks = {i for i in (0, 1, 2, 3, m // 2, m - 4, m - 3, m - 2, m - 1) if 0 <= i < m}
+    if sample:
+        picks |= set(torch.randperm(m)[:sample].tolist())
+    return torch.tensor(sorted(picks), dtype=torch.long)
 
 
 def compare(name: str, got: Tensor, ref: Tensor, dtype: torch.dtype, atol_scale: float = 1.0) -> str:
@@ -34,15 +37,15 @@ def compare(name: str, got: Tensor, ref: Tensor, dtype: torch.dtype, atol_scale:
     return f"{name}: {bad} of {got.numel()} checked elements off the float64 reference (max |err| {worst:.3g})"
 
 
-def check_forward(x: Tensor, weight: Tensor, eps: float, y: Tensor) -> str:
-    idx = rows(x.shape[0]).to(x.device)
+def check_forward(x: Tensor, weight: Tensor, eps: float, y: Tensor, sample: int = 0) -> str:
+    idx = rows(x.shape[0], sample).to(x.device)
     xs = x.index_select(0, idx).double()
     ref = xs * torch.rsqrt(xs.square().mean(dim=-1, keepdim=True) + eps) * weight.double()
     return compare("y", y.index_select(0, idx), ref, x.dtype)
 
 
-def check_backward(x: Tensor, weight: Tensor, dout: Tensor, r: Tensor, dx: Tensor, dw: Tensor) -> str:
-    idx = rows(x.shape[0]).to(x.device)
+def check_backward(x: Tensor, weight: Tensor, dout: Tensor, r: Tensor, dx: Tensor, dw: Tensor, sample: int = 0) -> str:
+    idx = rows(x.shape[0], sample).to(x.device)
     rs = r.index_select(0, idx).double().unsqueeze(-1)
     xhat = x.index_select(0, idx).double() * rs
     g = dout.index_select(0, idx).double() * weight.double()
@@ -62,10 +65,10 @@ _RSTD = (1e-6, 1e-5)
 
 
 def check_variant(x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None, eps: float, y: Tensor,
-                  residual_out: Tensor | None, rstd: Tensor | None) -> str:
+                  residual_out: Tensor | None, rstd: Tensor | None, sample: int = 0) -> str:
     """A variant kernel's y, residual_out (h = x + residual in the residual's dtype) and rstd on the call's
     data, the same rows, against float64."""
-    idx = rows(x.shape[0]).to(x.device)
+    idx = rows(x.shape[0], sample).to(x.device)
     h = x.index_select(0, idx).double()
     if residual is not None:
         h = h + residual.index_select(0, idx).double()

@@ -283,16 +283,24 @@ def test_eager_calls_take_the_autograd_function():
     assert torch.allclose(bdx.double(), dx64, atol=1e-5) and torch.allclose(bdw.double(), dw64, atol=1e-4)
 
 
-def test_a_training_steps_searched_time_is_its_forward_and_backward_kernels():
-    """bench's rmsnorm_train rows: searched_median_us is the searched forward's plus the backward's median on the
-    same cell (None where the backward was not searched on it), not the forward's alone."""
+def test_the_bench_tables_are_the_exported_matrix_cells():
+    """bench's tables: forward and train the matrix's plain cells, residual its residual cells without bias or rstd,
+    backward the backward op's cells; a cell's searched entry found by its dtypes and dims."""
     pytest.importorskip("torch")
-    from kf_pkg.bench import searched_step_us
+    from kf_pkg.bench import table_cells
 
-    bwd = {e.cell: e.median_us for e in TABLES["rmsnorm_bwd"].entries} if "rmsnorm_bwd" in TABLES else {}
-    for e in PLAIN_ENTRIES.get("rmsnorm", []):
-        want = e.median_us + bwd[e.cell] if e.cell in bwd else None
-        assert searched_step_us(e) == want, e.cell
+    fwd = TABLES.get("rmsnorm")
+    if fwd is not None:
+        plain = [c for c in fwd.cells if set(dict(c.dtypes)) == {"x", "w"} and not any(
+            v for k, v in c.dims if k not in ("M", "N"))]
+        assert table_cells("forward") == plain and plain
+        assert all("residual" in dict(c.dtypes) for c in table_cells("residual"))
+        assert table_cells("train") == (plain if "rmsnorm_bwd" in TABLES else [])
+        for e in fwd.entries:
+            c = next((c for c in fwd.cells if c.label == e.cell), None)
+            assert c is None or fwd.entry(c) == e
+    if "rmsnorm_bwd" in TABLES:
+        assert table_cells("backward") == list(TABLES["rmsnorm_bwd"].cells)
 
 
 def test_torch_compile_traces_the_custom_op_forward_and_backward_in_one_graph():

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The published numbers, rebuilt: an op's package exported from its committed store, installed, its own tests and its
+# own benchmark run on this GPU. Each stage fits one 10-minute command and is skipped when already done (state in
+# $KF_PROOF_STATE, default /tmp/kf_proof), so a sequence of calls resumes where the last stopped.
+#
+#   package_proof.sh wheels DIR...       install every wheel under DIR... (pieces NAME.whl.part.* joined first) into
+#                                        $KF_SITE (default /tmp/kf_site), without the network
+#   package_proof.sh export OP           unpack experiments/packages/OP.env's store, `kfactory export` its runs to
+#                                        build/packages/OP (skipped when that folder exists)
+#   package_proof.sh install OP          pip install build/packages/OP into $KF_SITE
+#   package_proof.sh tests OP OUT        the package's own tests on this GPU -> OUT/OP_tests.log
+#   package_proof.sh bench OP OUT TAG [ARGS...]   python -m NAME.bench ARGS -> OUT/OP_bench_TAG.json (and .log)
+#   package_proof.sh --help              this text
+#
+# Rebuilding a published table is: export, install, bench, with the commands written in its results folder
+# (experiments/results/OP/CARD/commands.sh).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+STATE=${KF_PROOF_STATE:-/tmp/kf_proof}
+SITE=${KF_SITE:-/tmp/kf_site}
+mkdir -p "$STATE" "$SITE"
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the CUTLASS DSL's .pth is not read from a --target install
+[ -d "$SITE/nvidia_cutlass_dsl/python_packages" ] && export PYTHONPATH="$PYTHONPATH:$SITE/nvidia_cutlass_dsl/python_packages"
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+die() { echo "package_proof.sh: $*" >&2; exit 2; }
+env_of() { local f="experiments/packages/$1.env"; [ -f "$f" ] || die "no package named $1 (experiments/packages/*.env)"; . "$f"; }
+done_mark() { [ -f "$STATE/$1.done" ]; }
+mark() { touch "$STATE/$1.done"; }
+
+stage=${1:-}
+case "$stage" in
+  -h|--help|"") usage; [ -n "$stage" ] || exit 2 ;;
+  wheels)
+    shift; [ $# -ge 1 ] || die "wheels DIR..."
+    tmp=$(mktemp -d)
+    for d in "$@"; do
+      for w in "$d"/*.whl; do [ -e "$w" ] && cp "$w" "$tmp/"; done
+      for first in "$d"/*.whl.part.aa; do
+        [ -e "$first" ] || continue
+        base=${first%.part.aa}; cat "$base".part.* > "$tmp/$(basename "$base")"
+      done
+    done
+    n=$(ls "$tmp" | wc -l)
+    [ "$n" -gt 0 ] || die "no wheels under $*"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$tmp"/*.whl
+    echo "installed $n wheels into $SITE"; rm -rf "$tmp" ;;
+  export)
+    op=${2:?export OP}; env_of "$op"
+    out=build/packages/$op
+    if [ -d "$out" ]; then echo "export $op: $out exists"; exit 0; fi
+    mkdir -p build/stores
+    gunzip -c "$STORE" > "build/stores/$op.duckdb"
+    nvrtc=()
+    if [ -n "${NVRTC:-}" ]; then  # the NVRTC that built the runs' cubins, when it is not this one
+      dir=build/nvrtc-${NVRTC#*==}; dir=${dir%.\*}
+      [ -d "$dir" ] || python3 -m pip install -q --no-deps --target "$dir" "$NVRTC"
+      nvrtc=(--nvrtc "$dir")
+    fi
+    # shellcheck disable=SC2086
+    kfactory export $RUNS --store "build/stores/$op.duckdb" --out "$out" --name "$NAME" "${nvrtc[@]}" ;;
+  install)
+    op=${2:?install OP}; env_of "$op"
+    done_mark "install_$op" && { echo "install $op: done"; exit 0; }
+    python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE" "build/packages/$op"
+    mark "install_$op" ;;
+  tests)
+    op=${2:?tests OP OUT}; out=${3:?tests OP OUT}; env_of "$op"; mkdir -p "$out"
+    done_mark "tests_$op" && { echo "tests $op: done"; exit 0; }
+    (cd "build/packages/$op" && python3 -m pytest -q -rs tests) > "$out/${op}_tests.log" 2>&1 \
+      && status=0 || status=$?
+    tail -3 "$out/${op}_tests.log"; mark "tests_$op"; exit $status ;;
+  bench)
+    op=${2:?bench OP OUT TAG}; out=${3:?bench OP OUT TAG}; tag=${4:?bench OP OUT TAG}; shift 4; env_of "$op"
+    mkdir -p "$out"
+    done_mark "bench_${op}_$tag" && { echo "bench $op $tag: done"; exit 0; }
+    (cd /tmp && python3 -m "$NAME.bench" --out "$OLDPWD/$out/${op}_bench_$tag.json" "$@") 2>&1 \
+      | tee "$out/${op}_bench_$tag.log" | grep -v '^\s*$' | tail -n 60
+    [ "${PIPESTATUS[0]}" -le 1 ] && mark "bench_${op}_$tag" ;;
+  *) die "unknown stage $stage (--help lists them)" ;;
+esac
