@@ -39,7 +39,10 @@ def header(peer_dists: Iterable[str], ceiling: bool = True) -> dict[str, Any]:
     timer and the exported runs of each op ("a+b" where runs were merged, e.g. KDA's decode and prefill runs)."""
     from .environment import copy_ceiling_gbps, environment
 
-    return {"package": PACKAGE, "environment": environment(peer_dists),
+    from datetime import datetime, timezone
+
+    return {"package": PACKAGE, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "environment": environment(peer_dists),
             "copy_ceiling": copy_ceiling_gbps() if ceiling else None, "timer": TIMER,
             "runs": {op: "+".join(r["run"]["run_id"] for r in d.get("runs") or [d])
                      for op, d in provenance()["ops"].items()}}
