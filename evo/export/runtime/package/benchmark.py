@@ -12,6 +12,7 @@ import json
 import math
 import re
 import sys
+from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,6 @@ def header(peer_dists: Iterable[str], ceiling: bool = True) -> dict[str, Any]:
     CUDA, NVRTC, torch, triton, Python and each peer distribution's version), the copy ceiling measured now, the
     timer and the exported runs of each op ("a+b" where runs were merged, e.g. KDA's decode and prefill runs)."""
     from .environment import copy_ceiling_gbps, environment
-
-    from datetime import datetime, timezone
 
     return {"package": PACKAGE, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "environment": environment(peer_dists),
