@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from . import api, benchmark, peers, verify
+from .choose import explain
 from .sides import PACKAGE_SIDE, compare
 from .table import Cell, tables
 
@@ -88,6 +89,16 @@ def nbytes(t: dict[str, Any], kw: dict[str, Any]) -> int:
         kw["initial_state"].numel() * 4
 
 
+def path(entry: str, t: dict[str, Any], kw: dict[str, Any]) -> str:
+    """The path the package's call takes on these inputs (explain())."""
+    cu = kw.get("cu_seqlens")
+    flags = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
+             "lower_bound", "state_v_first")
+    return explain(tuple(t["q"].shape), tuple(t["v"].shape), t["q"].dtype, entry=entry, g_dtype=t["g"].dtype,
+                   state_dtype=kw["initial_state"].dtype, n_seqs=None if cu is None else len(cu) - 1,
+                   **{f: kw[f] for f in flags if f in kw}).path
+
+
 def row(c: Cell, names: tuple[str, ...], samples: int, ceiling: float | None) -> dict[str, Any]:
     dims, dt = dict(c.dims), dict(c.dtypes)
     entry = "fused_recurrent_kda" if dims["T"] == 1 else "chunk_kda"
@@ -101,6 +112,7 @@ def row(c: Cell, names: tuple[str, ...], samples: int, ceiling: float | None) ->
 
     e = tables()["kda"].entry(c)
     out = {"table": table_of(dims), "cell": c.label, "entry": entry, "dims": dims, "dtypes": dt,
+           "path": path(entry, t, kw),
            "searched": e is not None, "searched_median_us": e.median_us if e else None,
            **compare(sides, checked, nbytes(t, kw), samples, ceiling)}
     torch.cuda.empty_cache()
