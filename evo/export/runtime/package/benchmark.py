@@ -120,5 +120,7 @@ def measure_tables(args: argparse.Namespace, cells_of: Callable[[str], Sequence[
                 args.save(rows)
     gm = {t: {col: geomean(r[f"speedup_{col}"] for r in rows if r["table"] == t and r[f"speedup_{col}"])
               for col in ("kernel", "call")} for t in args.tables}
-    return rows, {"tables": list(args.tables), "peers_asked": list(names), "geomean_speedup_vs_best_peer": gm}, \
+    asked = {"tables": list(args.tables), "cells_regex": args.cells.pattern if args.cells else None,
+             "quick": bool(args.quick), "samples": args.samples, "peers_asked": list(names)}
+    return rows, {**asked, "geomean_speedup_vs_best_peer": gm}, \
         f"geomean speedup over the best peer per table: {gm}"
