@@ -38,10 +38,10 @@ class Table:
     """One table of one benchmark file: its rows (cells), the file's header and where it is."""
     op: str
     card: str
-    name: str
+    name: str  # the bench's table, with the file's cell filter where it had one ("forward, cells x=bf16")
     rows: tuple[dict[str, Any], ...]
     doc: dict[str, Any]
-    path: Path
+    path: Path  # as the repository names it: experiments/results/<op>/<card>/<file>
 
 
 def card_slug(name: str) -> str:
@@ -62,15 +62,17 @@ def load_tables(results: Path = RESULTS) -> list[Table]:
                 name = doc["environment"]["card"]["name"]
                 if card_slug(name) != folder.name:
                     raise ValueError(f"{path.relative_to(results)}: measured on {name}, not a {folder.name}")
+                only = f", cells {doc['cells_regex']}" if doc.get("cells_regex") else ""
                 for t in doc.get("tables") or sorted({r["table"] for r in doc["cells"]}):
                     rows = tuple(r for r in doc["cells"] if r["table"] == t)
                     if not rows:
                         continue
-                    if t in seen:
-                        raise ValueError(f"table {op} {t} on {folder.name} is in both {seen[t].name} and {path.name}: "
-                                         "a table is one process")
-                    seen[t] = path
-                    out.append(Table(op, folder.name, t, rows, doc, path))
+                    if t + only in seen:
+                        raise ValueError(f"table {op} {t + only} on {folder.name} is in both {seen[t + only].name} "
+                                         f"and {path.name}: a table is one process")
+                    seen[t + only] = path
+                    rel = RESULTS.relative_to(ROOT) / path.relative_to(results)
+                    out.append(Table(op, folder.name, t + only, rows, doc, rel))
     return out
 
 
@@ -101,8 +103,8 @@ def where(t: Table) -> str:
     smi = env["card"].get("smi") or {}
     driver = smi.get("driver_version") or "?"
     date = (t.doc.get("measured_at") or "")[:10] or "undated"
-    return (f"{env['card']['name']} ({env['card']['sms']} SMs), {date}, driver {driver} (CUDA {env.get('driver_cuda')}),"
-            f" torch {env.get('torch')}, triton {env.get('triton')}, NVRTC {env.get('nvrtc')}")
+    return (f"{env['card']['name']} ({env['card']['sms']} SMs), {date}, driver {driver} "
+            f"(CUDA {env.get('driver_cuda')}), torch {env.get('torch')}, triton {env.get('triton')}, NVRTC {env.get('nvrtc')}")
 
 
 def peers_line(t: Table) -> str:
@@ -146,10 +148,8 @@ def _not_timed(t: Table) -> list[str]:
 
 def details_table(t: Table) -> str:
     doc = t.doc
-    rel = t.path.relative_to(ROOT)
+    rel = t.path
     asked = []
-    if doc.get("cells_regex"):
-        asked.append(f"cells matching `{doc['cells_regex']}`")
     if not doc.get("complete", True):
         asked.append("the run stopped before its last cell")
     ceiling = (doc.get("copy_ceiling") or {}).get("gbps")
