@@ -146,12 +146,11 @@ def _execute(session: Session, store_path: Path, evaluator: Any) -> int:
         if config.run.backend is Backend.LOCAL and not gpu_available():
             run_build_stage(session)
             store.finish_run(session.run_id, "stopped", "no NVIDIA GPU: built only")
-            # compile is named first: replay needs measurements recorded on a GPU, which a new user lacks
+            # replay is not offered: it needs measurements recorded on a GPU for this op and space
             raise NoGpuError(
                 "evaluation needs an NVIDIA GPU and none is visible (no driver or no device); the builds "
                 f"are recorded in {store_path}. Without a GPU, set run.runner = \"compile\" to render and "
-                "compile only (build errors summed up per template), or replay recorded data with "
-                "run.runner = \"replay\"; or run on a GPU machine.")
+                "compile only (build errors summed up per template); or run on a GPU machine.")
     if config.run.runner in (Runner.GPU, Runner.REPLAY):
         from evo.loop.search import run_search
 

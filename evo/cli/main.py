@@ -124,7 +124,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's to fix: printed as one clear line, not a traceback."""
     from evo.core.config import ConfigError
     from evo.export.errors import ExportError
-    from evo.loop.pipeline import NoGpuError, NothingBuiltError
+    from evo.loop.build_summary import NothingBuiltError
+    from evo.loop.pipeline import NoGpuError
     from evo.templates.template import TemplateError
     from memory.store import StoreError
 
