@@ -16,6 +16,7 @@ import duckdb
 import pandas as pd
 
 from evo.core.config import Backend, Config, Runner, load_config, parse_config
+from evo.core.extras import check_extras
 from evo.loop.pipeline import NoGpuError, Session, new_run_id, run_build_stage
 from memory.store import Store, StoreError
 
@@ -77,6 +78,7 @@ def run_config(config: Config, store_path: Path, run_id: str) -> int:
     """Run a loaded config (a script may adjust it first: experiments/scripts/ga_h200.py --max-seconds)."""
     from evo.cli.errors import DEFAULT_STORE
 
+    check_extras(config)  # before the store is opened: a refused run leaves no file
     created = _missing_parts(store_path)
     started = False
     try:

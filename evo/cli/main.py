@@ -123,6 +123,7 @@ def parser() -> argparse.ArgumentParser:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's to fix: printed as one clear line, not a traceback."""
     from evo.core.config import ConfigError
+    from evo.core.extras import MissingExtraError
     from evo.export.errors import ExportError
     from evo.loop.build_summary import NothingBuiltError
     from evo.loop.pipeline import NoGpuError
@@ -132,7 +133,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ops import UnknownOpError
 
     return (ConfigError, TemplateError, StoreError, NoGpuError, NothingBuiltError, UnknownNameError, UnknownOpError,
-            UsageError, ExportError)
+            UsageError, ExportError, MissingExtraError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
