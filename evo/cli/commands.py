@@ -17,9 +17,11 @@ import pandas as pd
 
 from evo.core.config import Backend, Config, Runner, load_config, parse_config
 from evo.core.extras import check_extras
+from evo.loop.build_summary import built_only_message
 from evo.loop.pipeline import NoGpuError, Session, new_run_id, run_build_stage
 from memory.store import Store, StoreError
 
+COMPILE_ONLY = "compile only (run.runner = 'compile'): built, nothing evaluated"
 LESSONS_WIDTH = 100  # `kfactory lessons` wraps to the terminal, at most this wide
 
 
@@ -146,8 +148,8 @@ def _execute(session: Session, store_path: Path, evaluator: Any) -> int:
         from evo.measure.run import gpu_available
 
         if config.run.backend is Backend.LOCAL and not gpu_available():
-            run_build_stage(session)
-            store.finish_run(session.run_id, "stopped", "no NVIDIA GPU: built only")
+            built = run_build_stage(session)
+            store.finish_run(session.run_id, "stopped", built_only_message("no NVIDIA GPU: built only", built))
             # replay is not offered: it needs measurements recorded on a GPU for this op and space
             raise NoGpuError(
                 "evaluation needs an NVIDIA GPU and none is visible (no driver or no device); the builds "
@@ -159,7 +161,7 @@ def _execute(session: Session, store_path: Path, evaluator: Any) -> int:
         return run_search(session, evaluator)
     summary = run_build_stage(session)
     summary.check()  # nothing built OK: an error, and run_config records the run as failed (its builds are kept)
-    store.finish_run(session.run_id, "done", "compile only (run.runner = 'compile'): built, nothing evaluated")
+    store.finish_run(session.run_id, "done", built_only_message(COMPILE_ONLY, summary))
     return 0
 
 

@@ -13,6 +13,7 @@ from memory.queries import counts_text
 
 SHOWN_PER_TEMPLATE = 2  # distinct error messages quoted for each template
 SHOWN_TEMPLATES = 12  # templates listed one line each (those with errors first); the rest in one line
+_BUILDS = "; builds: "  # in a built-only run's stored message: what it says, then its builds' headline
 
 
 class NothingBuiltError(RuntimeError):
@@ -30,6 +31,7 @@ class BuildSummary:
 
     builds: Mapping[str, tuple[str, Status]] = field(default_factory=dict)  # build key -> (template, status)
     errors: Mapping[str, tuple[tuple[Status, str], ...]] = field(default_factory=dict)  # template -> first errors
+    first_built: int | None = None  # of the builds, how many the run recorded first (None: not counted)
 
     def add(self, results: Sequence[tuple[str, BuildResult]]) -> "BuildSummary":
         """This summary and more (template, build result) pairs (a build key seen before is counted once)."""
@@ -42,7 +44,7 @@ class BuildSummary:
             quoted = errors.setdefault(template, [])
             if r.status is not Status.OK and len(quoted) < SHOWN_PER_TEMPLATE and r.error not in {m for _, m in quoted}:
                 quoted.append((r.status, r.error))
-        return BuildSummary(builds, {t: tuple(e) for t, e in errors.items() if e})
+        return BuildSummary(builds, {t: tuple(e) for t, e in errors.items() if e}, self.first_built)
 
     @property
     def ok(self) -> int:
@@ -52,13 +54,21 @@ class BuildSummary:
         """The builds by status ('3 OK, 1 COMPILE_ERROR'), of one template or of all."""
         return _counts(s for t, s in self.builds.values() if template in (None, t))
 
+    def headline(self) -> str:
+        """'10 distinct: 9 OK, 1 COMPILE_ERROR (3 first built in this run, 7 reused from the store)'."""
+        text = f"{len(self.builds)} distinct: {self.counts()}"
+        if self.first_built is None:
+            return text
+        return f"{text} ({self.first_built} first built in this run, {len(self.builds) - self.first_built} reused " \
+               "from the store)"
+
     def lines(self) -> list[str]:
         """The console summary: the counts, then per template its counts and its first errors verbatim."""
         if not self.builds:
             return ["builds: none (no candidate was legal on any cell, or failure memory rejected every one)"]
         templates = list(dict.fromkeys(t for t, _ in self.builds.values()))
         templates.sort(key=lambda t: t not in self.errors)  # stable: failing templates first, in order of appearance
-        out = [f"builds: {len(self.builds)} distinct: {self.counts()}"]
+        out = [f"builds: {self.headline()}"]
         for t in templates[:SHOWN_TEMPLATES]:
             out.append(f"  template {t}: {self.counts(t)}")
             out += [f"    {s.value}: {msg or '(no message)'}" for s, msg in self.errors.get(t, ())]
@@ -78,3 +88,15 @@ class BuildSummary:
         raise NothingBuiltError(f"none of the run's {len(self.builds)} distinct builds came out OK "
                                 f"({self.counts()}); the first error, {s.value} in template {t}: "
                                 f"{msg or '(no message)'} (every build is in the store's builds table)")
+
+
+def built_only_message(what: str, summary: BuildSummary) -> str:
+    """The stored message of a run that built and evaluated nothing: what it was, then its builds' headline (the
+    store keeps a build once, under the run that built it first, so a later run's builds live only here)."""
+    return f"{what}{_BUILDS}{summary.headline()}"
+
+
+def split_built_only(message: str) -> tuple[str, str]:
+    """(what the run was, its builds' headline) of a built_only_message; (message, '') for any other message."""
+    what, _, builds = message.partition(_BUILDS)
+    return what, builds

@@ -12,7 +12,7 @@ import random
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 from evo.build.nvrtc import Builder, BuildInput, BuildResult, prepare, resources_of
@@ -21,6 +21,7 @@ from evo.core.genome import Genome
 from evo.core.status import Status
 from evo.loop.build_summary import BuildSummary
 from evo.templates.template import TemplateDef, TemplateError, load_templates
+from memory.queries import first_built
 from memory.rows import BuildRow, CandidateRow, Row, RunRow, SourceRow
 from memory.store import Store
 from ops import get_op
@@ -250,6 +251,7 @@ def run_build_stage(session: Session) -> BuildSummary:
     session.log(f"built {len(pop)} genomes -> {n_all} distinct builds for {session.config.run.arch}, "
                 f"{n_ok} cell bindings OK")
     summary = BuildSummary().add(result.distinct)
+    summary = replace(summary, first_built=first_built(session.store, session.run_id, list(summary.builds)))
     for line in summary.lines():
         session.log(line)
     return summary
