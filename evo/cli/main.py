@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("run", help="run an experiment: render, build, verify and time candidates",
+    p = sub.add_parser("run", help="run an experiment: render, build, verify and time candidates (without a GPU: "
+                                   "run.runner = 'compile' renders and builds only)",
                        description="Run an experiment TOML. Builds are recorded in the store. run.runner picks "
                                    "what follows them: 'gpu' (the default) verifies and times candidates on an "
                                    "NVIDIA GPU; 'compile' renders and compiles only, summing up build errors per "

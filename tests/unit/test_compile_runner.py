@@ -59,6 +59,9 @@ def test_no_gpu_error_names_the_compile_runner(tmp_path: Path, capsys, monkeypat
 
 def test_run_help_lists_the_runners_and_says_compile_needs_no_gpu(capsys) -> None:
     with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "without a GPU: run.runner = 'compile'" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
     for runner in ("'gpu'", "'compile'", "'replay'"):
