@@ -55,11 +55,11 @@ class BuildSummary:
         return _counts(s for t, s in self.builds.values() if template in (None, t))
 
     def headline(self) -> str:
-        """'10 distinct: 9 OK, 1 COMPILE_ERROR (3 first built in this run, 7 reused from the store)'."""
+        """'10 distinct: 9 OK, 1 COMPILE_ERROR (3 compiled in this run, 7 reused from the store)'."""
         text = f"{len(self.builds)} distinct: {self.counts()}"
         if self.first_built is None:
             return text
-        return f"{text} ({self.first_built} first built in this run, {len(self.builds) - self.first_built} reused " \
+        return f"{text} ({self.first_built} compiled in this run, {len(self.builds) - self.first_built} reused " \
                "from the store)"
 
     def lines(self) -> list[str]:

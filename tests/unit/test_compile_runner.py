@@ -25,7 +25,7 @@ def test_a_compile_only_run_is_reported_as_one_and_a_rerun_as_what_it_reused(roo
     _template(root, "bad", JINJA_ERROR)
     code, store = _run(tmp_path, _small(["good", "bad"], runner="compile"))
     assert code == 0, capsys.readouterr().err
-    first = "2 distinct: 1 OK, 1 RENDER_ERROR (2 first built in this run, 0 reused from the store)"
+    first = "2 distinct: 1 OK, 1 RENDER_ERROR (2 compiled in this run, 0 reused from the store)"
     assert f"builds: {first}\n" in capsys.readouterr().out
     md = _report(store, "r")
     assert "| runner | compile |" in md
@@ -39,7 +39,7 @@ def test_a_compile_only_run_is_reported_as_one_and_a_rerun_as_what_it_reused(roo
     cfg = tmp_path / "again.toml"
     cfg.write_text(_small(["good", "bad"], runner="none"))
     assert main(["run", str(cfg), "--store", str(store), "--run-id", "r2"]) == 0
-    again = "2 distinct: 1 OK, 1 RENDER_ERROR (0 first built in this run, 2 reused from the store)"
+    again = "2 distinct: 1 OK, 1 RENDER_ERROR (0 compiled in this run, 2 reused from the store)"
     assert f"builds: {again}\n" in capsys.readouterr().out
     md = _report(store, "r2")
     assert f"| builds | {again} |" in md and "| runner | compile |" in md and "0 genomes" not in md

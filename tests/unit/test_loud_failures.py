@@ -81,7 +81,7 @@ def test_a_run_where_nothing_builds_says_why_and_exits_2(root: Path, tmp_path: P
     assert code == 2
     assert line.startswith("kfactory run: error: none of the run's 1 distinct builds came out OK")
     assert f"{status} in template bad" in line and says in line
-    assert f"builds: 1 distinct: 1 {status} (1 first built in this run, 0 reused from the store)\n" \
+    assert f"builds: 1 distinct: 1 {status} (1 compiled in this run, 0 reused from the store)\n" \
            f"  template bad: 1 {status}\n" in out
     (quoted,) = [x for x in out.splitlines() if x.startswith(f"    {status}: ")]
     with Store.open(store, read_only=True) as s:  # everything is recorded: the build, its candidate, the run
@@ -99,7 +99,7 @@ def test_a_run_with_some_builds_ok_sums_them_up_and_exits_0(root: Path, tmp_path
     code, store = _run(tmp_path, _small(["good", "bad"]))
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert out.splitlines()[-4:] == ["builds: 2 distinct: 1 OK, 1 RENDER_ERROR (2 first built in this run, 0 reused "
+    assert out.splitlines()[-4:] == ["builds: 2 distinct: 1 OK, 1 RENDER_ERROR (2 compiled in this run, 0 reused "
                                      "from the store)",  # then per template, failing ones first
                                      "  template bad: 1 RENDER_ERROR",
                                      "    RENDER_ERROR: UndefinedError: 'no_such_name' is undefined",
