@@ -153,6 +153,14 @@ def run_builds(store: Store, run_id: str) -> pd.DataFrame:
         "WHERE e.run_id = ? GROUP BY b.build_key ORDER BY g, b.build_key", [run_id])
 
 
+def first_built(store: Store, run_id: str, build_keys: Sequence[str]) -> int:
+    """How many of these builds the store holds under run_id, the run that recorded them first."""
+    if not build_keys:
+        return 0
+    return int(store.sql("SELECT count(*) AS n FROM builds WHERE run_id = ? AND list_contains(?::VARCHAR[], build_key)",
+                         [run_id, list(build_keys)]).n[0])
+
+
 def counts_text(counts: Mapping[str, int]) -> str:
     """'18 OK, 1 UNKNOWN': counts by Status name, most first (then by name), or 'none'."""
     items = sorted(((s, int(n)) for s, n in counts.items() if n), key=lambda x: (-x[1], x[0]))

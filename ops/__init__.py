@@ -33,17 +33,16 @@ class UnknownOpError(KeyError):
 def get_op(name: str) -> OpSpec:
     """The spec of a known op; a clear error for an unknown one."""
     known = f"known ops: {', '.join(n for n in KNOWN if n != name)}"
+    expose = f"it must expose SPEC (an OpSpec), e.g. `from ops.{name}.spec import SPEC`"
     if name not in KNOWN:
         # a folder without __init__.py is no package, so discovery skips it: say so to whoever is adding an op
         if name.isidentifier() and (ROOT / name).is_dir() and not (ROOT / name / "__init__.py").exists():
-            raise UnknownOpError(f"unknown op {name!r}: ops/{name}/ has no __init__.py exposing SPEC (an OpSpec); "
-                                 f"{known}")
+            raise UnknownOpError(f"unknown op {name!r}: ops/{name}/ has no __init__.py; {expose}; {known}")
         raise UnknownOpError(f"unknown op {name!r}; {known}")
     spec = getattr(importlib.import_module(f"ops.{name}"), "SPEC", None)
     if not isinstance(spec, OpSpec):
         what = "no SPEC" if spec is None else f"a SPEC of type {type(spec).__name__}"
-        raise UnknownOpError(f"unknown op {name!r}: ops/{name}/__init__.py has {what}; it must expose SPEC "
-                             f"(an OpSpec); {known}")
+        raise UnknownOpError(f"unknown op {name!r}: ops/{name}/__init__.py has {what}; {expose}; {known}")
     if spec.name != name:
         raise UnknownOpError(f"ops/{name} exports a SPEC named {spec.name!r}")
     return spec

@@ -16,9 +16,12 @@ import duckdb
 import pandas as pd
 
 from evo.core.config import Backend, Config, Runner, load_config, parse_config
+from evo.core.extras import check_extras
+from evo.loop.build_summary import built_only_message
 from evo.loop.pipeline import NoGpuError, Session, new_run_id, run_build_stage
 from memory.store import Store, StoreError
 
+COMPILE_ONLY = "compile only (run.runner = 'compile'): built, nothing evaluated"
 LESSONS_WIDTH = 100  # `kfactory lessons` wraps to the terminal, at most this wide
 
 
@@ -77,6 +80,7 @@ def run_config(config: Config, store_path: Path, run_id: str) -> int:
     """Run a loaded config (a script may adjust it first: experiments/scripts/ga_h200.py --max-seconds)."""
     from evo.cli.errors import DEFAULT_STORE
 
+    check_extras(config)  # before the store is opened: a refused run leaves no file
     created = _missing_parts(store_path)
     started = False
     try:
@@ -144,21 +148,20 @@ def _execute(session: Session, store_path: Path, evaluator: Any) -> int:
         from evo.measure.run import gpu_available
 
         if config.run.backend is Backend.LOCAL and not gpu_available():
-            run_build_stage(session)
-            store.finish_run(session.run_id, "stopped", "no NVIDIA GPU: built only")
-            # compile is named first: replay needs measurements recorded on a GPU, which a new user lacks
+            built = run_build_stage(session)
+            store.finish_run(session.run_id, "stopped", built_only_message("no NVIDIA GPU: built only", built))
+            # replay is not offered: it needs measurements recorded on a GPU for this op and space
             raise NoGpuError(
                 "evaluation needs an NVIDIA GPU and none is visible (no driver or no device); the builds "
                 f"are recorded in {store_path}. Without a GPU, set run.runner = \"compile\" to render and "
-                "compile only (build errors summed up per template), or replay recorded data with "
-                "run.runner = \"replay\"; or run on a GPU machine.")
+                "compile only (build errors summed up per template); or run on a GPU machine.")
     if config.run.runner in (Runner.GPU, Runner.REPLAY):
         from evo.loop.search import run_search
 
         return run_search(session, evaluator)
     summary = run_build_stage(session)
     summary.check()  # nothing built OK: an error, and run_config records the run as failed (its builds are kept)
-    store.finish_run(session.run_id, "done", "compile only (run.runner = 'compile'): built, nothing evaluated")
+    store.finish_run(session.run_id, "done", built_only_message(COMPILE_ONLY, summary))
     return 0
 
 

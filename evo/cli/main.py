@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("run", help="run an experiment: render, build, verify and time candidates",
+    p = sub.add_parser("run", help="run an experiment: render, build, verify and time candidates (without a GPU: "
+                                   "run.runner = 'compile' renders and builds only)",
                        description="Run an experiment TOML. Builds are recorded in the store. run.runner picks "
                                    "what follows them: 'gpu' (the default) verifies and times candidates on an "
                                    "NVIDIA GPU; 'compile' renders and compiles only, summing up build errors per "
@@ -123,15 +124,17 @@ def parser() -> argparse.ArgumentParser:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's to fix: printed as one clear line, not a traceback."""
     from evo.core.config import ConfigError
+    from evo.core.extras import MissingExtraError
     from evo.export.errors import ExportError
-    from evo.loop.pipeline import NoGpuError, NothingBuiltError
+    from evo.loop.build_summary import NothingBuiltError
+    from evo.loop.pipeline import NoGpuError
     from evo.templates.template import TemplateError
     from memory.store import StoreError
 
     from ops import UnknownOpError
 
     return (ConfigError, TemplateError, StoreError, NoGpuError, NothingBuiltError, UnknownNameError, UnknownOpError,
-            UsageError, ExportError)
+            UsageError, ExportError, MissingExtraError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

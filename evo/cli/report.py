@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from evo.cli.errors import UnknownNameError, UsageError
 from evo.core.config import Runner
+from evo.loop.build_summary import split_built_only
 from memory.queries import RunTotals, counts_text, run_totals
 from memory.store import Store, StoreError
 
@@ -243,9 +244,9 @@ def run_runner(config_toml: Any) -> Runner | None:
         return None
 
 
-def _header_lines(run: pd.Series, evals: pd.DataFrame, totals: RunTotals, build_counts: pd.DataFrame,
-                  genomes: int) -> list[str]:
-    message = f": {_md(run.message)}" if isinstance(run.message, str) else ""
+def _header_lines(run: pd.Series, evals: pd.DataFrame, totals: RunTotals, build_counts: pd.DataFrame) -> list[str]:
+    what, builds = split_built_only(run.message) if isinstance(run.message, str) else ("", "")
+    message = f": {_md(what)}" if what else ""
     finished = run.finished_at if pd.notna(run.finished_at) else "n/a"
     elapsed = f"{run.elapsed_s:.0f} s" if pd.notna(run.elapsed_s) else "n/a"
     sources = ", ".join(sorted(evals.source.dropna().unique())) or "n/a"
@@ -257,11 +258,13 @@ def _header_lines(run: pd.Series, evals: pd.DataFrame, totals: RunTotals, build_
             f"| runner | {runner.value if runner else 'n/a'} |",
             f"| status | {_md(run.status)}{message} |", f"| started | {run.created_at} |", f"| finished | {finished} |",
             f"| search time | {elapsed} |"]
-    if evals.empty and genomes:  # built, never evaluated: the evaluation counts would all read 0 beside OK builds
-        kind = "compile-only run (run.runner = 'compile'): " if runner is Runner.COMPILE else ""
-        return [*head, f"| candidates | {kind}{genomes} genome(s) first built in this run, none evaluated |",
-                f"| builds | {int(build_counts.n.sum())} distinct, first built in this run: "
-                f"{counts_text(dict(zip(build_counts.status, build_counts.n)))} |", ""]
+    kind = "compile-only run (run.runner = 'compile'): " if runner is Runner.COMPILE else ""
+    if evals.empty:  # never evaluated: no evaluation counts (all 0) beside the builds
+        # the builds as the run's console said them, kept in its message (the builds table holds a build once, under
+        # the run that built it first); else, from an older store or a failed run, those first built in this run
+        builds = builds or (f"{int(build_counts.n.sum())} distinct, first built in this run: "
+                            f"{counts_text(dict(zip(build_counts.status, build_counts.n)))}")
+        return [*head, f"| candidates | {kind}none evaluated |", f"| builds | {_md(builds)} |", ""]
     return [*head,
             f"| candidates | {evals.genome_key.nunique()} genomes over {n_gens} generation(s) |",
             # the console's end of run prints these same RunTotals texts
@@ -312,7 +315,6 @@ def write_report(store_path: Path, run_id: str, out_dir: Path) -> Path:
         build_counts = store.sql("SELECT status, count(*) AS n FROM builds WHERE run_id = ? "
                                  "GROUP BY status ORDER BY n DESC, status", [run_id])
         totals = run_totals(store, run_id)
-        genomes = int(store.sql("SELECT count(*) AS n FROM candidates WHERE run_id = ?", [run_id]).n[0])
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
@@ -320,7 +322,7 @@ def write_report(store_path: Path, run_id: str, out_dir: Path) -> Path:
     for name in (BEST_SO_FAR_PNG, SPEEDUP_PNG, CEILING_PNG):  # no stale plot from an earlier report
         (out_dir / name).unlink(missing_ok=True)
     compile_only = evals.empty and run_runner(run.config_toml) is Runner.COMPILE
-    lines = [*_header_lines(run, evals, totals, build_counts, genomes),
+    lines = [*_header_lines(run, evals, totals, build_counts),
              "## Fingerprint", "", *_fingerprint_lines(evals),
              "## Evaluations by status", "", *_counts_table(eval_counts, "evaluations"),
              "## Builds by status (first built in this run)", "", *_counts_table(build_counts, "builds"),

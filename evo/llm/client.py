@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol
 
 from evo.llm.prompts import Prompt
 from evo.llm.secrets import redact
+from evo.core.extras import require
 from evo.core.llm_settings import LLMSettings
 from evo.core.status import Status
 from memory.rows import LLMCallRow
@@ -58,7 +59,7 @@ class LLM(Protocol):
 def _litellm() -> Any:
     """litellm, imported on first use with the bundled cost map (no download on an offline machine)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
+    litellm = require("litellm", "llm", "the LLM operator")
 
     litellm.suppress_debug_info = True
     return litellm

@@ -12,15 +12,16 @@ import random
 import re
 import time
 import uuid
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 from evo.build.nvrtc import Builder, BuildInput, BuildResult, prepare, resources_of
 from evo.core.config import Config, ConfigError
 from evo.core.genome import Genome
 from evo.core.status import Status
+from evo.loop.build_summary import BuildSummary
 from evo.templates.template import TemplateDef, TemplateError, load_templates
+from memory.queries import first_built
 from memory.rows import BuildRow, CandidateRow, Row, RunRow, SourceRow
 from memory.store import Store
 from ops import get_op
@@ -29,10 +30,6 @@ from ops.spec import Cell, DType, OpSpec
 
 class NoGpuError(RuntimeError):
     """Evaluation was asked for on a machine without an NVIDIA GPU."""
-
-
-class NothingBuiltError(RuntimeError):
-    """No build of a run came out OK: every candidate failed to render, compile or fit its target."""
 
 
 # A stored failure is reused only when it is the source's fault every time: NVRTC's own error (it
@@ -167,55 +164,6 @@ class Session:
         return out
 
 
-SHOWN_ERRORS = 3  # distinct build errors a run's summary quotes
-
-
-@dataclass(frozen=True)
-class BuildSummary:
-    """A run's distinct builds by status and its first distinct build errors, each with its template: what a
-    run says at its end, so that a failing template is not left silent in the store's builds table."""
-
-    statuses: Mapping[str, Status] = field(default_factory=dict)  # build key -> status
-    errors: tuple[tuple[Status, str, str], ...] = ()  # (status, template, message), the first SHOWN_ERRORS
-
-    def add(self, results: Sequence[tuple[str, BuildResult]]) -> "BuildSummary":
-        """This summary and more (template, build result) pairs (a build key seen before is counted once)."""
-        statuses, errors = dict(self.statuses), list(self.errors)
-        for template, r in results:
-            statuses.setdefault(r.build_key, r.status)
-            if r.status is not Status.OK and len(errors) < SHOWN_ERRORS and r.error not in {e[2] for e in errors}:
-                errors.append((r.status, template, r.error))
-        return BuildSummary(statuses, tuple(errors))
-
-    @property
-    def ok(self) -> int:
-        return sum(s is Status.OK for s in self.statuses.values())
-
-    def counts(self) -> str:
-        """'3 OK, 1 COMPILE_ERROR', in the Status enum's order."""
-        n = Counter(self.statuses.values())
-        return ", ".join(f"{n[s]} {s.value}" for s in Status if n[s])
-
-    def lines(self) -> list[str]:
-        """The console summary: the counts, then each quoted error verbatim with its template."""
-        if not self.statuses:
-            return ["builds: none (no candidate was legal on any cell, or failure memory rejected every one)"]
-        return [f"builds: {len(self.statuses)} distinct: {self.counts()}",
-                *(f"  {s.value} in template {t}: {msg or '(no message)'}" for s, t, msg in self.errors)]
-
-    def check(self) -> None:
-        """NothingBuiltError (one line) when no build came out OK; call it once everything is recorded."""
-        if self.ok:
-            return
-        if not self.errors:
-            raise NothingBuiltError("nothing was built: no candidate was legal on any cell of the run (or failure "
-                                    "memory rejected every one)")
-        s, t, msg = self.errors[0]
-        raise NothingBuiltError(f"none of the run's {len(self.statuses)} distinct builds came out OK "
-                                f"({self.counts()}); the first error, {s.value} in template {t}: "
-                                f"{msg or '(no message)'} (every build is in the store's builds table)")
-
-
 @dataclass(frozen=True)
 class Built:
     """The build stage's result: per genome key its (cell, build) pairs, the rows to record, and counts."""
@@ -303,6 +251,7 @@ def run_build_stage(session: Session) -> BuildSummary:
     session.log(f"built {len(pop)} genomes -> {n_all} distinct builds for {session.config.run.arch}, "
                 f"{n_ok} cell bindings OK")
     summary = BuildSummary().add(result.distinct)
+    summary = replace(summary, first_built=first_built(session.store, session.run_id, list(summary.builds)))
     for line in summary.lines():
         session.log(line)
     return summary

@@ -29,9 +29,10 @@ from evo.core.config import Backend, Config, ConfigError, Runner, StrategyKind
 from evo.core.genome import Genome
 from evo.core.outcome import Outcome
 from evo.core.status import Status
+from evo.loop.build_summary import BuildSummary
 from evo.loop.generation import Callbacks, Generation
 from evo.loop.learn import REFRESH_EVERY, Learner, Screened
-from evo.loop.pipeline import BuildSummary, Session, build, dtype_sets
+from evo.loop.pipeline import Session, build, dtype_sets
 from evo.loop.record import Recorder, fingerprint_class
 from evo.measure.evaluators import EvalItem, Evaluator, GpuEvaluator, ReplayEvaluator
 from evo.measure.jobs import Timing

@@ -19,18 +19,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from evo.build.nvrtc import BuildInput, BuildResult, compile_one
 from evo.measure.jobs import EvalJob, JobResult
 from evo.measure.run import CRASH, TIMEOUT, WorkerHandle, WorkerStartError
+from evo.core.extras import require
 from evo.core.status import Status
 
-INSTALL_HINT = "pip install 'kernel-factory[ray]'"
 STARTING = -1  # job index of a wait that is an actor coming up, not a job
 
 
 def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as e:
-        raise ImportError(f"the Ray backend needs ray, which is not installed: {INSTALL_HINT}") from e
-    return ray
+    return require("ray", "ray", "the Ray backend")
 
 
 def _require_ray() -> Any:

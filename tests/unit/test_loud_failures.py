@@ -81,14 +81,15 @@ def test_a_run_where_nothing_builds_says_why_and_exits_2(root: Path, tmp_path: P
     assert code == 2
     assert line.startswith("kfactory run: error: none of the run's 1 distinct builds came out OK")
     assert f"{status} in template bad" in line and says in line
-    assert f"builds: 1 distinct: 1 {status}" in out
-    (quoted,) = [x for x in out.splitlines() if x.startswith(f"  {status} in template bad: ")]
+    assert f"builds: 1 distinct: 1 {status} (1 compiled in this run, 0 reused from the store)\n" \
+           f"  template bad: 1 {status}\n" in out
+    (quoted,) = [x for x in out.splitlines() if x.startswith(f"    {status}: ")]
     with Store.open(store, read_only=True) as s:  # everything is recorded: the build, its candidate, the run
         b = s.sql("SELECT status, error FROM builds WHERE run_id = 'r'")
         run = s.sql("SELECT status, message FROM runs WHERE run_id = 'r'").iloc[0]
         assert len(s.sql("SELECT * FROM candidates WHERE run_id = 'r'")) == 1
     assert b.status.tolist() == [status] and says in b.error[0]
-    assert quoted == f"  {status} in template bad: {b.error[0]}"  # the message verbatim
+    assert quoted == f"    {status}: {b.error[0]}"  # the message verbatim
     assert run.status == "failed" and "NothingBuiltError" in run.message and says in run.message
 
 
@@ -98,8 +99,11 @@ def test_a_run_with_some_builds_ok_sums_them_up_and_exits_0(root: Path, tmp_path
     code, store = _run(tmp_path, _small(["good", "bad"]))
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "builds: 2 distinct: 1 OK, 1 RENDER_ERROR" in out
-    assert "  RENDER_ERROR in template bad: " in out and "'no_such_name' is undefined" in out
+    assert out.splitlines()[-4:] == ["builds: 2 distinct: 1 OK, 1 RENDER_ERROR (2 compiled in this run, 0 reused "
+                                     "from the store)",  # then per template, failing ones first
+                                     "  template bad: 1 RENDER_ERROR",
+                                     "    RENDER_ERROR: UndefinedError: 'no_such_name' is undefined",
+                                     "  template good: 1 OK"]
     with Store.open(store, read_only=True) as s:
         assert s.sql("SELECT status FROM runs WHERE run_id = 'r'").status[0] == "done"
 
@@ -110,8 +114,8 @@ def test_the_search_loop_ends_with_the_summary_and_exits_2_when_nothing_built(ro
     code, store = _run(tmp_path, _small(["bad"], runner="replay"))
     out, line = _err_line(capsys)
     assert code == 2 and "none of the run's 1 distinct builds came out OK (1 RENDER_ERROR)" in line
-    assert out.splitlines()[-2:] == ["builds: 1 distinct: 1 RENDER_ERROR",
-                                     "  RENDER_ERROR in template bad: UndefinedError: 'no_such_name' is undefined"]
+    assert out.splitlines()[-3:] == ["builds: 1 distinct: 1 RENDER_ERROR", "  template bad: 1 RENDER_ERROR",
+                                     "    RENDER_ERROR: UndefinedError: 'no_such_name' is undefined"]
     with Store.open(store, read_only=True) as s:
         assert s.sql("SELECT status FROM runs WHERE run_id = 'r'").status[0] == "failed"
         assert set(s.sql("SELECT status FROM evaluations WHERE run_id = 'r'").status) == {"RENDER_ERROR"}
@@ -126,7 +130,7 @@ def test_a_resume_with_nothing_left_to_build_counts_the_builds_it_made_before(ro
     capsys.readouterr()
     assert main(["resume", "r", "--store", str(store)]) == 0
     out = capsys.readouterr().out
-    assert "resumed r" in out and out.splitlines()[-1] == "builds: 1 distinct: 1 OK"
+    assert "resumed r" in out and out.splitlines()[-2:] == ["builds: 1 distinct: 1 OK", "  template good: 1 OK"]
 
 
 # ---------------------------------------------------------------- 2: a header expression reading an unknown name

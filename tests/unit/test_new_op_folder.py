@@ -27,8 +27,8 @@ def scale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def test_a_folder_without_init_says_so(scale: Path) -> None:
     with pytest.raises(UnknownOpError) as e:
         get_op("scale")
-    assert str(e.value).startswith("unknown op 'scale': ops/scale/ has no __init__.py exposing SPEC (an OpSpec); "
-                                   "known ops: ")
+    assert str(e.value).startswith("unknown op 'scale': ops/scale/ has no __init__.py; it must expose SPEC (an "
+                                   "OpSpec), e.g. `from ops.scale.spec import SPEC`; known ops: ")
 
 
 @pytest.mark.parametrize("init, has", [("", "no SPEC"), ("SPEC = {'name': 'scale'}\n", "a SPEC of type dict")],
@@ -40,7 +40,8 @@ def test_an_init_without_an_opspec_says_so(scale: Path, monkeypatch: pytest.Monk
     with pytest.raises(UnknownOpError) as e:
         get_op("scale")
     msg = str(e.value)
-    assert msg.startswith(f"unknown op 'scale': ops/scale/__init__.py has {has}; it must expose SPEC (an OpSpec); ")
+    assert msg.startswith(f"unknown op 'scale': ops/scale/__init__.py has {has}; it must expose SPEC (an OpSpec), "
+                          "e.g. `from ops.scale.spec import SPEC`; ")
     assert "known ops: " in msg and "scale" not in msg.split("known ops: ")[1]
 
 

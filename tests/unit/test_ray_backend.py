@@ -190,5 +190,5 @@ def test_actor_that_cannot_start() -> None:
 
 def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` sees where it is not installed
-    with pytest.raises(ImportError, match=r"pip install 'kernel-factory\[ray\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[ray\]'"):
         init_ray("")
