@@ -20,8 +20,11 @@ STATE=${KF_PROOF_STATE:-/tmp/kf_proof}
 SITE=${KF_SITE:-/tmp/kf_site}
 mkdir -p "$STATE" "$SITE"
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# the CUTLASS DSL's .pth is not read from a --target install
-[ -d "$SITE/nvidia_cutlass_dsl/python_packages" ] && export PYTHONPATH="$PYTHONPATH:$SITE/nvidia_cutlass_dsl/python_packages"
+# the CUTLASS DSL's .pth (its `cutlass` package under dsl_packages/, python_packages/ before 4.3) is not read from a
+# --target install
+for d in dsl_packages python_packages; do
+  [ -d "$SITE/nvidia_cutlass_dsl/$d" ] && export PYTHONPATH="$PYTHONPATH:$SITE/nvidia_cutlass_dsl/$d"
+done
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "package_proof.sh: $*" >&2; exit 2; }
@@ -73,9 +76,9 @@ case "$stage" in
     tail -3 "$out/${op}_tests.log"; mark "tests_$op"; exit $status ;;
   bench)
     op=${2:?bench OP OUT TAG}; out=${3:?bench OP OUT TAG}; tag=${4:?bench OP OUT TAG}; shift 4; env_of "$op"
-    mkdir -p "$out"
+    mkdir -p "$out"; out=$(cd "$out" && pwd)
     done_mark "bench_${op}_$tag" && { echo "bench $op $tag: done"; exit 0; }
-    (cd /tmp && python3 -m "$NAME.bench" --out "$OLDPWD/$out/${op}_bench_$tag.json" "$@") 2>&1 \
+    (cd /tmp && python3 -m "$NAME.bench" --out "$out/${op}_bench_$tag.json" "$@") 2>&1 \
       | tee "$out/${op}_bench_$tag.log" | grep -v '^\s*$' | tail -n 60
     [ "${PIPESTATUS[0]}" -le 1 ] && mark "bench_${op}_$tag" ;;
   *) die "unknown stage $stage (--help lists them)" ;;

@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"
 TARGETS = {"summary": ROOT / "README.md", "details": ROOT / "docs" / "results.md"}
 OPS = {"rmsnorm": "RMSNorm", "kda": "KDA"}  # the published ops, in the order they are shown
+ORDER = ("forward", "residual", "backward", "train", "prefill", "varlen", "decode")  # tables of an op, in order
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colours some peers put in their error messages
 BLOCK = re.compile(r"(<!-- results_tables:(\w+) -->\n)(.*?)(<!-- /results_tables -->)", re.S)
 PACKAGE = "package"
 
@@ -63,6 +65,8 @@ def load_tables(results: Path = RESULTS) -> list[Table]:
                 if card_slug(name) != folder.name:
                     raise ValueError(f"{path.relative_to(results)}: measured on {name}, not a {folder.name}")
                 only = f", cells {doc['cells_regex']}" if doc.get("cells_regex") else ""
+                if not doc.get("complete", True):  # a stopped run's file holds the cells measured so far
+                    only += f", stopped after {len(doc['cells'])} cells"
                 for t in doc.get("tables") or sorted({r["table"] for r in doc["cells"]}):
                     rows = tuple(r for r in doc["cells"] if r["table"] == t)
                     if not rows:
@@ -73,7 +77,8 @@ def load_tables(results: Path = RESULTS) -> list[Table]:
                     seen[t + only] = path
                     rel = RESULTS.relative_to(ROOT) / path.relative_to(results)
                     out.append(Table(op, folder.name, t + only, rows, doc, rel))
-    return out
+    rank = {t: i for i, t in enumerate(ORDER)}
+    return sorted(out, key=lambda t: (list(OPS).index(t.op), t.card, rank.get(t.name.split(",")[0], len(ORDER))))
 
 
 def geomean(values: list[float]) -> float | None:
@@ -140,7 +145,7 @@ def _not_timed(t: Table) -> list[str]:
     for r in t.rows:
         for n, s in r["sides"].items():
             if s["status"] != "ok":
-                key = (n, s["status"], s.get("reason") or "")
+                key = (n, s["status"], ANSI.sub("", s.get("reason") or ""))
                 seen[key] = seen.get(key, 0) + 1
     return [f"- {n}: {status} on {k}/{len(t.rows)} cells{f' ({why})' if why else ''}"
             for (n, status, why), k in sorted(seen.items())]
@@ -151,12 +156,13 @@ def details_table(t: Table) -> str:
     rel = t.path
     asked = []
     if not doc.get("complete", True):
-        asked.append("the run stopped before its last cell")
+        asked.append("the run was stopped before its last cell (its time limit)")
     ceiling = (doc.get("copy_ceiling") or {}).get("gbps")
+    samples = f", {doc['samples']} samples per side and column" if doc.get("samples") else ""
     head = [f"### {label(t)}, {t.card.upper()}", "",
             f"{where(t)}. Peers: {peers_line(t)}. Copy ceiling {ceiling:.0f} GB/s." if ceiling else
             f"{where(t)}. Peers: {peers_line(t)}.",
-            f"From [`{rel}`]({Path('..') / rel}), {doc.get('samples', '?')} samples per side and column"
+            f"From [`{rel}`]({Path('..') / rel}){samples}"
             f"{'; ' + '; '.join(asked) if asked else ''}. Geomean over the cells: "
             f"{_x(geomean(speedups(t, 'kernel')))} by kernel time, {_x(geomean(speedups(t, 'call')))} by call time.",
             "", "| cell | package path | package kernel µs | best peer (kernel) | × | package call µs | "

@@ -89,9 +89,12 @@ def main(argv: list[str] | None, description: str, quick: str, measure: Callable
     head = header(peer_dists)
     args.ceiling_gbps = (head["copy_ceiling"] or {}).get("gbps")
     # after every cell the rows so far, marked incomplete: a benchmark stopped midway keeps what it measured
-    args.save = lambda rows: args.out.write_text(json.dumps({**head, "complete": False, "cells": rows}, indent=2))
+    asked = {"cells_regex": args.cells.pattern if args.cells else None, "quick": bool(args.quick),
+             "samples": args.samples, **({"tables": list(args.tables)} if hasattr(args, "tables") else {})}
+    args.save = lambda rows: args.out.write_text(json.dumps({**head, **asked, "complete": False, "cells": rows},
+                                                            indent=2))
     rows, fields, summary = measure(args)
-    doc = {**head, "complete": True, **fields, "cells": rows}
+    doc = {**head, **asked, "complete": True, **fields, "cells": rows}
     args.out.write_text(json.dumps(doc, indent=2))
     wrong = [r["cell"] for r in rows if not r["correct"]]
     print(f"{len(rows)} cells; {summary}; wrote {args.out}")
@@ -120,7 +123,5 @@ def measure_tables(args: argparse.Namespace, cells_of: Callable[[str], Sequence[
                 args.save(rows)
     gm = {t: {col: geomean(r[f"speedup_{col}"] for r in rows if r["table"] == t and r[f"speedup_{col}"])
               for col in ("kernel", "call")} for t in args.tables}
-    asked = {"tables": list(args.tables), "cells_regex": args.cells.pattern if args.cells else None,
-             "quick": bool(args.quick), "samples": args.samples, "peers_asked": list(names)}
-    return rows, {**asked, "geomean_speedup_vs_best_peer": gm}, \
+    return rows, {"peers_asked": list(names), "geomean_speedup_vs_best_peer": gm}, \
         f"geomean speedup over the best peer per table: {gm}"

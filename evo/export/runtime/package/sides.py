@@ -8,6 +8,7 @@ exception's first line. Nothing is replaced by something else."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -57,7 +58,8 @@ def spread(v: list[float]) -> list[float]:
 
 
 def first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
+    """The exception's type and first line, without terminal colours."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
