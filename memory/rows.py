@@ -1,8 +1,9 @@
-"""One frozen record per lesson-store table; fields are exactly the table's columns, in order."""
+"""One frozen record per lesson-store table; its fields, in order, are the table's columns (memory.schema derives
+the tables from them: a field's Python type gives its SQL type)."""
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 from typing import Any, ClassVar, Literal
@@ -36,7 +37,7 @@ class RunRow:
     arch: str
     config_toml: str
     config_hash: str
-    seed: int
+    seed: int = field(metadata={"sql": "BIGINT"})
     status: str
     created_at: datetime | None = None
     finished_at: datetime | None = None

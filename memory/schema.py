@@ -1,7 +1,14 @@
-"""Versioned schema of the lesson store: tables, columns, keys and what a re-insert does."""
+"""Versioned schema of the lesson store: tables, keys and what a re-insert does; the columns are the fields of
+the row records (memory.rows), so they are declared once."""
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
 from enum import Enum
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from memory import rows
 
 # Bump when a column or table changes, and add the statements that bring the previous version up to
 # it to MIGRATIONS; Store.open upgrades an older file it opens for writing, and refuses newer ones.
@@ -39,174 +46,41 @@ class Table:
 
 META = Table("meta", (("key", "TEXT"), ("value", "TEXT")), key="key", on_conflict=OnConflict.ERROR)
 
+# A row field's SQL type, from its Python type (an optional's None left out; a Literal of strings is TEXT);
+# a field may name another in its metadata, as RunRow.seed does (BIGINT).
+_SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "DOUBLE", datetime: "TIMESTAMP", bytes: "BLOB", bool: "BOOLEAN"}
+
+
+def _sql_type(name: str, hint: Any, metadata: Mapping[str, Any]) -> str:
+    if "sql" in metadata:
+        return metadata["sql"]
+    if get_origin(hint) is Literal:
+        kinds = {type(a) for a in get_args(hint)}
+    else:
+        options = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+        kinds = {a for a in options if a is not type(None)}
+    if len(kinds) != 1 or next(iter(kinds)) not in _SQL_TYPES:
+        raise TypeError(f"field {name}: no SQL type for {hint!r}")
+    return _SQL_TYPES[next(iter(kinds))]
+
+
+def _table(row_type: type, key: str | None, on_conflict: OnConflict, keep_on_update: tuple[str, ...] = ()) -> Table:
+    """The table of a row type: its fields, in order, are the columns."""
+    hints = get_type_hints(row_type)
+    columns = tuple((f.name, _sql_type(f.name, hints[f.name], f.metadata)) for f in fields(row_type))
+    return Table(row_type.TABLE, columns, key, on_conflict, keep_on_update)
+
 # No secondary indexes: DuckDB scans columnar data fast, and ART indexes on non-key columns
 # make updates and same-transaction re-inserts fragile.
 TABLES: tuple[Table, ...] = (
-    Table(
-        "runs",
-        (
-            ("run_id", "TEXT"),
-            ("op", "TEXT"),
-            ("arch", "TEXT"),
-            ("config_toml", "TEXT"),
-            ("config_hash", "TEXT"),
-            ("seed", "BIGINT"),
-            ("status", "TEXT"),
-            ("created_at", "TIMESTAMP"),
-            ("finished_at", "TIMESTAMP"),
-            ("message", "TEXT"),
-            ("elapsed_s", "DOUBLE"),
-            ("config_path", "TEXT"),
-        ),
-        key="run_id",
-        on_conflict=OnConflict.ERROR,
-    ),
-    Table(
-        "sources",
-        (
-            ("source_hash", "TEXT"),
-            ("op", "TEXT"),
-            ("template", "TEXT"),
-            ("text", "TEXT"),
-            ("origin", "TEXT"),
-            ("parent_hash", "TEXT"),
-            ("llm_call_id", "TEXT"),
-            ("created_at", "TIMESTAMP"),
-        ),
-        key="source_hash",
-        on_conflict=OnConflict.IGNORE,
-    ),
-    Table(
-        "candidates",
-        (
-            ("genome_key", "TEXT"),
-            ("op", "TEXT"),
-            ("template", "TEXT"),
-            ("source_hash", "TEXT"),
-            ("params_json", "TEXT"),
-            ("origin", "TEXT"),
-            ("parents_json", "TEXT"),
-            ("run_id", "TEXT"),
-            ("generation", "INTEGER"),
-            ("created_at", "TIMESTAMP"),
-        ),
-        key="genome_key",
-        on_conflict=OnConflict.IGNORE,
-    ),
-    Table(
-        "builds",
-        (
-            ("build_key", "TEXT"),
-            ("genome_key", "TEXT"),
-            ("run_id", "TEXT"),
-            ("arch", "TEXT"),
-            ("dtypes_json", "TEXT"),
-            ("consts_json", "TEXT"),
-            ("status", "TEXT"),
-            ("regs", "INTEGER"),
-            ("spill_stores", "INTEGER"),
-            ("spill_loads", "INTEGER"),
-            ("smem_bytes", "INTEGER"),
-            ("stack_bytes", "INTEGER"),
-            ("compile_ms", "DOUBLE"),
-            ("compiler", "TEXT"),
-            ("log", "TEXT"),
-            ("error", "TEXT"),
-            ("cubin", "BLOB"),
-            ("created_at", "TIMESTAMP"),
-        ),
-        key="build_key",
-        on_conflict=OnConflict.IGNORE,
-    ),
-    Table(
-        "evaluations",
-        (
-            ("eval_id", "TEXT"),
-            ("run_id", "TEXT"),
-            ("genome_key", "TEXT"),
-            ("build_key", "TEXT"),
-            ("cell", "TEXT"),
-            ("dtypes_json", "TEXT"),
-            ("dims_json", "TEXT"),
-            ("status", "TEXT"),
-            ("median_us", "DOUBLE"),
-            ("p10_us", "DOUBLE"),
-            ("p90_us", "DOUBLE"),
-            ("samples", "INTEGER"),
-            ("gbps", "DOUBLE"),
-            ("ceiling_gbps", "DOUBLE"),
-            ("baseline", "TEXT"),
-            ("baseline_us", "DOUBLE"),
-            ("speedup", "DOUBLE"),
-            ("max_abs_err", "DOUBLE"),
-            ("rel_norm_err", "DOUBLE"),
-            ("error", "TEXT"),
-            ("fingerprint_json", "TEXT"),
-            ("fingerprint_class", "TEXT"),
-            ("generation", "INTEGER"),
-            ("source", "TEXT"),
-            ("created_at", "TIMESTAMP"),
-            ("reused_from", "TEXT"),
-        ),
-        key="eval_id",
-        on_conflict=OnConflict.ERROR,
-    ),
-    Table(
-        "lessons",
-        (
-            ("lesson_id", "TEXT"),
-            ("kind", "TEXT"),
-            ("op", "TEXT"),
-            ("arch", "TEXT"),
-            ("scope_json", "TEXT"),
-            ("text", "TEXT"),
-            ("structured_json", "TEXT"),
-            ("provenance_json", "TEXT"),
-            ("created_run", "TEXT"),
-            ("confirmed_run", "TEXT"),
-            ("usefulness", "DOUBLE"),
-            ("support", "INTEGER"),
-            ("created_at", "TIMESTAMP"),
-            ("updated_at", "TIMESTAMP"),
-        ),
-        key="lesson_id",
-        on_conflict=OnConflict.UPSERT,
-        keep_on_update=("created_run", "created_at"),
-    ),
-    Table(
-        "lesson_uses",
-        (
-            ("genome_key", "TEXT"),
-            ("lesson_id", "TEXT"),
-            ("run_id", "TEXT"),
-            ("effect", "TEXT"),
-            ("created_at", "TIMESTAMP"),
-        ),
-        key=None,
-        on_conflict=OnConflict.ERROR,
-    ),
-    Table(
-        "llm_calls",
-        (
-            ("call_id", "TEXT"),
-            ("run_id", "TEXT"),
-            ("role", "TEXT"),
-            ("model", "TEXT"),
-            ("prompt_hash", "TEXT"),
-            ("prompt_template_hash", "TEXT"),
-            ("prompt", "TEXT"),
-            ("response", "TEXT"),
-            ("prompt_tokens", "INTEGER"),
-            ("completion_tokens", "INTEGER"),
-            ("cost_usd", "DOUBLE"),
-            ("latency_s", "DOUBLE"),
-            ("outcome", "TEXT"),
-            ("error", "TEXT"),
-            ("created_at", "TIMESTAMP"),
-        ),
-        key="call_id",
-        on_conflict=OnConflict.ERROR,
-    ),
+    _table(rows.RunRow, "run_id", OnConflict.ERROR),
+    _table(rows.SourceRow, "source_hash", OnConflict.IGNORE),
+    _table(rows.CandidateRow, "genome_key", OnConflict.IGNORE),
+    _table(rows.BuildRow, "build_key", OnConflict.IGNORE),
+    _table(rows.EvaluationRow, "eval_id", OnConflict.ERROR),
+    _table(rows.LessonRow, "lesson_id", OnConflict.UPSERT, keep_on_update=("created_run", "created_at")),
+    _table(rows.LessonUseRow, None, OnConflict.ERROR),
+    _table(rows.LLMCallRow, "call_id", OnConflict.ERROR),
 )
 
 

@@ -398,3 +398,12 @@ class Store:
     def runs(self) -> pd.DataFrame:
         """All runs, oldest first."""
         return self.sql("SELECT * FROM runs ORDER BY created_at, run_id")
+
+
+def user_query(store: Store, query: str) -> pd.DataFrame:
+    """A user's own SQL (`kfactory sql`) against the store; a DuckDB error is a StoreError with its first line."""
+    try:
+        return store.sql(query)
+    except duckdb.Error as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StoreError(f"SQL error: {first}") from None

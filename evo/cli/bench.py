@@ -250,15 +250,16 @@ def cmd_bench(args: Any) -> int:
             raise UnknownNameError(f"template {t.name} has no params {bad} (params: {list(t.param_names)})")
         cands = [(t.name, t, Genome.make(op.name, t.name, t.source_hash, params))]
     if args.genome:
+        from memory.sources import candidate_params
         from memory.store import Store
 
         with Store.open(args.store, read_only=True) as store:
             for key in args.genome:
-                df = store.sql("SELECT template, params_json FROM candidates WHERE genome_key = ?", [key])
-                if df.empty:
+                found = candidate_params(store, key)
+                if found is None:
                     raise UnknownNameError(f"no candidate with genome key {key} in {args.store}")
-                t = tdefs[df.template[0]]
-                cands.append((key[:10], t, Genome.make(op.name, t.name, t.source_hash, json.loads(df.params_json[0]))))
+                t = tdefs[found[0]]
+                cands.append((key[:10], t, Genome.make(op.name, t.name, t.source_hash, json.loads(found[1]))))
     cells = op.matrix()
     if args.quick:
         cells = [c for i, c in enumerate(cells) if i % 12 == 0]

@@ -12,14 +12,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
-import duckdb
 import pandas as pd
 
 from evo.core.config import Backend, Config, Runner, load_config, parse_config
 from evo.core.extras import check_extras
 from evo.loop.build_summary import built_only_message
 from evo.loop.pipeline import NoGpuError, Session, new_run_id, run_build_stage
-from memory.store import Store, StoreError
+from memory.runs import run_ids, stored_config
+from memory.store import Store, StoreError, user_query
 
 COMPILE_ONLY = "compile only (run.runner = 'compile'): built, nothing evaluated"
 LESSONS_WIDTH = 100  # `kfactory lessons` wraps to the terminal, at most this wide
@@ -64,12 +64,11 @@ def cmd_resume(run_id: str, store_path: Path) -> int:
     if not store_path.exists():
         raise StoreError(f"no store at {store_path}")
     with Store.open(store_path, read_only=True) as store:
-        df = store.sql("SELECT config_toml, config_path FROM runs WHERE run_id = ?", [run_id])
-        known = store.runs().run_id.tolist()
-    if df.empty:
+        stored = stored_config(store, run_id)
+        known = run_ids(store)
+    if stored is None:
         raise StoreError(f"no run {run_id!r} in {store_path}; known runs: {', '.join(known) or 'none'}")
-    path = df.config_path[0] if isinstance(df.config_path[0], str) else ""
-    return run_config(parse_config(df.config_toml[0], f"run {run_id}", path), store_path, run_id)
+    return run_config(parse_config(stored.toml, f"run {run_id}", stored.path), store_path, run_id)
 
 
 def cmd_run(config_path: Path, store_path: Path, run_id: str = "") -> int:
@@ -180,11 +179,7 @@ def cmd_sql(query: str, store_path: Path) -> int:
     if not query.strip():
         raise StoreError('empty query: pass a SQL statement, e.g. kfactory sql "SELECT * FROM runs"')
     with open_reader(store_path) as store:
-        try:
-            df = store.sql(query)
-        except duckdb.Error as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise StoreError(f"SQL error: {first}") from None
+        df = user_query(store, query)
     with pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200,
                            "display.max_colwidth", 60):
         print(df.to_string(index=False) if not df.empty else "(no rows)")

@@ -23,6 +23,8 @@ from evo.cli.errors import UnknownNameError, UsageError
 from evo.core.config import Runner
 from evo.loop.build_summary import split_built_only
 from memory.queries import RunTotals, counts_text, run_totals
+from memory.results import run_evaluations
+from memory.runs import run_ids, run_row, status_counts
 from memory.store import Store, StoreError
 
 # Plots are drawn on an explicit Agg canvas instead of through pyplot: no display is needed, and
@@ -33,16 +35,6 @@ BEST_SO_FAR_PNG = "best_so_far.png"
 SPEEDUP_PNG = "speedup_per_cell.png"
 CEILING_PNG = "pct_ceiling.png"
 _KNOWN_LISTED = 20  # run ids named in an unknown-run error
-
-_EVALS_SQL = """
-SELECT e.cell, e.status, e.genome_key, e.median_us, e.baseline, e.baseline_us, e.speedup, e.gbps,
-       e.ceiling_gbps, e.generation, e.fingerprint_json, e.fingerprint_class, e.source, e.reused_from,
-       c.template, c.params_json
-FROM evaluations e LEFT JOIN candidates c USING (genome_key)
-WHERE e.run_id = ?
-ORDER BY e.generation NULLS LAST, e.created_at, e.rowid
-"""  # rowid keeps insertion order among the rows of one batch, which share created_at
-
 
 @dataclass(frozen=True)
 class CellBest:
@@ -85,7 +77,7 @@ def _natural_key(label: str) -> list[Any]:
 
 def resolve_run_id(store: Store, run_id: str) -> str:
     """run_id itself if the store has it; 'latest' means the most recent run; else UnknownNameError (a KeyError)."""
-    runs = store.sql("SELECT run_id FROM runs ORDER BY created_at DESC, run_id DESC").run_id.tolist()
+    runs = run_ids(store)[::-1]  # newest first
     if run_id in runs:
         return run_id
     if run_id == LATEST and runs:
@@ -95,11 +87,6 @@ def resolve_run_id(store: Store, run_id: str) -> str:
     shown = ", ".join(runs[:_KNOWN_LISTED]) + (f", ... ({len(runs) - _KNOWN_LISTED} more)"
                                                if len(runs) > _KNOWN_LISTED else "")
     raise UnknownNameError(f"no run {run_id!r} in {store.path}; known runs (newest first): {shown}")
-
-
-def run_evaluations(store: Store, run_id: str) -> pd.DataFrame:
-    """A run's evaluations with their template and params, in evaluation order (generation, then time)."""
-    return store.sql(_EVALS_SQL, [run_id])
 
 
 def best_per_cell(evals: pd.DataFrame) -> list[CellBest]:
@@ -308,12 +295,10 @@ def write_report(store_path: Path, run_id: str, out_dir: Path) -> Path:
     """Write report.md and its plots for run_id ('latest': the most recent run) into out_dir; return report.md."""
     with Store.open(store_path, read_only=True) as store:
         run_id = resolve_run_id(store, run_id)
-        run = store.sql("SELECT * FROM runs WHERE run_id = ?", [run_id]).iloc[0]
+        run = run_row(store, run_id)
         evals = run_evaluations(store, run_id)
-        eval_counts = store.sql("SELECT status, count(*) AS n FROM evaluations WHERE run_id = ? "
-                                "GROUP BY status ORDER BY n DESC, status", [run_id])
-        build_counts = store.sql("SELECT status, count(*) AS n FROM builds WHERE run_id = ? "
-                                 "GROUP BY status ORDER BY n DESC, status", [run_id])
+        eval_counts = status_counts(store, "evaluations", run_id)
+        build_counts = status_counts(store, "builds", run_id)
         totals = run_totals(store, run_id)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

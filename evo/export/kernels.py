@@ -23,6 +23,7 @@ from evo.core.status import Status
 from evo.export.errors import ExportError
 from evo.export.runs import Entry, RunTable
 from evo.templates.template import TemplateDef, TemplateError, parse_template
+from memory.builds import builds_of
 from memory.store import Store
 
 TRUSTED_ORIGINS = ("file", "disk")  # template files written by people (others get the build-time CUDA check)
@@ -127,8 +128,7 @@ def _rebuild(run: RunTable, per_cell: Mapping[str, BuildInput], stored: Mapping[
 
 def _stored_builds(store: Store, entries: Sequence[Entry]) -> dict[str, Any]:
     keys = sorted({e.build_key for e in entries if e.build_key})
-    df = store.sql("SELECT build_key, genome_key, status, cubin, compiler, regs, spill_stores FROM builds "
-                   "WHERE list_contains(?::VARCHAR[], build_key)", [keys])
+    df = builds_of(store, keys)
     return {r.build_key: r for r in df.itertuples(index=False)}
 
 

@@ -19,20 +19,12 @@ import pandas as pd
 
 from evo.core.genome import Genome
 from evo.export.errors import ExportError
+from memory.results import ok_entries, run_evaluations_by_cell
+from memory.runs import run_ids, run_row
+from memory.sources import source_texts
 from memory.store import Store
 
 _FINISHED = "done"
-
-_ENTRY_SQL = """
-SELECT e.eval_id, e.run_id, e.genome_key, e.build_key, e.cell, e.dtypes_json, e.dims_json, e.median_us, e.p10_us,
-       e.p90_us, e.samples, e.gbps, e.ceiling_gbps, e.baseline, e.baseline_us, e.speedup, e.fingerprint_json,
-       e.fingerprint_class, e.source, coalesce(e.reused_from, e.run_id) AS measured_in,
-       c.op, c.template, c.source_hash, c.params_json
-FROM evaluations e JOIN candidates c USING (genome_key)
-WHERE e.status = 'OK' AND e.median_us IS NOT NULL AND {where}
-ORDER BY e.cell, e.median_us, e.genome_key, e.eval_id
-"""
-
 
 @dataclass(frozen=True)
 class Entry:
@@ -115,8 +107,7 @@ def _from_file(store: Store, run_id: str, path: Path) -> list[Entry]:
     table = json.loads(path.read_text()).get("dispatch", {})
     if not table:
         return []
-    df = store.sql(_ENTRY_SQL.format(where="list_contains(?::VARCHAR[], e.genome_key)"),
-                   [sorted({d["genome_key"] for d in table.values()})])
+    df = ok_entries(store, genome_keys=sorted({d["genome_key"] for d in table.values()}))
     out = []
     for cell, d in sorted(table.items()):
         # the run's own row for the pair, else the row of the run it says measured it
@@ -131,17 +122,17 @@ def _from_file(store: Store, run_id: str, path: Path) -> list[Entry]:
 
 
 def _from_store(store: Store, run_id: str) -> list[Entry]:
-    df = store.sql(_ENTRY_SQL.format(where="e.run_id = ?"), [run_id])
+    df = ok_entries(store, run_id=run_id)
     return [_entry(next(g.itertuples(index=False))) for _, g in df.groupby("cell", sort=True)]
 
 
 def read_run(store: Store, run_id: str) -> RunTable:
     """The run's dispatch table and provenance; ExportError when the run is unknown, unfinished or empty."""
-    runs = store.sql("SELECT * FROM runs WHERE run_id = ?", [run_id])
-    if runs.empty:
-        known = store.sql("SELECT run_id FROM runs ORDER BY created_at").run_id.tolist()
+    row = run_row(store, run_id)
+    if row is None:
+        known = run_ids(store)
         raise ExportError(f"no run {run_id!r} in {store.path}; known runs: {', '.join(known) or 'none'}")
-    run = {k: (v.isoformat() if isinstance(v, pd.Timestamp) else v) for k, v in runs.iloc[0].to_dict().items()}
+    run = {k: (v.isoformat() if isinstance(v, pd.Timestamp) else v) for k, v in row.to_dict().items()}
     run = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in run.items()}
     if run["status"] != _FINISHED:
         hint = {"running": f"still running, or stopped without a record; `kfactory resume {run_id}` finishes it",
@@ -155,14 +146,11 @@ def read_run(store: Store, run_id: str) -> RunTable:
         raise ExportError(f"run {run_id} has an empty dispatch table: no OK evaluation with a time, so there is "
                           "no kernel to export")
     hashes = sorted({e.genome.source_hash for e in entries})
-    src = store.sql("SELECT source_hash, text, origin FROM sources WHERE list_contains(?::VARCHAR[], source_hash)",
-                    [hashes])
-    sources = {r.source_hash: (r.text, r.origin) for r in src.itertuples(index=False)}
+    sources = source_texts(store, hashes)
     missing = [h[:12] for h in hashes if h not in sources]
     if missing:
         raise ExportError(f"run {run_id}: the store holds no template text for source(s) {', '.join(missing)}")
-    evals = store.sql("SELECT e.*, c.template, c.params_json FROM evaluations e JOIN candidates c USING (genome_key) "
-                      "WHERE e.run_id = ? ORDER BY e.cell, e.generation, e.eval_id", [run_id])
+    evals = run_evaluations_by_cell(store, run_id)
     return RunTable(run, run["op"], run["arch"], tuple(entries), sources, evals,
                     "dispatch.json" if path else "store")
 

@@ -16,6 +16,9 @@ from evo.core.outcome import Outcome
 from evo.core.status import Status
 from evo.loop.generation import Generation
 from evo.loop.pipeline import Session
+from evo.search.failure_memory import failure_predictor
+from evo.search.priors import param_priors, prior_sources
+from evo.search.warm_start import dims_distance, warm_start
 from memory import lessons as L
 from memory import queries as Q
 from memory.rows import CandidateRow, Row
@@ -47,7 +50,7 @@ def _targets(cells: Sequence[Cell], sources: dict[str, tuple[str, dict]]) -> dic
     out: dict[str, list[str]] = {}
     for cell in cells:
         here = Q.dtype_key(cell.dtypes_dict())
-        near = [(round(Q.dims_distance(cell.dims_dict(), dims), 9), k) for k, (dt, dims) in sources.items() if dt == here]
+        near = [(round(dims_distance(cell.dims_dict(), dims), 9), k) for k, (dt, dims) in sources.items() if dt == here]
         if near:
             d = min(dist for dist, _ in near)
             out[cell.label()] = [k for dist, k in near if dist == d]
@@ -87,7 +90,7 @@ class Learner:
         me = cls(session)
         if c.warm_start and fresh:
             k = max(1, session.config.search.population // 4)
-            for seed in Q.warm_start(s, op, arch, session.cells, k):
+            for seed in warm_start(s, op, arch, session.cells, k):
                 tdef = session.templates.get(seed.template)
                 if tdef is None or (seed.source_hash and seed.source_hash != tdef.source_hash):
                     continue
@@ -120,10 +123,10 @@ class Learner:
             space: dict = {name: dict(t.space) for name, t in session.templates.items()}
             space[Q.ANY_TEMPLATE] = {"template": sorted(session.templates)}  # the choice of template, too
             edges = session.op.bucket_edges
-            me.priors = Q.param_priors(s, op, arch, session.cells, space=space, edges=edges) or None
-            me._prior_sources = Q.prior_sources(s, op, arch, session.cells, edges=edges)
+            me.priors = param_priors(s, op, arch, session.cells, space=space, edges=edges) or None
+            me._prior_sources = prior_sources(s, op, arch, session.cells, edges=edges)
         if c.failure_memory:
-            me.predict = Q.failure_predictor(s, op, arch)
+            me.predict = failure_predictor(s, op, arch)
         return me
 
     def _add_seed(self, g: Genome, lesson_id: str, source: tuple[str, dict]) -> None:

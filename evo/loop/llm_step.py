@@ -18,6 +18,7 @@ from evo.llm.client import LLMSettings, make_llm
 from evo.llm.mutate import Measurements, MutationRequest, child_genome, proposal_rows, proposal_template, propose_many
 from evo.llm.replay import ReplayLLM
 from evo.loop.pipeline import Session
+from memory.llm import lesson_texts, recent_failures, recorded_calls
 from memory.rows import Row
 
 
@@ -26,31 +27,20 @@ def make_session_llm(session: Session) -> Any:
     c = session.config.llm
     settings = LLMSettings.of(c)
     if c.replay_run:
-        df = session.store.sql("SELECT * FROM llm_calls WHERE run_id = ? ORDER BY created_at", [c.replay_run])
-        return ReplayLLM(df)
+        return ReplayLLM(recorded_calls(session.store, c.replay_run))
     return make_llm(settings, session.run_id)
 
 
 def _lesson_lines(session: Session, kind: str | None, k: int) -> tuple[str, ...]:
     if k <= 0:
         return ()
-    q = "SELECT text FROM lessons WHERE op = ? AND arch LIKE ? || '%'"
-    args: list = [session.op.name, session.config.run.arch.rstrip("a")]
-    if kind:
-        q += " AND kind = ?"
-        args.append(kind)
-    df = session.store.sql(q + " ORDER BY usefulness DESC, support DESC LIMIT ?", args + [k])
-    return tuple(df.text)
+    return lesson_texts(session.store, session.op.name, session.config.run.arch.rstrip("a"), kind, k)
 
 
 def _recent_failures(session: Session, k: int) -> tuple[str, ...]:
     if k <= 0:
         return ()
-    df = session.store.sql(
-        "SELECT c.template, c.params_json, e.status, e.error FROM evaluations e JOIN candidates c USING (genome_key) "
-        "WHERE c.op = ? AND e.status NOT IN ('OK', 'UNKNOWN', 'REJECTED', 'SUSPECT') "
-        "ORDER BY e.created_at DESC LIMIT ?",
-        [session.op.name, k])
+    df = recent_failures(session.store, session.op.name, k)
     return tuple(f"{r.template} {r.params_json}: {r.status} {str(r.error or '')[:200]}" for r in df.itertuples())
 
 

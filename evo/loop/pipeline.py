@@ -21,8 +21,10 @@ from evo.core.genome import Genome
 from evo.core.status import Status
 from evo.loop.build_summary import BuildSummary
 from evo.templates.template import TemplateDef, TemplateError, load_templates
+from memory.builds import reusable_builds
 from memory.queries import first_built
 from memory.rows import BuildRow, CandidateRow, Row, RunRow, SourceRow
+from memory.runs import stored_config
 from memory.store import Store
 from ops import get_op
 from ops.spec import Cell, DType, OpSpec
@@ -32,20 +34,11 @@ class NoGpuError(RuntimeError):
     """Evaluation was asked for on a machine without an NVIDIA GPU."""
 
 
-# A stored failure is reused only when it is the source's fault every time: NVRTC's own error (it
-# leaves a log) or a resource check. A compile that timed out or whose process died is tried again.
-_REUSED_BUILDS_SQL = """
-SELECT build_key, status, log, error, cubin, compile_ms, compiler FROM builds
-WHERE list_contains(?::VARCHAR[], build_key)
-  AND (status IN ('OK', 'RESOURCE_ERROR') OR (status = 'COMPILE_ERROR' AND coalesce(log, '') <> ''))
-"""
-
-
 def stored_builds(store: Store, keys: Sequence[str]) -> list[BuildResult]:
     """Build results the store holds for these keys (cubin, ptxas resources, or the failure), as BuildResults."""
     if not keys:
         return []
-    df = store.sql(_REUSED_BUILDS_SQL, [list(keys)])
+    df = reusable_builds(store, keys)
     out = []
     for r in df.itertuples(index=False):
         log = r.log if isinstance(r.log, str) else ""
@@ -138,17 +131,17 @@ class Session:
         """Record a new run, or mark an existing one running again; False when it existed (a resume).
 
         A run id is bound to its config: continuing it under a config with another hash is refused."""
-        known = self.store.sql("SELECT config_hash, config_path FROM runs WHERE run_id = ?", [self.run_id])
+        known = stored_config(self.store, self.run_id)
         c = self.config
-        if known.empty:
+        if known is None:
             self.store.write([RunRow(run_id=self.run_id, op=c.run.op, arch=c.run.arch, config_toml=c.source_text,
                                      config_hash=c.config_hash, seed=c.run.seed, status="running",
                                      config_path=c.path or None)])
             return True
-        if known.config_hash[0] != c.config_hash:
-            was = known.config_path[0] if isinstance(known.config_path[0], str) else "another config"
+        if known.hash != c.config_hash:
+            was = known.path or "another config"
             raise ConfigError(
-                f"run {self.run_id} was started with {was} (config hash {known.config_hash[0]}), not this one "
+                f"run {self.run_id} was started with {was} (config hash {known.hash}), not this one "
                 f"(hash {c.config_hash}); start a new run with `kfactory run {c.path or 'CONFIG'}` (no --run-id, "
                 f"or a new one), or continue this one with `kfactory resume {self.run_id}`")
         self.store.finish_run(self.run_id, "running", None)

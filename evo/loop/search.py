@@ -38,7 +38,10 @@ from evo.measure.evaluators import EvalItem, Evaluator, GpuEvaluator, ReplayEval
 from evo.measure.jobs import Timing
 from evo.search.strategy import GeneticSearch, Observation, RandomSearch
 from memory.queries import counts_text, run_builds, run_totals
+from memory.results import ok_results, recorded_outcomes, reusable_results
 from memory.rows import Row
+from memory.runs import elapsed_s, next_generation, reused_count
+from memory.sources import llm_sources
 from ops.spec import Cell
 
 
@@ -93,24 +96,15 @@ def load_llm_templates(session: Session) -> list:
     """LLM-written templates this run already used (so a resumed run can rebuild their genomes)."""
     from evo.templates.template import TemplateError, parse_template
 
-    df = session.store.sql(
-        "SELECT DISTINCT s.source_hash, s.text FROM sources s JOIN candidates c USING (source_hash) "
-        "WHERE s.origin = 'llm' AND c.run_id = ?", [session.run_id])
     out = []
-    for r in df.itertuples(index=False):
+    for source_hash, text in llm_sources(session.store, session.run_id):
         try:
-            t = parse_template(r.text, f"source {r.source_hash[:12]}")
+            t = parse_template(text, f"source {source_hash[:12]}")
         except TemplateError:
             continue  # recorded but never applicable; the LLM_ERROR is in llm_calls
         session.templates.setdefault(t.name, t)
         out.append(t)
     return out
-
-
-# An evaluations row read back as an Outcome (with its candidate's template and params).
-_STORED = ("SELECT e.genome_key, e.build_key, e.cell, e.status, e.median_us, e.p10_us, e.p90_us, e.samples, "
-           "e.baseline_us, e.error, coalesce(e.reused_from, e.run_id) AS measured_in, c.template, c.params_json "
-           "FROM evaluations e JOIN candidates c USING (genome_key) ")
 
 
 def _stored_outcome(g: Genome, cell: Cell, r: Any, reused_from: str = "") -> Outcome:
@@ -122,7 +116,7 @@ def _stored_outcome(g: Genome, cell: Cell, r: Any, reused_from: str = "") -> Out
 
 def stored_history(session: Session) -> tuple[list[Observation], list[Outcome]]:
     """This run's recorded evaluations, as observations in generation order (for resume)."""
-    df = session.store.sql(_STORED + "WHERE e.run_id = ? ORDER BY e.generation, e.created_at", [session.run_id])
+    df = recorded_outcomes(session.store, session.run_id)
     if df.empty:
         return [], []
     by_label = {c.label(): c for c in session.cells}
@@ -150,10 +144,7 @@ def reusable(session: Session, evaluator: Evaluator) -> dict[tuple[str, str, str
     """Results other runs measured under the same fingerprint class and source (reused_from names the run
     that measured each): never measured twice. Search.measure reuses one only for the same build key (the same
     rendered source, compiler and specialization)."""
-    df = session.store.sql(
-        _STORED + "WHERE e.fingerprint_class = ? AND e.source = ? AND e.run_id != ? "
-        "AND e.status NOT IN ('REJECTED', 'UNKNOWN', 'TIMEOUT', 'CRASH') ORDER BY e.created_at, e.eval_id",
-        [fingerprint_class(evaluator.fingerprint), evaluator.source, session.run_id])
+    df = reusable_results(session.store, fingerprint_class(evaluator.fingerprint), evaluator.source, session.run_id)
     by_label = {c.label(): c for c in session.cells}
     out: dict[tuple[str, str, str], Outcome] = {}
     for r in df.itertuples(index=False):
@@ -368,19 +359,17 @@ def _loop(session: Session, evaluator: Evaluator) -> int:
 
         llm = make_session_llm(session)
     progress = Progress()
-    spent = session.store.sql("SELECT elapsed_s FROM runs WHERE run_id = ?", [session.run_id]).elapsed_s
-    if not spent.empty and math.isfinite(_f(spent[0])):
-        progress.started -= _f(spent[0])  # a resumed run keeps what is left of budget.max_seconds
+    spent = elapsed_s(session.store, session.run_id)
+    if spent is not None and math.isfinite(spent):
+        progress.started -= spent  # a resumed run keeps what is left of budget.max_seconds
     if history:
         strategy.replay(history)
         # a REJECTED row was never run: the first run's progress did not count it either
         update_progress(progress, [o for o in past if o.status is not Status.REJECTED])
-        progress.generation = int(session.store.sql(
-            "SELECT coalesce(max(generation), -1) + 1 AS g FROM evaluations WHERE run_id = ?", [session.run_id]).g[0])
+        progress.generation = next_generation(session.store, session.run_id)
         session.log(f"resumed {session.run_id}: {len(history)} genomes, {len(past)} evaluations already recorded")
     reuse = reusable(session, evaluator)
-    progress.reused = int(session.store.sql("SELECT count(reused_from) AS n FROM evaluations WHERE run_id = ?",
-                                            [session.run_id]).n[0])
+    progress.reused = reused_count(session.store, session.run_id)
     search = Search(session, evaluator, strategy, learner, llm, progress, reuse)
     callbacks = Callbacks(
         credit=lambda gen: learner.credit(gen, strategy.cells_for),
@@ -489,11 +478,7 @@ def write_dispatch(session: Session, p: Progress, reuse: dict[tuple[str, str, st
     Such a measurement may be of an earlier rendering (an include edited since): `kfactory export` rebuilds
     each entry and refuses one whose cubin is no longer the one measured.
     """
-    df = session.store.sql(
-        "SELECT e.genome_key, e.cell, e.median_us, e.baseline_us, c.template, c.params_json, "
-        "coalesce(e.reused_from, e.run_id) AS measured_in FROM evaluations e "
-        "JOIN candidates c USING (genome_key) WHERE e.run_id = ? AND e.status = 'OK' AND e.median_us IS NOT NULL",
-        [session.run_id])
+    df = ok_results(session.store, session.run_id)
     ours = set(zip(df.genome_key, df.cell))
     extra = pd.DataFrame([{"genome_key": key, "cell": cell, "median_us": o.median_us,
                            "baseline_us": o.baseline_us, "template": o.genome.template,

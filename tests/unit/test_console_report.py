@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from evo.cli.main import main
-from evo.cli.report import best_so_far, run_evaluations
+from evo.cli.report import best_so_far
+from memory.results import run_evaluations
 from memory.store import Store
 from tests.unit.test_search_replay import SMALL
 

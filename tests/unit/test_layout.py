@@ -4,6 +4,7 @@ evo modules (imports inside functions included)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 EVO = Path(__file__).resolve().parents[2] / "evo"
@@ -59,3 +60,44 @@ def test_the_build_stage_reaches_no_llm_module():
     g = imports()
     reached = set().union(*(reach(g, m) for m in g if m.startswith("evo.build")))
     assert not {m for m in reached if m.startswith("evo.llm")}, sorted(reached)
+
+
+# The start of a SQL statement or of a piece of one (upper case, as the store's queries write it).
+_SQL = re.compile(r"^\s*(WITH|SELECT|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+TABLE|ALTER\s+TABLE|"
+                  r"FROM|WHERE|AND|JOIN|LEFT\s+JOIN|GROUP\s+BY|ORDER\s+BY)\b")
+
+
+def _imports_duckdb(n: ast.AST) -> bool:
+    if isinstance(n, ast.Import):
+        return any(a.name.split(".")[0] == "duckdb" for a in n.names)
+    return isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "duckdb"
+
+
+def sql_under(root: Path) -> list[str]:
+    """Every place under root that runs a query itself, imports DuckDB, or holds SQL text."""
+    found = []
+    for p in sorted(root.rglob("*.py")):
+        where = p.relative_to(root.parent)
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in (
+                    "sql", "execute", "executemany"):
+                found.append(f"{where}:{n.lineno}: .{n.func.attr}(")
+            elif _imports_duckdb(n):
+                found.append(f"{where}:{n.lineno}: imports duckdb")
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str) and _SQL.match(n.value):
+                found.append(f"{where}:{n.lineno}: {n.value.strip()[:60]!r}")
+    return found
+
+
+def test_sql_lives_in_the_store_package():
+    """The stages ask memory/ by name (memory.runs, memory.results, ...); no SQL is written or run under evo/."""
+    assert sql_under(EVO) == []
+
+
+def test_the_sql_check_finds_queries(tmp_path):
+    (tmp_path / "evo").mkdir()
+    (tmp_path / "evo" / "x.py").write_text(
+        'import duckdb\n\n\ndef f(store):\n    return store.sql("SELECT 1 AS n " "FROM runs")\n\n\n'
+        'Q = "WHERE run_id = ?"\nHELP = \'e.g. kfactory sql "SELECT * FROM runs"\'\n')
+    assert sorted(f.split(": ", 1)[1] for f in sql_under(tmp_path / "evo")) == [
+        "'SELECT 1 AS n FROM runs'", "'WHERE run_id = ?'", ".sql(", "imports duckdb"]

@@ -11,6 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from evo.search.failure_memory import failure_predictor
+from evo.search.priors import param_priors, prior_sources
+from evo.search.warm_start import warm_start, warm_start_seeds
 from memory import LessonRow, LessonUseRow, Store
 from memory import lessons as L
 from memory import queries as q
@@ -256,9 +259,9 @@ def test_lesson_ids_hash_kind_and_scope() -> None:
 def test_empty_store_gives_no_lessons(tmp_path: Path) -> None:
     with Store.open(tmp_path / "empty.duckdb") as store:
         assert L.refresh_lessons(store, fx.OP, fx.ARCH, "r0") == []
-        assert q.warm_start_seeds(store, fx.OP, fx.ARCH, [({"x": "bfloat16"}, {"N": 1024})], 4) == []
-        assert q.failure_predictor(store, fx.OP, fx.ARCH)("warp_row", {"vec": 8}) is None
-        assert q.param_priors(store, fx.OP, fx.ARCH) == {}
+        assert warm_start_seeds(store, fx.OP, fx.ARCH, [({"x": "bfloat16"}, {"N": 1024})], 4) == []
+        assert failure_predictor(store, fx.OP, fx.ARCH)("warp_row", {"vec": 8}) is None
+        assert param_priors(store, fx.OP, fx.ARCH) == {}
         assert q.lessons_table(store, fx.OP, fx.ARCH).empty
 
 
@@ -271,17 +274,17 @@ def cell(dtype: str, m: int, n: int) -> Cell:
 
 def test_warm_start_picks_nearest_shapes(lessons_path: Path) -> None:
     with Store.open(lessons_path, read_only=True) as store:
-        near_small = q.warm_start_seeds(store, fx.OP, "sm_90", [cell("bf16", 8192, 1536)], 3)
-        near_large = q.warm_start_seeds(store, fx.OP, "sm_90", [cell("bf16", 4096, 32768)], 3)
-        fp32_large = q.warm_start(store, fx.OP, "sm_90", [cell("fp32", 4096, 16384)], 1)
-        both = q.warm_start_seeds(
+        near_small = warm_start_seeds(store, fx.OP, "sm_90", [cell("bf16", 8192, 1536)], 3)
+        near_large = warm_start_seeds(store, fx.OP, "sm_90", [cell("bf16", 4096, 32768)], 3)
+        fp32_large = warm_start(store, fx.OP, "sm_90", [cell("fp32", 4096, 16384)], 1)
+        both = warm_start_seeds(
             store,
             fx.OP,
             "sm_90",
             [({"w": "bfloat16", "x": "bfloat16"}, {"M": 4096, "N": 1024}), cell("bf16", 32768, 32768)],
             2,
         )
-        other_arch = q.warm_start_seeds(store, fx.OP, "sm_100", [cell("bf16", 4096, 1024)], 3)
+        other_arch = warm_start_seeds(store, fx.OP, "sm_100", [cell("bf16", 4096, 1024)], 3)
     assert near_small[0] == fx.CHAMP_SMALL and len(near_small) == 3
     assert near_large[0] == fx.CHAMP_LARGE
     assert len({json.dumps(s, sort_keys=True) for s in near_small}) == 3  # distinct genomes
@@ -299,10 +302,10 @@ def test_failure_predictor_thresholds(lessons_path: Path, extracted: pd.DataFram
     resource = {"vec": 4, "threads": 1024, "min_blocks": 2, "weight_early": False}
     timeout = dict(zip(("cache_items", "threads", "unroll", "vec"), (0, 64, 1, 4)))
     with Store.open(lessons_path, read_only=True) as store:
-        default = q.failure_predictor(store, fx.OP, "sm_90")
-        low_support = q.failure_predictor(store, fx.OP, "sm_90", min_support=4)
-        any_rule = q.failure_predictor(store, fx.OP, "sm_90", min_precision=0.0, min_support=1)
-        too_strict = q.failure_predictor(store, fx.OP, "sm_90", min_precision=1.01)
+        default = failure_predictor(store, fx.OP, "sm_90")
+        low_support = failure_predictor(store, fx.OP, "sm_90", min_support=4)
+        any_rule = failure_predictor(store, fx.OP, "sm_90", min_precision=0.0, min_support=1)
+        too_strict = failure_predictor(store, fx.OP, "sm_90", min_precision=1.01)
     assert default("warp_row", wrong) == (wrong_id, "WRONG_ANSWER")
     assert default("warp_row", {**wrong, "unroll": 2}) is None
     assert default("cta_row", wrong) is None
@@ -316,16 +319,16 @@ def test_failure_predictor_thresholds(lessons_path: Path, extracted: pd.DataFram
 
 def test_param_priors_favour_better_value_with_floor(lessons_path: Path) -> None:
     with Store.open(lessons_path, read_only=True) as store:
-        priors = q.param_priors(store, fx.OP, "sm_90", floor=0.05)
-        near = q.param_priors(
+        priors = param_priors(store, fx.OP, "sm_90", floor=0.05)
+        near = param_priors(
             store,
             fx.OP,
             "sm_90",
             [cell("bf16", 4096, 1024)],
             space={"warp_row": {"threads": [64, 128, 256, 512, 1024]}},
         )
-        flat = q.param_priors(store, fx.OP, "sm_90", floor=0.5)
-        sources = q.prior_sources(store, fx.OP, "sm_90", [cell("bf16", 4096, 1024)])
+        flat = param_priors(store, fx.OP, "sm_90", floor=0.5)
+        sources = prior_sources(store, fx.OP, "sm_90", [cell("bf16", 4096, 1024)])
     vec = priors["warp_row"]["vec"]  # weights average 1 (neutral, as evo.search.operators.step treats unknown values)
     assert vec[8] > 0.8 * 2 and vec[4] >= 0.05 * 2 and sum(vec.values()) == pytest.approx(2.0)
     unroll = priors["warp_row"]["unroll"]
@@ -367,7 +370,7 @@ def test_usefulness_moves_with_outcomes(store_copy: Store) -> None:
 
 def test_harmful_lessons_stop_being_used(store_copy: Store) -> None:
     store_copy.sql("UPDATE lessons SET usefulness = -1.0 WHERE kind = 'failure'")
-    assert q.failure_predictor(store_copy, fx.OP, fx.ARCH).rules == ()  # type: ignore[attr-defined]
+    assert failure_predictor(store_copy, fx.OP, fx.ARCH).rules == ()  # type: ignore[attr-defined]
 
 
 def test_lessons_written_by_others_are_skipped(store_copy: Store) -> None:
@@ -412,13 +415,13 @@ def test_lessons_written_by_others_are_skipped(store_copy: Store) -> None:
     )
     table = q.lessons_table(store_copy, fx.OP, fx.ARCH).set_index("lesson_id")
     assert table.scope["llm-1"] == '{"cluster": "x"}' and len(table) == before + 3
-    assert {r.lesson_id for r in q.failure_predictor(store_copy, fx.OP, fx.ARCH, min_support=1).rules}.isdisjoint(
+    assert {r.lesson_id for r in failure_predictor(store_copy, fx.OP, fx.ARCH, min_support=1).rules}.isdisjoint(
         {"llm-1"}
     )  # type: ignore[attr-defined]
     assert "llm-2" not in {
-        i for ids in q.prior_sources(store_copy, fx.OP, fx.ARCH).values() for v in ids.values() for i in v
+        i for ids in prior_sources(store_copy, fx.OP, fx.ARCH).values() for v in ids.values() for i in v
     }
-    assert q.warm_start(store_copy, fx.OP, fx.ARCH, [cell("bf16", 4096, 1024)], 1)[0].lesson_id != "llm-3"
+    assert warm_start(store_copy, fx.OP, fx.ARCH, [cell("bf16", 4096, 1024)], 1)[0].lesson_id != "llm-3"
 
 
 # ---------------------------------------------------------------- the lessons command
@@ -495,7 +498,7 @@ def test_template_effect_lesson(lessons_path: Path, extracted: pd.DataFrame) -> 
 
 def test_template_prior_from_lessons(lessons_path: Path) -> None:
     with Store.open(lessons_path, read_only=True) as store:
-        small = q.param_priors(store, fx.OP, fx.ARCH, [cell("bf16", 4096, 1024)],
+        small = param_priors(store, fx.OP, fx.ARCH, [cell("bf16", 4096, 1024)],
                                space={q.ANY_TEMPLATE: {"template": ["cta_row", "warp_row", "llm_new"]}})
     w = small[q.ANY_TEMPLATE]["template"]
     assert w["warp_row"] > w["cta_row"] and w["cta_row"] >= 3 * 0.05 - 1e-12  # floor keeps exploring

@@ -21,8 +21,8 @@ from evo.llm import (
     propose_many,
 )
 from evo.llm.prompts import prompt_template_source, sha256
-from evo.llm.queries import cost_per_accepted
 from evo.core.status import Status
+from memory.llm import cost_per_accepted
 from memory.rows import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow, canonical_json
 from memory.store import Store
 from tests.unit.fake_llm_server import (

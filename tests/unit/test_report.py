@@ -12,10 +12,10 @@ from evo.cli.report import (
     SPEEDUP_PNG,
     best_so_far,
     cmd_report,
-    run_evaluations,
     write_report,
 )
 from memory import BuildRow, CandidateRow, EvaluationRow, RunRow, Store, StoreError, canonical_json
+from memory.results import run_evaluations
 
 T0 = datetime(2025, 3, 4, 5, 6, 7)
 CELL_A = "w=bf16,x=bf16 M4096-N1024"

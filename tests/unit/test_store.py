@@ -217,6 +217,15 @@ def test_row_fields_are_the_table_columns(row_type: type) -> None:
     assert fields == table(row_type.TABLE).column_names
 
 
+def test_column_types_come_from_the_row_fields() -> None:
+    types = {(t, c): d for t in ("runs", "builds", "evaluations", "lessons", "candidates") for c, d in table(t).columns}
+    assert types["runs", "seed"] == "BIGINT"  # named in the field's metadata
+    assert types["runs", "finished_at"] == "TIMESTAMP" and types["runs", "config_path"] == "TEXT"
+    assert types["builds", "cubin"] == "BLOB" and types["builds", "compile_ms"] == "DOUBLE"
+    assert types["evaluations", "source"] == "TEXT"  # a Literal of strings
+    assert types["candidates", "generation"] == "INTEGER" and types["lessons", "usefulness"] == "DOUBLE"
+
+
 @pytest.mark.parametrize("index", range(len(ROW_TYPES)), ids=lambda i: type(all_rows()[i]).__name__)
 def test_round_trip_every_row_type(tmp_path: Path, index: int) -> None:
     row = all_rows()[index]

@@ -1,4 +1,5 @@
-"""Store queries about the LLM operator's value for money."""
+"""What the LLM operator reads: its recorded calls (to replay them), the lessons and latest failures for its
+prompts, and what its calls cost per accepted improvement."""
 
 from __future__ import annotations
 
@@ -52,6 +53,31 @@ LEFT JOIN accepted ON accepted.run_id = spend.run_id
 GROUP BY spend.run_id, spend.calls, spend.usd, spend.tokens
 ORDER BY spend.run_id
 """
+
+
+def recorded_calls(store: Store, run_id: str) -> pd.DataFrame:
+    """Every LLM call of the run, oldest first."""
+    return store.sql("SELECT * FROM llm_calls WHERE run_id = ? ORDER BY created_at", [run_id])
+
+
+def lesson_texts(store: Store, op: str, arch_prefix: str, kind: str | None, k: int) -> tuple[str, ...]:
+    """The texts of the k most useful lessons (then best supported) of op on an arch starting with arch_prefix,
+    optionally of one kind."""
+    q = "SELECT text FROM lessons WHERE op = ? AND arch LIKE ? || '%'"
+    args: list = [op, arch_prefix]
+    if kind:
+        q += " AND kind = ?"
+        args.append(kind)
+    return tuple(store.sql(q + " ORDER BY usefulness DESC, support DESC LIMIT ?", args + [k]).text)
+
+
+def recent_failures(store: Store, op: str, k: int) -> pd.DataFrame:
+    """The k latest failed evaluations of op (not UNKNOWN, REJECTED or SUSPECT): template, params, status, error."""
+    return store.sql(
+        "SELECT c.template, c.params_json, e.status, e.error FROM evaluations e JOIN candidates c USING (genome_key) "
+        "WHERE c.op = ? AND e.status NOT IN ('OK', 'UNKNOWN', 'REJECTED', 'SUSPECT') "
+        "ORDER BY e.created_at DESC LIMIT ?",
+        [op, k])
 
 
 def cost_per_accepted(store: Store) -> pd.DataFrame:
