@@ -5,7 +5,7 @@
 # folders .kfw_a/, .kfw_b/, ... that each travel with one device call: a call carries the working tree
 # (tracked and untracked-not-ignored files: ~31 MB on 2026-12-04, ~15 MB since the committed stores are gzipped) plus what it names in
 # carry, 64 MiB in all. Wheels over a folder's room are split (cat joins the pieces in name order:
-# issue14_gpu.sh joins nvidia_cutlass_dsl_libs_cu13's cu13.part.*). Prints the calls to send back to back
+# lab_gpu.sh joins nvidia_cutlass_dsl_libs_cu13's cu13.part.*). Prints the calls to send back to back
 # (the machine keeps /tmp for 30 s after a command): every folder but the last with stage `stash`, the last
 # with the stages that need the wheels.
 # Usage, from the project root: bash experiments/scripts/wheel_pieces.sh [MARGIN_MB (1)]
@@ -52,5 +52,5 @@ echo "tree $tree bytes, $room bytes a call; $n folders:"
 for i in $(seq 0 $((n - 1))); do
   d=.kfw_$(printf "\\x$(printf %x $((97 + i)))")
   stage=stash; [ "$i" -eq $((n - 1)) ] && stage="STAGES"
-  echo "  carry [\"$d\"]: bash experiments/scripts/issue14_gpu.sh $stage \$OUT/x   ($(du -b -s "$d" | cut -f1) bytes)"
+  echo "  carry [\"$d\"]: bash experiments/scripts/lab_gpu.sh $stage \$OUT/x   ($(du -b -s "$d" | cut -f1) bytes)"
 done

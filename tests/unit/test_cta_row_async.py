@@ -204,7 +204,7 @@ def test_long_rows_experiment_loads():
     c = load_config(ROOT / "experiments" / "rmsnorm_h200_long.toml")
     assert c.run.op == "rmsnorm" and c.run.name == "rmsnorm-h200-long"
     assert set(c.run.templates) == {"cta_row", "cta_row_async", "cta_row_l2"} == set(c.search.space)
-    # issue14_gpu.sh fwdlong stops the run at 190 s: a generation past the budget must still fit
+    # lab_gpu.sh fwdlong stops the run at 190 s: a generation past the budget must still fit
     assert c.search.population == 24 and 0 < c.budget.max_seconds <= 150 and c.budget.generations == 12
     assert (c.eval.timeout_s, c.eval.min_samples, c.eval.max_samples, c.eval.baseline) == (20, 100, 100, False)
     assert c.build.workers == 12

@@ -19,15 +19,15 @@ def test_every_path_a_gpu_script_names_exists(script):
     assert not missing, f"{script.name} names missing files: {missing}"
 
 
-def test_the_issue14_script_names_its_inputs():
+def test_the_lab_gpu_script_names_its_inputs():
     """The pattern finds what the script uses (so the test above checks something)."""
-    found = set(PATH.findall((ROOT / "experiments" / "scripts" / "issue14_gpu.sh").read_text()))
+    found = set(PATH.findall((ROOT / "experiments" / "scripts" / "lab_gpu.sh").read_text()))
     assert {"experiments/rmsnorm_bwd_h200_all.toml", "experiments/rmsnorm_residual_h200.toml",
             "tests/gpu/test_kda_device.py", "experiments/results/rmsnorm_bwd_h200/store.duckdb.gz"} <= found
 
 
 @pytest.mark.parametrize("gpu, rc", [("NVIDIA H100 80GB HBM3", 3), ("NVIDIA H200", 0)])
-def test_issue14_script_runs_nothing_on_another_gpu_than_required(tmp_path, gpu, rc):
+def test_lab_gpu_script_runs_nothing_on_another_gpu_than_required(tmp_path, gpu, rc):
     """KF_REQUIRE_GPU=H200: on an H100 the script exits 3 before creating its output folder; on an H200 it goes on
     (the `stash` stage, which only lists the wheel pieces)."""
     import os
@@ -40,7 +40,7 @@ def test_issue14_script_runs_nothing_on_another_gpu_than_required(tmp_path, gpu,
     smi.chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "KF_REQUIRE_GPU": "H200"}
-    p = subprocess.run(["bash", "experiments/scripts/issue14_gpu.sh", "stash", str(out)], cwd=ROOT, env=env,
+    p = subprocess.run(["bash", "experiments/scripts/lab_gpu.sh", "stash", str(out)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == rc, p.stdout + p.stderr
     assert out.exists() is (rc == 0)
@@ -48,7 +48,7 @@ def test_issue14_script_runs_nothing_on_another_gpu_than_required(tmp_path, gpu,
         assert "not a H200" in p.stdout
 
 
-def test_issue14_script_seeds_and_saves_the_triton_cache(tmp_path):
+def test_lab_gpu_script_seeds_and_saves_the_triton_cache(tmp_path):
     """A carried Triton cache ($KF_TRITON_SEED) is copied into TRITON_CACHE_DIR; KF_SAVE_TRITON_CACHE=1 packs that
     folder into $out/triton_cache.tgz when the script ends (here after the `stash` stage)."""
     import os
@@ -62,19 +62,19 @@ def test_issue14_script_seeds_and_saves_the_triton_cache(tmp_path):
     env = {**os.environ, "KF_TRITON_SEED": str(tmp_path / "seed"), "KF_TRITON_DIR": str(cache),
            "KF_SAVE_TRITON_CACHE": "1"}
     env.pop("KF_REQUIRE_GPU", None)
-    p = subprocess.run(["bash", "experiments/scripts/issue14_gpu.sh", "stash", str(out)], cwd=ROOT, env=env,
+    p = subprocess.run(["bash", "experiments/scripts/lab_gpu.sh", "stash", str(out)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert (cache / "ab12" / "kernel.cubin").read_bytes() == b"cubin bytes"
     with tarfile.open(out / "triton_cache.tgz") as t:
         assert "./ab12/kernel.cubin" in t.getnames()
     env.pop("KF_SAVE_TRITON_CACHE")
-    p = subprocess.run(["bash", "experiments/scripts/issue14_gpu.sh", "stash", str(tmp_path / "out2")], cwd=ROOT,
+    p = subprocess.run(["bash", "experiments/scripts/lab_gpu.sh", "stash", str(tmp_path / "out2")], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and not (tmp_path / "out2" / "triton_cache.tgz").exists()
 
 
-def test_issue14_script_seeds_the_triton_cache_from_a_packed_one(tmp_path):
+def test_lab_gpu_script_seeds_the_triton_cache_from_a_packed_one(tmp_path):
     """A packed cache, $KF_TRITON_SEED.tgz (what KF_SAVE_TRITON_CACHE returned, carried as is: unpacked it is over a
     call's carry), is unpacked into TRITON_CACHE_DIR."""
     import os
@@ -90,7 +90,7 @@ def test_issue14_script_seeds_the_triton_cache_from_a_packed_one(tmp_path):
     env = {**os.environ, "KF_TRITON_SEED": str(tmp_path / "seed"), "KF_TRITON_DIR": str(cache)}
     env.pop("KF_REQUIRE_GPU", None)
     env.pop("KF_SAVE_TRITON_CACHE", None)
-    p = subprocess.run(["bash", "experiments/scripts/issue14_gpu.sh", "stash", str(tmp_path / "out")], cwd=ROOT,
+    p = subprocess.run(["bash", "experiments/scripts/lab_gpu.sh", "stash", str(tmp_path / "out")], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert (cache / "cd34" / "kernel.json").read_text() == "{}"

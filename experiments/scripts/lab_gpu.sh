@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Issue 14's GPU work, rerunnable on an H200 from the project root. Wheels: .whl/ holds
+# The search runs, peer benches and profiles of experiments/*.toml on an offline Hopper GPU machine, in stages,
+# from the project root (the published tables: experiments/scripts/package_proof.sh). Wheels: .whl/ holds
 # experiments/gpu_wheels.txt's (experiments/scripts/gpu_wheels.sh); the peers' wheels
 # (experiments/peer_wheels.txt) travel in .kfw/ in as many calls as the transfer limit needs, the
 # ~92 MB CUTLASS DSL library wheel split into pieces (cu13.part.*, joined in name order), gathered in /tmp/kfw.
 # experiments/scripts/wheel_pieces.sh packs every wheel into .kfw_a/, .kfw_b/, ... sized for the current tree
-# and prints the back-to-back calls (4 on 2026-12-04: the tree takes ~31 MB of a call's 64 MiB).
+# and prints the commands to send one after the other.
 #   ga OUT      device references of every op, the backward GA and the forward-regimes GA
 #   bwdga OUT   the backward GA only (experiments/rmsnorm_bwd_h200.toml)
 #   stash OUT   keep this call's .kfw/ pieces in /tmp/kfw for the next call
@@ -89,7 +90,7 @@
 # $GA_MAX_S, when set, is every GA's time budget in place of its config's budget.max_seconds.
 # $KF_REQUIRE_GPU, when set (say H200), exits 3 at once, installing and running nothing, unless nvidia-smi's GPU name
 # contains it: a call asked for one kind may get another, so `KF_REQUIRE_GPU=H200 bash ... kdabench OUT || other stages`.
-# Several stages in one call: issue14_gpu.sh "verify kda" OUT (they run in the order given).
+# Several stages in one call: lab_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
 stages=${1:?ga, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
@@ -103,8 +104,8 @@ for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 # fla's Triton kernels compile for ~90 s on a fresh machine (kda_prefill_h200_16; 12 s in the next process with the
 # disk cache warm, kda_prefill_h200_17). A cache from an earlier call (any sm_90 GPU, the same triton), unpacked into
 # .triton_cache/ ($KF_TRITON_SEED) and carried, seeds TRITON_CACHE_DIR, and so does a packed one, $KF_TRITON_SEED.tgz
-# (.triton_cache.tgz: fla's cache unpacked can exceed a call's carry beside .whl/); KF_SAVE_TRITON_CACHE=1 packs
-# the cache into $out/triton_cache.tgz when the script ends (to carry next time: cp .../triton_cache.tgz .triton_cache.tgz).
+# (.triton_cache.tgz: fla's cache unpacked can exceed a call's transfer limit beside .whl/); KF_SAVE_TRITON_CACHE=1 packs
+# the cache into $out/triton_cache.tgz when the script ends (to bring next time: cp .../triton_cache.tgz .triton_cache.tgz).
 export TRITON_CACHE_DIR=${KF_TRITON_DIR:-/tmp/kf_triton}
 mkdir -p "$TRITON_CACHE_DIR"
 seed=${KF_TRITON_SEED:-.triton_cache}
@@ -336,7 +337,7 @@ case "$stage" in
     rms_store
     ga 190 experiments/rmsnorm_h200_long.toml /tmp/kf_rms fwdlong ;;
   kdavarlen)  # both KDA templates' cu_seqlens paths through the gate, the chunk one beside fla (fla's Triton JIT
-    # of its varlen kernels comes first: the first call of 110 s on 2026-12-03 ended before any test did)
+    # of its varlen kernels comes first: the first call of 110 s ended before any test did)
     timeout "${KDA_VARLEN_S:-280}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k varlen > "$out/kdavarlen.log" 2>&1
     echo "kda varlen rc=$?" >> "$log" ;;
   kdavarlenga)  # the varlen model-call cell's GA (kda_varlen_h200.toml), then its dispatch beside fla's chunk_kda
@@ -372,7 +373,7 @@ case "$stage" in
     cp /tmp/kf_pkg/README.md "$out/export/" 2>/dev/null ;;
   rmstrain)  # the exported package's training step beside torch eager, Liger and torch.compile
     mkdir -p "$out/rmstrain" /tmp/kf_rt && rm -rf /tmp/kf_rtpkg /tmp/kf_rtpkg_site
-    gunzip -c experiments/results/rmsnorm_h200_long3/store.duckdb.gz > /tmp/kf_rt/store.duckdb
+    gunzip -c experiments/results/rmsnorm/store.duckdb.gz > /tmp/kf_rt/store.duckdb
     python3 -m evo.cli.main export ${RMS_TRAIN_RUNS:-rmsnorm-h200-long-20261203-191058-44a4ba rmsnorm-bwd-h200-all-20261203-183830-14a685} \
       --store /tmp/kf_rt/store.duckdb --out /tmp/kf_rtpkg >> "$log" 2>&1
     echo "rmstrain export rc=$?" >> "$log"
