@@ -47,7 +47,10 @@ case "$stage" in
     done
     n=$(ls "$tmp" | wc -l)
     [ "$n" -gt 0 ] || die "no wheels under $*"
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$tmp"/*.whl
+    # into a fresh folder, then merged: pip --target does not add to a folder an earlier call made, and wheels
+    # that share one (the CUTLASS DSL's libs and its core) may come in different calls
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$tmp/site" "$tmp"/*.whl
+    python3 -c 'import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True)' "$tmp/site" "$SITE"
     echo "installed $n wheels into $SITE"; rm -rf "$tmp" ;;
   export)
     op=${2:?export OP}; env_of "$op"

@@ -1,4 +1,5 @@
-"""The GPU session scripts name files that exist: a typo found on the GPU machine costs device time."""
+"""The GPU machine scripts name files that exist (a typo found on the GPU machine costs a call), and the package
+proof's wheels stage installs what it is given."""
 
 from __future__ import annotations
 
@@ -94,3 +95,41 @@ def test_lab_gpu_script_seeds_the_triton_cache_from_a_packed_one(tmp_path):
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert (cache / "cd34" / "kernel.json").read_text() == "{}"
+
+
+def _wheel(folder: Path, dist: str, files: dict[str, str]) -> Path:
+    """A minimal wheel of `dist` 1.0 holding `files` (path -> text)."""
+    import zipfile
+
+    info = f"{dist}-1.0.dist-info"
+    w = folder / f"{dist}-1.0-py3-none-any.whl"
+    meta = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n",
+            f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+            f"{info}/RECORD": ""}
+    with zipfile.ZipFile(w, "w") as z:
+        for name, text in {**files, **meta}.items():
+            z.writestr(name, text)
+    return w
+
+
+def test_package_proof_wheels_joins_pieces_and_merges_calls_into_one_site(tmp_path):
+    """A wheel split into NAME.whl.part.* is joined, and wheels sharing a top folder installed by two calls both land
+    in it (pip --target alone would skip the second: the CUTLASS DSL's core and its libraries)."""
+    import os
+    import subprocess
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    _wheel(a, "ns_core", {"ns/core.py": "X = 1\n"})
+    whole = _wheel(tmp_path, "ns_libs", {"ns/libs/lib.py": "Y = 2\n"}).read_bytes()
+    half = len(whole) // 2
+    (b / "ns_libs-1.0-py3-none-any.whl.part.aa").write_bytes(whole[:half])
+    (b / "ns_libs-1.0-py3-none-any.whl.part.ab").write_bytes(whole[half:])
+    site = tmp_path / "site"
+    env = {**os.environ, "KF_SITE": str(site), "KF_PROOF_STATE": str(tmp_path / "state")}
+    for d in (a, b):
+        r = subprocess.run(["bash", str(ROOT / "experiments/scripts/package_proof.sh"), "wheels", str(d)], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    assert (site / "ns" / "core.py").is_file() and (site / "ns" / "libs" / "lib.py").is_file()
