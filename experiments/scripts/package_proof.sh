@@ -10,6 +10,10 @@
 #   package_proof.sh install OP          pip install build/packages/OP into $KF_SITE
 #   package_proof.sh tests OP OUT        the package's own tests on this GPU -> OUT/OP_tests.log
 #   package_proof.sh bench OP OUT TAG [ARGS...]   python -m NAME.bench ARGS -> OUT/OP_bench_TAG.json (and .log)
+#   package_proof.sh all OUT [SECONDS] [OP...]     after export: every op's (default: every env file) install,
+#                                        published benches (the env file's BENCHES: "TAG ARGS...", one table a
+#                                        process) and tests, each one not done yet, until SECONDS (default 540) are
+#                                        spent; call it again to go on where it stopped. OUT/OP/ holds each op's files
 #   package_proof.sh --help              this text
 #
 # Rebuilding a published table is: export, install, bench, with the commands written in its results folder
@@ -28,7 +32,8 @@ done
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "package_proof.sh: $*" >&2; exit 2; }
-env_of() { local f="experiments/packages/$1.env"; [ -f "$f" ] || die "no package named $1 (experiments/packages/*.env)"; . "$f"; }
+PACKAGES=${KF_PACKAGES:-experiments/packages}  # the ops' env files
+env_of() { local f="$PACKAGES/$1.env"; [ -f "$f" ] || die "no package named $1 ($PACKAGES/*.env)"; . "$f"; }
 done_mark() { [ -f "$STATE/$1.done" ]; }
 mark() { touch "$STATE/$1.done"; }
 
@@ -84,5 +89,26 @@ case "$stage" in
     (cd /tmp && python3 -m "$NAME.bench" --out "$out/${op}_bench_$tag.json" "$@") 2>&1 \
       | tee "$out/${op}_bench_$tag.log" | grep -v '^\s*$' | tail -n 60
     [ "${PIPESTATUS[0]}" -le 1 ] && mark "bench_${op}_$tag" ;;
+  all)
+    out=${2:?all OUT [SECONDS] [OP...]}; budget=${3:-540}; shift $(( $# < 3 ? $# : 3 ))
+    [[ "$budget" =~ ^[0-9]+$ ]] || die "SECONDS must be a whole number, got $budget"
+    ops=("$@")
+    [ ${#ops[@]} -gt 0 ] || for f in "$PACKAGES"/*.env; do ops+=("$(basename "$f" .env)"); done
+    end=$((SECONDS + budget))
+    step() {  # step NAME COMMAND...: run it with the time left, or say where the next call goes on
+      local left=$((end - SECONDS))
+      if [ "$left" -lt 60 ]; then echo "all: ${left}s left; next: $1 (call again to go on)"; exit 0; fi
+      timeout "$left" "${@:2}" || echo "all: $1 did not finish (exit $?)"
+    }
+    for op in "${ops[@]}"; do
+      BENCHES=(); env_of "$op"
+      done_mark "install_$op" || step "install $op" bash "$0" install "$op"
+      for b in "${BENCHES[@]}"; do
+        # shellcheck disable=SC2086
+        set -- $b; done_mark "bench_${op}_$1" || step "bench $op $1" bash "$0" bench "$op" "$out/$op" "$@"
+      done
+      done_mark "tests_$op" || step "tests $op" bash "$0" tests "$op" "$out/$op"
+    done
+    echo "all: done" ;;
   *) die "unknown stage $stage (--help lists them)" ;;
 esac

@@ -133,3 +133,23 @@ def test_package_proof_wheels_joins_pieces_and_merges_calls_into_one_site(tmp_pa
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
     assert (site / "ns" / "core.py").is_file() and (site / "ns" / "libs" / "lib.py").is_file()
+
+
+def test_package_proof_all_stops_where_its_time_runs_out_and_names_the_next_step(tmp_path):
+    import os
+    import subprocess
+
+    (tmp_path / "demo.env").write_text('STORE=x\nRUNS=r\nNAME=kf_demo\nBENCHES=("t1 --samples 5")\n')
+    env = {**os.environ, "KF_PACKAGES": str(tmp_path), "KF_PROOF_STATE": str(tmp_path / "state"),
+           "KF_SITE": str(tmp_path / "site")}
+    proof = str(ROOT / "experiments/scripts/package_proof.sh")
+    r = subprocess.run(["bash", proof, "all", str(tmp_path / "out"), "30"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "next: install demo (call again to go on)" in r.stdout, r.stdout + r.stderr
+    (tmp_path / "state" / "install_demo.done").touch()  # done steps are skipped: the bench comes next
+    r = subprocess.run(["bash", proof, "all", str(tmp_path / "out"), "30"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert "next: bench demo t1" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(["bash", proof, "all", str(tmp_path / "out"), "soon"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "SECONDS must be a whole number, got soon" in r.stderr
