@@ -8,7 +8,8 @@ A plug-in module declares:
     RUNTIME: Path         a folder with package/ (the family's runtime modules, beside the engine's
                           generic ones in evo/export/runtime/package/) and tests/ (cpu_tests.py and
                           gpu_tests.py, written to the package as tests/test_cpu.py and test_gpu.py)
-    def readme(name, runs, cell_kernel, provenance) -> str    the package's README.md
+    def readme(name, runs, cell_kernel, provenance, parts) -> str    the package's README.md (parts: the
+                          common README parts, evo/export/readme.Parts; a plug-in imports nothing from evo/export)
 and may declare:
     MERGE: tuple[str, ...]  ops of which several runs may be exported at once, their tables merged into
                           one (no cell in two of them: e.g. a plain run and a run of the op's variants)
@@ -43,7 +44,7 @@ class Family:
     name: str
     description: str
     runtime: Path
-    readme: Callable[[str, Sequence[Any], dict[str, dict[str, str]], dict[str, Any]], str]
+    readme: Callable[[str, Sequence[Any], dict[str, dict[str, str]], dict[str, Any], Any], str]
     merge: tuple[str, ...] = ()  # ops whose runs may be merged into one table (MERGE)
 
     def __post_init__(self) -> None:

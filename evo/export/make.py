@@ -16,6 +16,7 @@ from evo.export.document import dispatch_document, op_document, provenance_docum
 from evo.export.errors import ExportError
 from evo.export.family import Family, family_of
 from evo.export.kernels import build_kernels
+from evo.export.readme import PARTS
 from evo.export.runs import RunTable, merge_runs, read_run
 from evo.export.write import write_package
 from memory.store import Store
@@ -101,7 +102,7 @@ def export(store_path: Path, run_ids: Sequence[str], out: Path, name: str | None
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         write_package(tmp, name, VERSION, family, runs, kernels, dispatch, prov,
-                      family.readme(name, runs, cell_kernel, prov))
+                      family.readme(name, runs, cell_kernel, prov, PARTS))
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)

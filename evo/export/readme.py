@@ -4,6 +4,8 @@ one-line summary of where a run's measurements come from, and the test and bench
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -67,3 +69,17 @@ def tests_and_bench(name: str, versus: str) -> list[str]:
         "cells and peers to run).",
         "",
     ]
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The README parts every family's README uses, handed to the plug-in's `readme` (an op folder imports nothing
+    from evo/export)."""
+
+    cells_table: Callable[[Any], list[str]] = cells_table
+    install: Callable[[str], list[str]] = install
+    measured: Callable[[Any, dict[str, Any]], str] = measured
+    tests_and_bench: Callable[[str, str], list[str]] = tests_and_bench
+
+
+PARTS = Parts()

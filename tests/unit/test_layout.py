@@ -101,3 +101,22 @@ def test_the_sql_check_finds_queries(tmp_path):
         'Q = "WHERE run_id = ?"\nHELP = \'e.g. kfactory sql "SELECT * FROM runs"\'\n')
     assert sorted(f.split(": ", 1)[1] for f in sql_under(tmp_path / "evo")) == [
         "'SELECT 1 AS n FROM runs'", "'WHERE run_id = ?'", ".sql(", "imports duckdb"]
+
+
+# the one arrow from ops/ into evo/ beyond evo.core that remains: the gate's torch.compile peer shares the exported
+# packages' compile rule (the runtime is shipped standalone, so the rule lives there)
+UPWARD_ALLOWED = {("ops.baselines", "evo.export.runtime.package.sides")}
+
+
+def test_ops_import_nothing_from_evo_beyond_core():
+    """An op folder (its spec, references, device hooks, export plug-in) depends on the engine's vocabulary
+    (evo.core) only; the exporter hands its plug-in what it needs (evo/export/readme.Parts)."""
+    ops_root = EVO.parent / "ops"
+    upward = set()
+    for p in ops_root.rglob("*.py"):
+        name = ".".join(p.relative_to(ops_root.parent).with_suffix("").parts).removesuffix(".__init__")
+        for n in ast.walk(ast.parse(p.read_text())):
+            mods = [n.module] if isinstance(n, ast.ImportFrom) and n.module else \
+                [a.name for a in n.names] if isinstance(n, ast.Import) else []
+            upward |= {(name, m) for m in mods if m.startswith("evo") and not m.startswith("evo.core")}
+    assert upward == UPWARD_ALLOWED, sorted(upward - UPWARD_ALLOWED)

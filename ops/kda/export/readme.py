@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-from evo.export.readme import cells_table, install, measured, tests_and_bench
-
-if TYPE_CHECKING:
-    from evo.export.runs import RunTable
+from typing import Any
 
 _KINDS = (("decode", "recurrent", "fused_recurrent_kda"), ("prefill", "chunk", "chunk_kda"))
 
 
-def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str, str]],
-           provenance: dict[str, Any]) -> str:
+def readme(name: str, runs: Sequence[Any], cell_kernel: dict[str, dict[str, str]],
+           provenance: dict[str, Any], parts: Any) -> str:
     """README.md of a package exported from a KDA run."""
+    cells_table, install, measured, tests_and_bench = (parts.cells_table, parts.install, parts.measured,
+                                                       parts.tests_and_bench)
     run = runs[0]
     templates = sorted({e.genome.template for e in run.entries})
     served = {kind: sorted(t for t in templates if t.startswith(prefix)) for kind, prefix, _ in _KINDS}

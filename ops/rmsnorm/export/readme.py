@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-from evo.export.readme import cells_table, install, measured, tests_and_bench
-
-if TYPE_CHECKING:
-    from evo.export.runs import RunTable
+from typing import Any
 
 
-def readme(name: str, runs: Sequence[RunTable], cell_kernel: dict[str, dict[str, str]],
-           provenance: dict[str, Any]) -> str:
+def readme(name: str, runs: Sequence[Any], cell_kernel: dict[str, dict[str, str]],
+           provenance: dict[str, Any], parts: Any) -> str:
     """README.md of a package exported from a forward run, a backward run, or one of each."""
+    cells_table, install, measured, tests_and_bench = (parts.cells_table, parts.install, parts.measured,
+                                                       parts.tests_and_bench)
     fwd = next((r for r in runs if r.op == "rmsnorm"), None)
     bwd = next((r for r in runs if r.op == "rmsnorm_bwd"), None)
     arch = runs[0].arch
