@@ -26,8 +26,8 @@ from evo.measure.jobs import Timing
 from evo.measure.run import GpuRunner, gpu_available
 from evo.search.space import repair
 from evo.templates.template import TemplateDef, load_templates
-from ops import get_op
-from ops.spec import Cell, OpSpec, gbps
+from evo.core.registry import get_op
+from evo.core.spec import Cell, OpSpec, gbps
 
 # PREFIX.csv's columns (the committed bench files have them, in this order)
 CSV_COLUMNS = ("candidate", "template", "genome_key", "params", "cell", "dtype", "dims", "status", "median_us", "p10_us",

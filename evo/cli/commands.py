@@ -198,7 +198,7 @@ def format_lessons(df: pd.DataFrame, width: int) -> list[str]:
 
 def cmd_lessons(store_path: Path, op: str, arch: str, kind: str | None, limit: int) -> int:
     from memory.queries import lessons_table
-    from ops import get_op
+    from evo.core.registry import get_op
 
     get_op(op)  # an unknown op is the user's error (UnknownOpError, exit 2), not an empty list of lessons
     with open_reader(store_path) as store:

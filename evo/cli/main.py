@@ -131,7 +131,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from evo.templates.template import TemplateError
     from memory.store import StoreError
 
-    from ops import UnknownOpError
+    from evo.core.registry import UnknownOpError
 
     return (ConfigError, TemplateError, StoreError, NoGpuError, NothingBuiltError, UnknownNameError, UnknownOpError,
             UsageError, ExportError, MissingExtraError)

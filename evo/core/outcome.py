@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from evo.core.genome import Genome
 from evo.core.status import Status
-from ops.spec import Cell
+from evo.core.spec import Cell
 
 
 @dataclass(frozen=True)

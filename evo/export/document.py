@@ -14,7 +14,7 @@ from typing import Any
 from evo.export.kernels import Kernel, sha256, template_id
 from evo.export.runs import Entry, RunTable
 from evo.templates.template import LaunchDecl, TemplateDef
-from ops import get_op
+from evo.core.registry import get_op
 
 FORMAT = 1
 _VERSIONED = ("cuda-core", "cuda-bindings", "cuda-pathfinder", "jinja2", "duckdb", "numpy")

@@ -28,11 +28,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, get_args
 
-import ops
+from evo.core.registry import ROOT as OPS_ROOT
 from evo.export.errors import ExportError
 
 Role = Literal["forward", "backward"]
-OPS_ROOT = Path(ops.__file__).parent
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from evo.search.warm_start import dims_distance, warm_start
 from memory import lessons as L
 from memory import queries as Q
 from memory.rows import CandidateRow, Row
-from ops.spec import Cell
+from evo.core.spec import Cell
 
 LET_THROUGH = 0.1  # share of predicted failures evaluated anyway, to measure the rules' precision
 REFRESH_EVERY = 3  # generations between lesson re-extractions (and at the end of a run)

@@ -26,8 +26,8 @@ from memory.queries import first_built
 from memory.rows import BuildRow, CandidateRow, Row, RunRow, SourceRow
 from memory.runs import stored_config
 from memory.store import Store
-from ops import get_op
-from ops.spec import Cell, DType, OpSpec
+from evo.core.registry import get_op
+from evo.core.spec import Cell, DType, OpSpec
 
 
 class NoGpuError(RuntimeError):

@@ -13,7 +13,7 @@ from evo.core.outcome import Outcome
 from evo.loop.generation import Generation
 from evo.loop.pipeline import Session
 from memory.rows import EvaluationRow, Row
-from ops.spec import OpSpec, gbps
+from evo.core.spec import OpSpec, gbps
 
 
 def eval_id(run_id: str, genome_key: str, cell: str) -> str:

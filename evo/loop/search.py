@@ -42,7 +42,7 @@ from memory.results import ok_results, recorded_outcomes, reusable_results
 from memory.rows import Row
 from memory.runs import elapsed_s, next_generation, reused_count
 from memory.sources import llm_sources
-from ops.spec import Cell
+from evo.core.spec import Cell
 
 
 @dataclass

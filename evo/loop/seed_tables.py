@@ -19,7 +19,7 @@ from evo.core.config import ConfigError
 from evo.core.genome import Genome
 from evo.templates.template import TemplateDef
 from memory import queries as Q
-from ops.spec import Cell
+from evo.core.spec import Cell
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from evo.build.nvrtc import BuildResult
 from evo.core.genome import Genome
 from evo.measure.jobs import BufferDecl, EvalJob, GateCell, LaunchJob, Timing
 from evo.templates.template import Launch, TemplateDef
-from ops.spec import Cell, OpSpec, TensorSpec
+from evo.core.spec import Cell, OpSpec, TensorSpec
 
 
 def arg_name(arg: str) -> tuple[str, bool]:

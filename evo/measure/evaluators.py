@@ -22,7 +22,7 @@ from evo.measure.evaluate import make_job
 from evo.measure.jobs import Timing
 from evo.measure.verify import judge
 from evo.templates.template import TemplateDef
-from ops.spec import Cell, OpSpec
+from evo.core.spec import Cell, OpSpec
 
 
 @dataclass(frozen=True)

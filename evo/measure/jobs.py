@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ops.spec import FillSpec
+from evo.core.spec import FillSpec
 
 # An argument binding: ("buf", name) for a device pointer, ("ptr", 0) for a null one (an optional
 # tensor the cell does not use), ("i32"|"i64"|"f32", value) for a scalar.

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from evo.core.genome import Genome
-from ops.spec import Cell, OpSpec
+from evo.core.spec import Cell, OpSpec
 
 class _NoBuild:
     """A stand-in for a BuildResult where only the plan is wanted (make_job reads only `.cubin`)."""

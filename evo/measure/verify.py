@@ -16,7 +16,7 @@ from evo.core.status import Status
 from evo.measure.gate import failed
 from evo.measure.jobs import CheckStats, JobResult
 from evo.measure.run import CRASH, TIMEOUT
-from ops.spec import Cell
+from evo.core.spec import Cell
 
 # A time implying more than (1 + this) x the copy ceiling measured in the same process is SUSPECT.
 SUSPECT_MARGIN = 0.05

@@ -25,7 +25,7 @@ from evo.measure.carveout import smem_carveout
 from evo.measure.flush import l2_flush_mode
 from evo.measure.gate import GATE_VERSION, SLOTS, Gate, scale_key
 from evo.measure.jobs import CheckStats, EvalJob, JobResult
-from ops.spec import TRANSFORMS
+from evo.core.spec import TRANSFORMS
 
 GUARD = 4096  # bytes of canary before and after every buffer
 CANARY = 0xA5

@@ -13,7 +13,7 @@ from memory.store import Store
 # A lesson that did more harm than good (usefulness below this) is no longer applied.
 MIN_USEFULNESS = -0.5
 
-CellLike = Any  # an ops.spec.Cell (dtypes_dict(), dims_dict()) or a (dtypes, dims) pair of mappings
+CellLike = Any  # an evo.core.spec.Cell (dtypes_dict(), dims_dict()) or a (dtypes, dims) pair of mappings
 
 
 def cell_facts(cell: CellLike) -> tuple[dict[str, str], dict[str, int]]:

@@ -19,7 +19,7 @@ from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
 
 from evo.templates.sandbox import sandbox_env
 from evo.templates.template import Expr, TemplateDef, TemplateError
-from ops.spec import Cell
+from evo.core.spec import Cell
 
 
 def index_of(values: Sequence[Any], value: Any) -> int | None:

@@ -25,7 +25,7 @@ from evo.core.genome import Genome
 from evo.search.space import Space, neighbours, weighted_choice
 from evo.templates.template import TemplateDef
 from memory.queries import ANY_TEMPLATE
-from ops.spec import Cell
+from evo.core.spec import Cell
 
 SAMPLE_TRIES = 64  # rejected (already proposed) random draws before listing what is left of a template
 BREED_TRIES = 20  # breeding attempts per wanted child before topping up with random genomes

@@ -246,7 +246,7 @@ class TemplateDef:
         self, params: Mapping[str, Any], arch: int, dtypes: Mapping[str, Any], dims: Mapping[str, int] | None
     ) -> dict[str, Any]:
         """The names expressions and the template body may read."""
-        from ops.spec import DType  # ops is a sibling package; import here keeps evo.templates.template light
+        from evo.core.spec import DType  # ops is a sibling package; import here keeps evo.templates.template light
 
         ctx: dict[str, Any] = dict(params)
         ctx["arch"] = arch
@@ -264,7 +264,7 @@ class TemplateDef:
         that is off) at its op's declared default."""
         if all(d in dims for d in self.specialize):  # every cell of a plain op: no registry look-up
             return {d: int(dims[d]) for d in self.specialize}
-        from ops import get_op  # a sibling package, as in context()
+        from evo.core.registry import get_op  # a sibling package, as in context()
 
         op = get_op(self.op)
         return {d: op.dim_value(dims, d) for d in self.specialize}
@@ -501,7 +501,7 @@ def header_names(op: Any) -> tuple[frozenset[str], frozenset[str]]:
     """The dims and the dtype roles an OpSpec's templates may read in a header expression: every dim its
     tensors, its dim defaults and its cells name (a variant's switch dims included), every dtype role its
     tensors and cells use (each read as `<role>_bytes`, `<role>_dtype` and `<role>_t`)."""
-    from ops.spec import DType  # a sibling package, as in context()
+    from evo.core.spec import DType  # a sibling package, as in context()
 
     cells = op.all_cells()
     dims = {d for t in op.tensors for d in t.dims} | set(op.dim_defaults) | {k for c in cells for k, _ in c.dims}
@@ -534,7 +534,7 @@ def load_templates(op: str, root: Path = TEMPLATES_ROOT, use: Sequence[str] | No
     declares too) is a TemplateError naming it where the caller needs it: every file when `use` is None, else
     a file whose template `use` names (a header that cannot be read goes by its file name). Any other is left
     out and `warn` gets one line saying why (without `warn`, every broken file is an error)."""
-    from ops import get_op  # a sibling package, as in context()
+    from evo.core.registry import get_op  # a sibling package, as in context()
 
     folder = root / op
     if not folder.is_dir():

@@ -24,7 +24,7 @@ from pathlib import Path
 from evo.build.nvrtc import Builder, prepare
 from evo.core.genome import Genome
 from evo.templates.template import load_templates, parse_template
-from ops import get_op
+from evo.core.registry import get_op
 
 
 def elements(N: int, p: dict) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from evo.build.nvrtc import Builder, prepare
 from evo.core.genome import Genome
 from evo.templates.template import load_templates
-from ops import get_op
+from evo.core.registry import get_op
 
 
 def main(op_name: str, table: str, out: str) -> None:

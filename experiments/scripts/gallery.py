@@ -30,7 +30,7 @@ def honest_controls(timing_s: float = 30.0) -> list[dict]:
     from evo.measure.jobs import Timing
     from evo.measure.run import GpuRunner
     from evo.templates.template import load_templates
-    from ops import get_op
+    from evo.core.registry import get_op
 
     op = get_op("rmsnorm")
     old = {r["cell"]: r for r in csv.DictReader(open(ROOT / "experiments" / "results" / "bench_default_h200.csv"))

@@ -77,7 +77,7 @@ def main() -> int:
     from evo.measure.worker import Worker
     from evo.templates.template import load_templates
     from hand_gate import fresh_rng, hand_job
-    from ops import get_op
+    from evo.core.registry import get_op
 
     op = get_op("rmsnorm")
     tdef = load_templates("rmsnorm")["cta_row"]

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from evo.build.sass import Control, inner_loops, opcode, scheduled  # noqa: E402
 from evo.templates.template import load_templates  # noqa: E402
-from ops import get_op  # noqa: E402
+from evo.core.registry import get_op  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("recur_sass", Path(__file__).with_name("recur_sass.py"))
 recur_sass = importlib.util.module_from_spec(_spec)

@@ -28,7 +28,7 @@ from evo.build.nvrtc import Builder, build_point, prepare
 from evo.core.genome import Genome
 from evo.build.sass import Loop, disassemble, inner_loops
 from evo.templates.template import load_templates
-from ops import get_op
+from evo.core.registry import get_op
 
 SMS = 132  # the H200's SMs
 SMEM_PER_SM = 228 * 1024  # bytes an SM shares among its CTAs (each CTA also reserves 1 KB)

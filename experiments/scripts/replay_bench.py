@@ -29,7 +29,7 @@ from evo.core.config import load_config  # noqa: E402
 from evo.loop.pipeline import cells_for, dtype_sets  # noqa: E402
 from evo.search.strategy import GeneticSearch, Observation, RandomSearch  # noqa: E402
 from evo.templates.template import load_templates  # noqa: E402
-from ops import get_op  # noqa: E402
+from evo.core.registry import get_op  # noqa: E402
 
 
 def evals_to_target(strategy, cells, tdefs, arch, table, best, batch, cap):

@@ -31,8 +31,8 @@ from evo.measure.jobs import Timing  # noqa: E402
 from evo.measure.run import GpuRunner  # noqa: E402
 from evo.search.space import enumerate_space  # noqa: E402
 from evo.templates.template import load_templates  # noqa: E402
-from ops import get_op  # noqa: E402
-from ops.spec import gbps  # noqa: E402
+from evo.core.registry import get_op  # noqa: E402
+from evo.core.spec import gbps  # noqa: E402
 
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ops.kda.reference import BetaAct, Gate
 from ops.kda.spec import LOWER_BOUND, cell, variant_of
-from ops.spec import Cell, DType, quantize
+from evo.core.spec import Cell, DType, quantize
 
 BF = DType.BF16
 f32 = np.float32

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops.kda.reference import BetaAct, Gate, Variant, kda_fwd, sigmoid
-from ops.spec import (
+from evo.core.spec import (
     Cell,
     DType,
     FillSpec,
@@ -312,7 +312,7 @@ def edge_cells() -> list[Cell]:
     ]
 
 
-# The gate's input kinds, filled on the device (ops.spec.FillSpec), one set for every cell. They mirror
+# The gate's input kinds, filled on the device (evo.core.spec.FillSpec), one set for every cell. They mirror
 # make_inputs for fla's default call (log-space g, post-sigmoid beta, no in-kernel norm); a cell of
 # another variant gets the same values, still finite and mild (a raw gate reads the negative g as
 # its input; beta logits lie in (0, 1)), so its kernels are checked, less sharply than by make_inputs.

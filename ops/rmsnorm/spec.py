@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ops.rmsnorm.reference import rmsnorm_fwd
-from ops.spec import Cell, DType, FillSpec, OpSpec, Role, ScalarSpec, TensorSpec, Tolerance, quantize
+from evo.core.spec import Cell, DType, FillSpec, OpSpec, Role, ScalarSpec, TensorSpec, Tolerance, quantize
 
 DTYPES = (DType.BF16, DType.FP16, DType.FP32)
 MATRIX_M = (4096, 32768)

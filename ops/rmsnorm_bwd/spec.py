@@ -14,7 +14,7 @@ import numpy as np
 
 from ops.rmsnorm.spec import TOLERANCES
 from ops.rmsnorm_bwd.reference import rmsnorm_bwd
-from ops.spec import Cell, DType, FillSpec, OpSpec, Role, TensorSpec, Tolerance, quantize
+from evo.core.spec import Cell, DType, FillSpec, OpSpec, Role, TensorSpec, Tolerance, quantize
 
 DTYPES = (DType.BF16, DType.FP16, DType.FP32)
 MATRIX = [(32768, n) for n in (4096, 8192, 16384, 32768, 65536)] + [(16384, 131072), (8192, 262144)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops.softmax.reference import softmax_fwd
-from ops.spec import Cell, DType, FillSpec, OpSpec, Role, TensorSpec, Tolerance, quantize
+from evo.core.spec import Cell, DType, FillSpec, OpSpec, Role, TensorSpec, Tolerance, quantize
 
 DTYPES = (DType.BF16, DType.FP16, DType.FP32)
 MATRIX_M = (4096,)

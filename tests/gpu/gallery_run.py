@@ -18,7 +18,7 @@ from evo.measure.run import GpuRunner
 from evo.core.status import Status
 from evo.measure.verify import judge
 from ops.rmsnorm.spec import SPEC, cell
-from ops.spec import Cell
+from evo.core.spec import Cell
 
 SOURCE = Path(__file__).with_name("gallery.cu")
 WRONG = (Status.WRONG_ANSWER,)

@@ -11,7 +11,7 @@ from ops.kda import SPEC
 from ops.kda import device as kda_device
 from ops.kda.spec import DECODE_B, FILLS, cell, gate_cells, is_varlen, variant_of
 from ops.kda.reference import Gate
-from ops.spec import DType, from_device_bytes
+from evo.core.spec import DType, from_device_bytes
 
 RAW = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "int32": np.int32}
 NULL = type("Null", (), {"ptr": 0, "nbytes": 0})()

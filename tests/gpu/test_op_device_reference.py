@@ -5,14 +5,14 @@ SCALED outputs)."""
 import numpy as np
 import pytest
 
-import ops
-from ops import contract
-from ops.spec import DType, Role, from_device_bytes
+from evo.core import registry
+from evo.core import contract
+from evo.core.spec import DType, Role, from_device_bytes
 
 RAW = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "int32": np.int32}
 NULL = type("Null", (), {"ptr": 0, "nbytes": 0})()
-CASES = [(name, kind) for name in ops.KNOWN if contract.has_device_hooks(name)
-         for kind in ops.get_op(name).gate_kinds()]
+CASES = [(name, kind) for name in registry.KNOWN if contract.has_device_hooks(name)
+         for kind in registry.get_op(name).gate_kinds()]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def worker():
 def test_device_reference_matches_numpy(worker, name, kind):
     import importlib
 
-    spec = ops.get_op(name)
+    spec = registry.get_op(name)
     mod = importlib.import_module(f"ops.{name}.device")
     _, ref_obj = worker._op(name)
     for c in spec.edge_cells()[:3]:

@@ -7,7 +7,7 @@ import pytest
 
 from ops.rmsnorm import device
 from ops.rmsnorm.spec import VARIANT_SPEC, matrix_residual, variant_edge_cells, variant_of
-from ops.spec import Cell, DType, Role, from_device_bytes
+from evo.core.spec import Cell, DType, Role, from_device_bytes
 
 RAW = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 NULL = type("Null", (), {"ptr": 0, "nbytes": 0})()

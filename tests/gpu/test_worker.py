@@ -5,7 +5,7 @@ import pytest
 
 from ops.rmsnorm.reference import rmsnorm_fwd
 from ops.rmsnorm.spec import FILLS, cell
-from ops.spec import DType, from_device_bytes
+from evo.core.spec import DType, from_device_bytes
 
 RAW = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 

@@ -24,7 +24,7 @@ from evo.core.genome import Genome
 from evo.templates.template import TemplateDef, load_templates
 from memory import BuildRow, CandidateRow, EvaluationRow, RunRow, SourceRow, Store
 from ops.rmsnorm.spec import cell
-from ops.spec import Cell
+from evo.core.spec import Cell
 
 ARCH = "sm_90a"
 RUN = "exp-r1"

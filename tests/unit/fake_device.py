@@ -20,7 +20,7 @@ from evo.measure.gate import Gate, scale_key
 from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob, Timing
 from ops.rmsnorm import device as rms_device
 from ops.rmsnorm.spec import SPEC
-from ops.spec import Cell, DType, from_device_bytes, to_device_bytes
+from evo.core.spec import Cell, DType, from_device_bytes, to_device_bytes
 
 GUARD = 64
 CANARY = 0xA5

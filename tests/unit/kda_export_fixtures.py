@@ -22,7 +22,7 @@ from evo.templates.template import parse_template
 from memory import RunRow, SourceRow, Store
 from ops.kda.reference import BetaAct, Variant
 from ops.kda.spec import cell
-from ops.spec import Cell
+from evo.core.spec import Cell
 from tests.unit.export_fixtures import entry_rows
 
 ARCH = "sm_90a"

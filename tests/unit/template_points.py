@@ -9,7 +9,7 @@ from typing import Any
 from evo.build.nvrtc import compile_one, prepare
 from evo.core.genome import Genome
 from evo.templates.template import TemplateDef
-from ops.spec import Cell
+from evo.core.spec import Cell
 
 
 def legal_points(tdef: TemplateDef, cell: Cell, n: int, seed: int, **fixed: Any) -> list[dict]:

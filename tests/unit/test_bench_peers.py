@@ -15,7 +15,7 @@ from evo.cli.main import main
 from evo.core.config import ConfigError, load_config
 from evo.loop.pipeline import cells_for
 from evo.templates.template import load_templates
-from ops import get_op
+from evo.core.registry import get_op
 
 ROOT = Path(__file__).resolve().parents[2]
 REGIMES = ROOT / "experiments/results/rmsnorm_h200_regimes/dispatch.json"

@@ -65,7 +65,7 @@ def test_bench_times_through_the_evaluator_with_every_peer(tmp_path):
     from evo.cli.bench import bench
     from evo.measure.jobs import Timing
     from evo.templates.template import load_templates
-    from ops import get_op
+    from evo.core.registry import get_op
     from ops.rmsnorm.spec import cell
 
     op = get_op("rmsnorm")
@@ -94,7 +94,7 @@ def test_bench_names_the_constraints_a_given_point_breaks_on_a_cell(tmp_path):
     from evo.cli.bench import bench
     from evo.measure.jobs import Timing
     from evo.templates.template import load_templates
-    from ops import get_op
+    from evo.core.registry import get_op
     from ops.rmsnorm.spec import cell
 
     op, t = get_op("rmsnorm"), load_templates("rmsnorm")["cta_row"]

@@ -17,7 +17,7 @@ from evo.core.genome import Genome
 from evo.core.status import Status
 from evo.templates.template import load_templates
 from ops.rmsnorm.spec import SPEC
-from ops.spec import Cell
+from evo.core.spec import Cell
 from tests.unit.template_points import build_point, legal_points
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 from evo.core.status import Status
 from evo.templates.template import load_templates
 from ops.rmsnorm.spec import SPEC
-from ops.spec import Cell
+from evo.core.spec import Cell
 from tests.unit.template_points import build_point, legal_points
 
 T = load_templates("rmsnorm")["cta_row_l2"]

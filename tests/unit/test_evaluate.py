@@ -17,8 +17,8 @@ from evo.measure.evaluate import make_job
 from evo.measure.gate import Gate
 from evo.measure.verify import judge
 from evo.templates.template import parse_template
-from ops.contract import _runnable_problems
-from ops.spec import Cell, FillSpec, OpSpec, Role, TensorSpec, Tolerance
+from evo.core.contract import _runnable_problems
+from evo.core.spec import Cell, FillSpec, OpSpec, Role, TensorSpec, Tolerance
 from tests.unit.fake_device import FakeDevice
 
 CELL = Cell.make({"x": "fp32"}, {"M": 4, "N": 24})  # x and y 384 bytes, bias 96, a float64 reference 768

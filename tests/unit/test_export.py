@@ -18,7 +18,7 @@ from evo.cli.main import main
 from tests.unit.export_fixtures import pip_install
 from evo.templates.render import render
 from memory.store import Store
-from ops import get_op
+from evo.core.registry import get_op
 from tests.unit import export_fixtures as fx
 
 NAME = "kf_test"

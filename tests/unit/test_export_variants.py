@@ -20,7 +20,7 @@ from evo.cli.main import main
 from evo.measure.evaluate import bind_cell
 from evo.templates.render import render
 from memory.store import Store
-from ops import get_op
+from evo.core.registry import get_op
 from tests.unit import export_fixtures as fx
 from tests.unit import variant_export_fixtures as vx
 from tests.unit.export_fixtures import pip_install

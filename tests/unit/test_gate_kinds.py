@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ops.rmsnorm.spec import SPEC
-from ops.spec import Cell, DType, quantize
+from evo.core.spec import Cell, DType, quantize
 from tests.unit.rms_shortcuts import (
     SHORTCUTS,
     clamped_instead_of_eps,

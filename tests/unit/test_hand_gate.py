@@ -12,7 +12,7 @@ import pytest
 from evo.build.nvrtc import Builder
 from evo.cli.bench import default_for_cell
 from evo.templates.template import load_templates
-from ops import get_op
+from evo.core.registry import get_op
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments" / "scripts"))
 import hand_gate  # noqa: E402

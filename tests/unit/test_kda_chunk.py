@@ -36,7 +36,7 @@ from evo.templates.template import TemplateDef, load_templates
 from ops.kda import SPEC
 from ops.kda.reference import BetaAct, Gate, Variant
 from ops.kda.spec import FILLS, LOWER_BOUND, MODEL, PREFILL, cell, gate_cells, is_varlen, raw_gate, variant_of
-from ops.spec import Cell, DType
+from evo.core.spec import Cell, DType
 from ops.kda import emulate_chunk
 from ops.kda.emulate_chunk import (DIAG_RANGE, LOG2E, bf, diag_is_wide, emulate, emulate_cell, emulate_prep,
                                    emulate_recur, emulate_varlen, fast_exp, forward_substitution, mm, variant_prep,

@@ -16,7 +16,7 @@ from evo.templates.template import load_templates
 from ops.kda import SPEC
 from ops.kda import device as kda_device
 from ops.kda.spec import cell, prefill_matrix
-from ops.spec import DType
+from evo.core.spec import DType
 from tests.gpu.test_kda_launch_times import KERNELS, POINTS, check_row, plan_job, point_id, time_launches
 
 TDEF = load_templates("kda")["chunk"]

@@ -20,7 +20,7 @@ from ops.kda import SPEC
 from ops.kda import device as kda_device
 from ops.kda.reference import BetaAct, Gate, Variant
 from ops.kda.spec import DECODE_B, FILLS, MODEL, cell, gate_cells, is_varlen, variant_of
-from ops.spec import Cell, DType, Tolerance, from_device_bytes, quantize, to_device_bytes
+from evo.core.spec import Cell, DType, Tolerance, from_device_bytes, quantize, to_device_bytes
 from tests.unit.fake_device import FakeDevice
 
 BF, FP16, FP32 = DType.BF16, DType.FP16, DType.FP32

@@ -19,7 +19,7 @@ from evo.templates.template import load_templates
 from ops.kda import SPEC
 from ops.kda.reference import BetaAct, Gate, Variant
 from ops.kda.spec import cell, gate_cells, variant_of
-from ops.spec import Cell, DType, quantize
+from evo.core.spec import Cell, DType, quantize
 from tests.unit.test_kda_recurrent import KdaFakeDevice, emulation_inputs, gate_on_fake, passes
 
 BF, FP16, FP32 = DType.BF16, DType.FP16, DType.FP32

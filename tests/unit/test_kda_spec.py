@@ -29,7 +29,7 @@ from ops.kda.spec import (
     kinds_for,
     variant_of,
 )
-from ops.spec import Cell, DType, Tolerance, quantize
+from evo.core.spec import Cell, DType, Tolerance, quantize
 
 BF, FP16, FP32 = DType.BF16, DType.FP16, DType.FP32
 SMALL = [(1, 1, 1, 1, 4, 4), (1, 5, 2, 2, 4, 6), (2, 7, 1, 3, 8, 4), (3, 9, 2, 4, 6, 6)]  # B, T, H, HV, K, V

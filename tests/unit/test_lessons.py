@@ -17,7 +17,7 @@ from evo.search.warm_start import warm_start, warm_start_seeds
 from memory import LessonRow, LessonUseRow, Store
 from memory import lessons as L
 from memory import queries as q
-from ops.spec import Cell
+from evo.core.spec import Cell
 from tests.unit import fixture_store as fx
 
 

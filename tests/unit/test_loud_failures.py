@@ -17,7 +17,7 @@ from evo.loop.pipeline import Session
 from evo.templates.sandbox import TEMPLATES_ROOT
 from evo.templates.template import TemplateError, load_templates
 from memory import Store
-from ops import KNOWN
+from evo.core.registry import KNOWN
 from tests.unit.test_render_build import HEADER
 from tests.unit.test_search_replay import SMALL
 

@@ -9,7 +9,8 @@ from typing import Iterator
 import pytest
 
 import ops
-from ops import UnknownOpError, get_op
+from evo.core import registry
+from evo.core.registry import UnknownOpError, get_op
 
 
 @pytest.fixture
@@ -17,7 +18,7 @@ def scale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A folder ops/scale/ in a stand-in ops folder (the real one is left alone), importable as ops.scale."""
     folder = tmp_path / "scale"
     folder.mkdir()
-    monkeypatch.setattr(ops, "ROOT", tmp_path)
+    monkeypatch.setattr(registry, "ROOT", tmp_path)
     monkeypatch.setattr(ops, "__path__", [*ops.__path__, str(tmp_path)])
     yield folder
     sys.modules.pop("ops.scale", None)
@@ -36,7 +37,7 @@ def test_a_folder_without_init_says_so(scale: Path) -> None:
 def test_an_init_without_an_opspec_says_so(scale: Path, monkeypatch: pytest.MonkeyPatch, init: str,
                                            has: str) -> None:
     (scale / "__init__.py").write_text(init)
-    monkeypatch.setattr(ops, "KNOWN", (*ops.KNOWN, "scale"))  # discovered, as a package with __init__.py is
+    monkeypatch.setattr(registry, "KNOWN", (*registry.KNOWN, "scale"))  # discovered, as a package with __init__.py is
     with pytest.raises(UnknownOpError) as e:
         get_op("scale")
     msg = str(e.value)

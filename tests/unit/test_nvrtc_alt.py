@@ -19,7 +19,7 @@ from evo.build.nvrtc_lib import find_nvrtc
 from evo.core.genome import Genome
 from evo.templates.template import load_templates
 from ops.kda.spec import cell
-from ops.spec import Cell, DType
+from evo.core.spec import Cell, DType
 
 ALT = os.environ.get("KF_NVRTC_ALT", "")
 BF = DType.BF16

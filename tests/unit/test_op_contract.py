@@ -5,20 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ops
-from ops import contract
-from ops.spec import Role
+from evo.core import contract, registry
+from evo.core.spec import Role
 
 
-@pytest.mark.parametrize("name", ops.KNOWN)
+@pytest.mark.parametrize("name", registry.KNOWN)
 def test_op_is_complete(name):
-    spec = ops.get_op(name)
+    spec = registry.get_op(name)
     assert contract.problems(spec) == []
 
 
-@pytest.mark.parametrize("name", [n for n in ops.KNOWN if contract.has_templates(n)])
+@pytest.mark.parametrize("name", [n for n in registry.KNOWN if contract.has_templates(n)])
 def test_runnable_op_reference_on_every_kind(name):
-    spec = ops.get_op(name)
+    spec = registry.get_op(name)
     c = spec.edge_cells()[0]
     for kind in spec.gate_kinds():
         inputs = spec.make_inputs(c, kind, np.random.default_rng(0))
@@ -30,15 +29,15 @@ def test_runnable_op_reference_on_every_kind(name):
 
 
 def test_registry_is_the_ops_folders():
-    assert {"rmsnorm", "softmax", "kda"} <= set(ops.KNOWN)
-    with pytest.raises(ops.UnknownOpError, match="known ops"):
-        ops.get_op("layernorm")
+    assert {"rmsnorm", "softmax", "kda"} <= set(registry.KNOWN)
+    with pytest.raises(registry.UnknownOpError, match="known ops"):
+        registry.get_op("layernorm")
 
 
 def test_contract_names_what_is_missing():
     import dataclasses
 
-    spec = ops.get_op("softmax")
+    spec = registry.get_op("softmax")
     broken = dataclasses.replace(spec, fills={"normal": {}}, baselines=(), timing_kinds=("fast",))
     text = " | ".join(contract.problems(broken))
     assert "input kind 'normal' fills []" in text and "no baseline" in text and "timing_kinds" in text

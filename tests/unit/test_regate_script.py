@@ -18,7 +18,7 @@ _spec.loader.exec_module(R)
 def test_the_committed_case_file_loads_and_names_legal_points():
     from evo.search.space import legal_cells
     from evo.templates.template import load_templates
-    from ops import get_op
+    from evo.core.registry import get_op
 
     cases = R.load_cases(ROOT / "experiments" / "regate" / "bwd_fp32_h100.json")
     assert len(cases) == 4

@@ -18,7 +18,7 @@ from evo.search.space import repair
 from evo.templates.template import load_templates, parse_template
 from ops.rmsnorm.spec import SPEC as FWD
 from ops.rmsnorm_bwd.spec import SPEC as BWD
-from ops.spec import Cell
+from evo.core.spec import Cell
 from tests.unit.template_points import build_point
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ from evo.measure.verify import judge
 from ops.rmsnorm_bwd import device as bwd_device
 from ops.rmsnorm_bwd.reference import rmsnorm_bwd
 from ops.rmsnorm_bwd.spec import FILLS, SPEC, cell, make_inputs
-from ops.spec import DType, from_device_bytes, quantize, to_device_bytes
+from evo.core.spec import DType, from_device_bytes, quantize, to_device_bytes
 from tests.unit.fake_device import FakeDevice
 
 F32 = np.float32

@@ -8,7 +8,7 @@ import pytest
 
 from ops.rmsnorm.reference import rmsnorm_fwd
 from ops.rmsnorm_bwd.spec import DTYPES, SPEC, cell
-from ops.spec import DType
+from evo.core.spec import DType
 
 EPS = 1e-6
 

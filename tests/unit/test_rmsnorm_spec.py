@@ -1,4 +1,4 @@
-"""RMSNorm forward spec, and the dtype helpers of ops.spec it relies on."""
+"""RMSNorm forward spec, and the dtype helpers of evo.core.spec it relies on."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from ops.rmsnorm import SPEC
 from ops.rmsnorm.spec import cell
-from ops.spec import DType, round_to_bf16
+from evo.core.spec import DType, round_to_bf16
 
 SHAPES = [(1, 8), (3, 33), (7, 1000)]
 

@@ -23,7 +23,7 @@ from evo.measure.jobs import Timing
 from evo.measure.verify import judge
 from evo.search.space import repair
 from evo.templates.template import load_templates
-from ops import contract
+from evo.core import contract
 from ops.rmsnorm import device
 from ops.rmsnorm.spec import (
     FILLS,
@@ -41,7 +41,7 @@ from ops.rmsnorm.spec import (
     variant_edge_cells,
     variant_of,
 )
-from ops.spec import Cell, DType, Role, from_device_bytes, quantize, to_device_bytes
+from evo.core.spec import Cell, DType, Role, from_device_bytes, quantize, to_device_bytes
 from tests.unit.fake_device import FakeDevice
 from tests.unit.verdict import outside
 

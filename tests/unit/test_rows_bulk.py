@@ -10,7 +10,7 @@ import pytest
 
 from evo.core.status import Status
 from ops.rmsnorm.spec import SPEC
-from ops.spec import Cell
+from evo.core.spec import Cell
 from tests.unit.template_points import build_point, legal_points
 
 from evo.templates.template import load_templates

@@ -14,7 +14,7 @@ from evo.build.nvrtc import MAX_SMEM_PER_BLOCK
 from evo.core.status import Status
 from evo.templates.template import load_templates
 from ops.rmsnorm_bwd.spec import SPEC as BWD
-from ops.spec import Cell
+from evo.core.spec import Cell
 from tests.unit.template_points import build_point
 
 T = load_templates("rmsnorm_bwd")["rows_smem"]

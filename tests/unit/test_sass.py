@@ -137,7 +137,7 @@ def test_recur_addr_hoist_and_carry_shorten_the_split_k_chunk_loop():
     kwarps 2, 450 -> 395 -> 311 at kwarps 4 (experiments/results/recur_sass.json)."""
     from evo.build.nvrtc import build_point
     from evo.templates.template import load_templates
-    from ops import get_op
+    from evo.core.registry import get_op
 
     tdef = load_templates("kda")["chunk"]
     table = json.loads((ROOT / "experiments/results/kda_prefill_h200_15/dispatch.json").read_text())["dispatch"]
@@ -170,7 +170,7 @@ def test_recur_addr_carry_shortens_the_one_warp_chunk_loop():
     when written: 624 -> 518 instructions a warp, 220 -> 109 integer (experiments/results/recur_sass.json)."""
     from evo.build.nvrtc import build_point
     from evo.templates.template import load_templates
-    from ops import get_op
+    from evo.core.registry import get_op
 
     tdef = load_templates("kda")["chunk"]
     table = json.loads((ROOT / "experiments/results/kda_prefill_h200_15/dispatch.json").read_text())["dispatch"]

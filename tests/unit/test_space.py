@@ -9,7 +9,7 @@ import pytest
 
 from evo.search.space import Space, enumerate_space, legal_cells, neighbours, repair, sample
 from evo.templates.template import parse_template
-from ops.spec import DType
+from evo.core.spec import DType
 
 from tests.unit.search_fixtures import (  # noqa: E402
     ARCH, BF16, CASE_IDS, CASES, CELLS, DIMS, DTYPE_SETS, FP32, TEMPLATES,

@@ -13,7 +13,7 @@ from evo.search.space import Space
 from evo.search.strategy import GeneticSearch, Observation, RandomSearch, Strategy
 from evo.templates.template import TemplateDef, load_templates, parse_template
 from ops.rmsnorm.spec import matrix
-from ops.spec import Cell, DType
+from evo.core.spec import Cell, DType
 
 TEMPLATES = {k: t for k, t in load_templates("rmsnorm").items() if k in ("warp_row", "cta_row")}  # WINS' two
 ARCH = 90

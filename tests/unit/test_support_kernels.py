@@ -36,16 +36,15 @@ def test_every_op_device_reference_compiles_with_the_kernels_its_hooks_name():
     import cuda.pathfinder
     from cuda.core import Program, ProgramOptions
 
-    import ops
-    from ops import contract
+    from evo.core import contract, registry
 
     inc = cuda.pathfinder.find_nvidia_header_directory("cudart")
     opts = ProgramOptions(arch="sm_90a", std="c++17", include_path=[inc] if inc else [])
     checked = 0
-    for name in ops.KNOWN:
+    for name in registry.KNOWN:
         if not contract.has_device_hooks(name):
             continue
-        spec, mod = ops.get_op(name), importlib.import_module(f"ops.{name}.device")
+        spec, mod = registry.get_op(name), importlib.import_module(f"ops.{name}.device")
         cubin = Program(mod.SOURCE.read_text(), code_type="c++", options=opts).compile("cubin").code
         for c in spec.matrix():
             for kernel, *_ in mod.reference(c.dims_dict(), c.dtypes_dict(), spec.scalar_values(c)):

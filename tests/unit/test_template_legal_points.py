@@ -9,7 +9,7 @@ from itertools import product
 import pytest
 
 from evo.templates.template import TemplateError, load_templates
-from ops import get_op
+from evo.core.registry import get_op
 from tests.unit.test_sandbox_limits import HEADER as BOUNDED
 
 ARCH = 90

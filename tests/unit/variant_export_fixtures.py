@@ -20,7 +20,7 @@ from typing import Any
 from evo.build.nvrtc import Builder, prepare
 from memory import RunRow, SourceRow, Store
 from ops.rmsnorm.spec import cell
-from ops.spec import Cell
+from evo.core.spec import Cell
 from tests.unit import export_fixtures as fx
 
 VAR_RUN = "exp-var"

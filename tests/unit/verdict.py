@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ops.spec import Tolerance
+from evo.core.spec import Tolerance
 
 
 def outside(got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> bool:

@@ -12,9 +12,10 @@ import importlib
 import math
 from pathlib import Path
 
-from ops.spec import DType, OpSpec, Role
+from evo.core.registry import ROOT as OPS_ROOT
+from evo.core.spec import DType, OpSpec, Role
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+TEMPLATES = OPS_ROOT.parent / "templates"
 DEVICE_HOOKS = ("reference", "tail_width", "baselines", "peer_outputs")
 
 
@@ -23,7 +24,7 @@ def has_templates(op: str) -> bool:
 
 
 def has_device_hooks(op: str) -> bool:
-    return (Path(__file__).parent / op / "device.py").is_file()
+    return (OPS_ROOT / op / "device.py").is_file()
 
 
 def problems(spec: OpSpec) -> list[str]:
