@@ -2009,7 +2009,8 @@ def test_prep_round_add_is_cvt_rna_on_finite_values():
 def test_prep_round_and_prep_blocks_render_and_build_spill_free():
     """prep_round = add replaces every cvt.rna of launch 1 by the add (launch 2 has none); prep_blocks 4 renders
     __launch_bounds__(256, 4), legal only on the split prep at chunk 32 and 256 threads, and caps the prep at 64
-    registers with no spills or stack (4 CTAs an SM instead of 3), in fla's default call and the model's call."""
+    registers with no spills or stack (4 CTAs an SM instead of 3), in fla's default call and (each rounding and
+    prep_blocks once) the model's call."""
     base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True,
                                     "u_prefetch": True, "prep_diag": "split", "recur_lean": True, "recur_ldsm": True}
     c = PREFILL_CELLS[0]
@@ -2025,7 +2026,8 @@ def test_prep_round_and_prep_blocks_render_and_build_spill_free():
     for cc in (c, MODEL_VARLEN):
         for p in points:
             assert TDEF.is_valid(p, ARCH, cc.dtypes_dict(), cc.dims_dict()), (cc.label(), p)
-        for p, res in zip(points, compile_clean(cc, points)):
+        pts = points if cc is c else covering(points, "prep_round", "prep_blocks")
+        for p, res in zip(pts, compile_clean(cc, pts)):
             regs = res["kda_chunk_prep"].regs
             assert regs <= (64 if p["prep_blocks"] == 4 else 80), (cc.label(), p, regs)
             assert prep_ctas_per_sm(p, regs) == p["prep_blocks"], (cc.label(), p, regs)
@@ -2072,8 +2074,8 @@ def test_prep_vec_covers_each_output_once():
 
 def test_prep_vec_builds_spill_free_in_both_calls():
     """prep_vec at the GA's point (prep_round add, fast exp) at 128 and 256 threads and at chunk 64 builds
-    without spills, stack or static smem in fla's default call and in the model's call (q/k L2 norm, beta
-    logits, raw gate), at the scalar loops' occupancy."""
+    without spills, stack or static smem in fla's default call, and at chunk 64 and the GA's point at 256 threads (each
+    chunk and threads once) in the model's call (q/k L2 norm, beta logits, raw gate), at the scalar loops' occupancy."""
     base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True,
                                     "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add",
                                     "prep_exp": "fast", "prep_vec": True}
@@ -2082,7 +2084,8 @@ def test_prep_vec_builds_spill_free_in_both_calls():
     for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
         for p in points:
             assert TDEF.is_valid(p, ARCH, cc.dtypes_dict(), cc.dims_dict()), (cc.label(), p)
-        for p, res in zip(points, compile_clean(cc, points)):
+        pts = points if cc is PREFILL_CELLS[0] else points[1:]
+        for p, res in zip(pts, compile_clean(cc, pts)):
             scalar = compile_point(cc, p | {"prep_vec": False})
             assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) == prep_ctas_per_sm(
                 p, dict(scalar.resources)["kda_chunk_prep"].regs), (cc.label(), p)
@@ -3121,8 +3124,8 @@ def test_prep_wu_bf16_fragment_check_catches_a_wrong_lane_map():
 
 
 def test_prep_wu_bf16_builds_spill_free_with_half_the_mma():
-    """The bf16 w, u prep (chunk 32 at 128 and 256 threads, chunk 64 at 128; fla's default call and the model's varlen
-    call with its variants) builds for sm_90a without spills, stack or static smem, at no fewer CTAs an SM than its
+    """The bf16 w, u prep (chunk 32 at 128 and 256 threads, chunk 64 at 128 in fla's default call; chunk 32 at 256 and
+    chunk 64 at 128 in the model's varlen call with its variants) builds for sm_90a without spills, stack or static smem, at no fewer CTAs an SM than its
     tf32 twin; the w, u items' 192 m16n8k8 tf32 products become 96 m16n8k16 ones over hi and lo (as many HMMA: 40 in the
     static SASS against 72, the A_kk, A_qk products' 8 tf32 ones in both and the tf32 items' k-loop unrolled for both
     kinds), their B operands by ldmatrix.trans."""
@@ -3130,7 +3133,8 @@ def test_prep_wu_bf16_builds_spill_free_with_half_the_mma():
 
     points = [WU_BASE | {"prep_wu": "bf16", "chunk": ch, "prep_threads": pt} for ch, pt in ((32, 128), (32, 256), (64, 128))]
     for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
-        for p, res in zip(points, compile_clean(cc, points)):
+        pts = points if cc is PREFILL_CELLS[0] else points[1:]
+        for p, res in zip(pts, compile_clean(cc, pts)):
             ref = compile_point(cc, p | {"prep_wu": "tf32"})
             assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) >= prep_ctas_per_sm(
                 p, dict(ref.resources)["kda_chunk_prep"].regs), (cc.label(), p)
@@ -3370,11 +3374,12 @@ def test_prep_aoff_two_writes_each_product_once_from_its_own_warp():
 
 def test_prep_aoff_two_builds_two_shorter_loops_at_the_same_occupancy():
     """Spill-free at the same CTAs an SM (with v late: 6); one's off-diagonal loop (4 HMMA, 8 MUFU a k-step) becomes
-    two loops of 2 HMMA and 8 MUFU, each shorter than it; the diagonal loop is unchanged."""
+    two loops of 2 HMMA and 8 MUFU, each shorter than it; the diagonal loop is unchanged: v early and late in fla's
+    default call, v late in the model's call."""
     from evo.build.sass import disassemble, inner_loops
 
     for c in (PREFILL_CELLS[0], MODEL_VARLEN):
-        for v in ("early", "late"):
+        for v in ("early", "late") if c is PREFILL_CELLS[0] else ("late",):
             p = TDEF.default_params() | VLATE_BASE | {"prep_v": v}
             one, two = compile_clean(c, [p, p | {"prep_aoff": "two"}])
             assert prep_ctas_per_sm(p, two["kda_chunk_prep"].regs) == prep_ctas_per_sm(p, one["kda_chunk_prep"].regs)
