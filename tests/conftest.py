@@ -11,6 +11,12 @@ from pathlib import Path
 
 import pytest
 
+# BLAS on one thread a process, set before anything imports numpy: the emulations' and references' many small float64
+# products run on OpenBLAS, whose threads spin against each other and against the other pytest-xdist worker on a
+# machine of few cores (one emulated test: 1.7 s on one thread, 23 s on two beside a second worker). The children the
+# tests start (kfactory commands, compile processes, nested pytest) inherit it. A value the caller set is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

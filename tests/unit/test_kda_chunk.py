@@ -89,6 +89,25 @@ def legal_points(c: Cell, n: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def covering(points: list[dict], *keys, start: tuple[dict, ...] = ()) -> list[dict]:
+    """A deterministic subset of `points` (after `start`, kept first) in which every value each key takes on `points`
+    appears at least once: greedily the point adding the most values not yet held (the first of a tie). A key is a
+    param name or a function of the point (None: the point does not count for it). A compile sweep builds this subset
+    rather than every point: every value of every option it varies is still built at least once."""
+    fns = [(lambda p, k=k: p[k]) if isinstance(k, str) else k for k in keys]
+
+    def feats(p: dict) -> set:
+        return {(i, f(p)) for i, f in enumerate(fns) if f(p) is not None}
+
+    todo = set().union(*map(feats, points)) - set().union(set(), *map(feats, start))
+    out = list(start)
+    while todo:
+        p = max(points, key=lambda q: len(feats(q) & todo))
+        todo -= feats(p)
+        out.append(p)
+    return out
+
+
 # ---- NVRTC ---------------------------------------------------------------------------------------
 
 def test_prefill_matrix_is_what_the_template_serves():
@@ -149,7 +168,8 @@ def test_default_point_compiles_without_spills_but_the_pinned_ones(chunk: int):
 
 def test_legal_points_compile_without_spills_but_the_pinned_ones():
     """A sample of the space (both chunk sizes, every warps count, the split state) stays off the spill path, but
-    for the pinned prep at chunk 64 and 256 threads (pinned_spill)."""
+    for the pinned prep at chunk 64 and 256 threads (pinned_spill): the sample's points that hold every value it
+    draws (covering) are built."""
     c = PREFILL_CELLS[2]
     points = legal_points(c, 10, seed=1) + [TDEF.default_params() | q for q in (
         {"chunk": 64, "prep_threads": 128, "warps": 8, "stages": 3, "state_split": False},
@@ -158,6 +178,7 @@ def test_legal_points_compile_without_spills_but_the_pinned_ones():
     )]
     for p in points:
         assert TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()), p
+    for p in covering(points, *TDEF.param_names):
         r = compile_point(c, p)
         assert r.status.ok, (p, r.error)
         assert_spills_pinned(c, p, r)
@@ -364,10 +385,10 @@ def recur_key(p: dict) -> tuple:  # what kda_chunk_recur's code depends on
 
 def test_option_points_compile_without_spills():
     """Every legal point with an option on builds for sm_90a without spills: a point is its two kernels,
-    each rendered from its own params (prep_key, recur_key), so points covering every prep kernel with
-    stage_in or the fast exp and every recurrence with u_prefetch build every such point's code (30 builds,
-    2 at a time: the 6 prep kernels at chunk 64 share no point with a u_prefetch recurrence). prep_diag = folded:
-    test_folded_diag_points_compile_without_spills."""
+    each rendered from its own params (prep_key, recur_key): of the 12 prep kernels with stage_in or the fast exp
+    and the 24 recurrences with u_prefetch, points holding each chunk, prep_threads and option pair of those prep
+    kernels and each warps, stages and state_split of those recurrences at least once are built (covering).
+    prep_diag = folded: test_folded_diag_points_compile_without_spills."""
     c = PREFILL_CELLS[2]
     legal = [p for p in all_legal(c) if any(p[k] != off for k, off in OPTIONS.items()) and p["prep_diag"] == "warp_row"
              and not p["recur_lean"] and not p["recur_ldsm"]]  # test_recur_lean_ / test_recur_ldsm_points_compile_without_spills
@@ -380,12 +401,16 @@ def test_option_points_compile_without_spills():
     todo = {("prep", prep_key(p)) for p in legal if p["stage_in"] or p["prep_exp"] == "fast"}
     todo |= {("recur", recur_key(p)) for p in legal if p["u_prefetch"]}
     assert len(todo) == 4 * 3 + 24  # (chunk, prep_threads) x 3 option pairs; (warps, stages, state_split) at chunk 32
-    points = []
-    while todo:  # greedy cover
-        p = max(legal, key=lambda p: len(todo & {("prep", prep_key(p)), ("recur", recur_key(p))}))
-        todo -= {("prep", prep_key(p)), ("recur", recur_key(p))}
-        points.append(p)
-    assert len(points) == 30
+
+    def prep_opt(f):
+        return lambda p: f(p) if p["stage_in"] or p["prep_exp"] == "fast" else None
+
+    def recur_opt(k: str):
+        return lambda p: p[k] if p["u_prefetch"] else None
+
+    points = covering(legal, prep_opt(lambda p: p["chunk"]), prep_opt(lambda p: p["prep_threads"]),
+                      prep_opt(lambda p: (p["stage_in"], p["prep_exp"])), *map(recur_opt, ("warps", "stages", "state_split")))
+    assert len(points) <= 5, points
     compile_clean(c, points)
 
 
@@ -504,8 +529,9 @@ def test_folded_diag_covers_every_pair_and_channel_once(C: int, PT: int):
 
 
 def test_folded_diag_points_compile_without_spills():
-    """Every folded prep kernel (chunk x prep_threads x prep_exp, 8 builds, 2 at a time) builds for sm_90a
-    without spills or static smem, its registers within what keeps the warp_row kernel's occupancy."""
+    """The folded prep kernels (chunk x prep_threads x prep_exp, 8) render the folded blocks; every (chunk,
+    prep_threads) and every prep_exp of them builds for sm_90a (4 builds) without spills or static smem, its
+    registers within what keeps the warp_row kernel's occupancy."""
     c = PREFILL_CELLS[2]
     points = folded_kernels(c)
     assert len(points) == 8
@@ -513,6 +539,8 @@ def test_folded_diag_points_compile_without_spills():
         src = source(TDEF, c, p)
         prep = src.split("kda_chunk_recur(", 1)[0]
         assert "Diagonal 16x16 blocks, exact, folded" in prep and "warp_sum(skk)" not in prep
+    points = covering(points, lambda p: (p["chunk"], p["prep_threads"]), lambda p: (p["chunk"], p["prep_exp"]))
+    assert len(points) == 4
     for p, res in zip(points, compile_clean(c, points)):
         regs = res["kda_chunk_prep"].regs
         assert prep_ctas_per_sm(p, regs) == {(32, 128): 5, (32, 256): 3, (64, 128): 2, (64, 256): 2}[
@@ -767,9 +795,10 @@ def test_split_diag_is_the_exact_diagonal_to_fp32_rounding(C: int, PT: int):
 
 
 def test_split_diag_points_compile_without_spills():
-    """Every split prep kernel (chunk x prep_threads x prep_exp, 8 builds, 2 at a time) builds for sm_90a without
-    spills or static smem, at the warp_row kernel's occupancy (CTAs an SM by registers and smem): chunk 32 at
-    256 threads holds 80 registers through __launch_bounds__(256, 3) (102 without it); the others as they come."""
+    """Every split prep kernel (chunk x prep_threads x prep_exp, 8) renders the split blocks; every (chunk,
+    prep_threads) and every prep_exp of them builds for sm_90a (4 builds) without spills or static smem, at the
+    warp_row kernel's occupancy (CTAs an SM by registers and smem): chunk 32 at 256 threads holds 80 registers
+    through __launch_bounds__(256, 3) (102 without it); the others as they come."""
     c = PREFILL_CELLS[2]
     points = split_kernels(c)
     assert len(points) == 8
@@ -777,6 +806,8 @@ def test_split_diag_points_compile_without_spills():
         prep = source(TDEF, c, p).split("kda_chunk_recur(", 1)[0]
         assert "the decay factored at midpoints (prep_diag = split)" in prep and "warp_sum(skk)" not in prep
         assert ("__launch_bounds__(256, 3)" in prep) == (p["chunk"] == 32 and p["prep_threads"] == 256)
+    points = covering(points, lambda p: (p["chunk"], p["prep_threads"]), lambda p: (p["chunk"], p["prep_exp"]))
+    assert len(points) == 4
     regs = {}
     for p, res in zip(points, compile_clean(c, points)):
         regs[prep_key(p)] = res["kda_chunk_prep"].regs
@@ -864,15 +895,17 @@ def test_recur_lean_loads_no_gl_from_global_in_the_step(chunk: int):
 
 
 def test_recur_lean_gl_fits_the_a_qk_slot():
-    """exp(G_last) (K fp32) sits after A_qk (C C bf16) in a ring slot of C K bf16, so the launch's smem is unchanged."""
+    """exp(G_last) (K fp32) sits after A_qk (C C bf16) in a ring slot of C K bf16, so the launch's smem is unchanged
+    (the plan checked once per combination of the params it reads: one_per_case)."""
     for c in PREFILL_CELLS:
         K = c.dim("K")
-        for p in all_legal(c):
-            if p["recur_lean"]:
-                C = p["chunk"]
-                assert C * C * 2 + K * 4 <= C * K * 2 and K // 4 <= 32 * p["warps"], p
-                launches, _ = TDEF.plan(p, ARCH, c.dtypes_dict(), c.dims_dict())
-                assert launches[1].smem == p["stages"] * C * K * 2 == launches[1].smem <= 48 * 1024, p
+        lean = [p for p in all_legal(c) if p["recur_lean"]]
+        for p in lean:
+            C = p["chunk"]
+            assert C * C * 2 + K * 4 <= C * K * 2 and K // 4 <= 32 * p["warps"], p
+        for p in one_per_case(lean):
+            launches, _ = TDEF.plan(p, ARCH, c.dtypes_dict(), c.dims_dict())
+            assert launches[1].smem == p["stages"] * p["chunk"] * K * 2 == launches[1].smem <= 48 * 1024, p
 
 
 def packed_o_store(acc: np.ndarray, T: int, t0: int) -> np.ndarray:
@@ -929,11 +962,13 @@ def lean_kernels(c: Cell) -> list[dict]:
 
 
 def test_recur_lean_points_compile_without_spills():
-    """13 lean recurrences (with their prep kernels) build for sm_90a without spills, stack or static smem, at
-    most 255 registers, in the declared smem (the ring's; gl in the A_qk slot)."""
+    """Of the 13 lean recurrences, those holding every chunk, warps, stages and u_prefetch among them (with their
+    prep kernels) build for sm_90a without spills, stack or static smem, at most 255 registers, in the declared smem
+    (the ring's; gl in the A_qk slot)."""
     c = PREFILL_CELLS[2]
     points = lean_kernels(c)
     assert len(points) == 13
+    points = covering(points, "chunk", "warps", "stages", "u_prefetch")
     regs = {}
     for p, res in zip(points, compile_clean(c, points)):
         assert all(r.regs <= 255 for r in res.values()), (p, res)
@@ -1198,10 +1233,11 @@ def ldsm_kernels(c: Cell) -> list[dict]:
 
 
 def test_recur_ldsm_points_compile_without_spills():
-    """16 recurrences with recur_ldsm (and their prep kernels) build for sm_90a without spills, stack or static smem,
-    at most 255 registers, in the declared smem; the loop has no scalar B-fragment loads left (ldmatrix only)."""
+    """Of the 16 recurrences with recur_ldsm, those holding every chunk, warps, stages, state_split, u_prefetch and
+    recur_lean among them (and their prep kernels) build for sm_90a without spills, stack or static smem, at most
+    255 registers, in the declared smem."""
     c = PREFILL_CELLS[2]
-    points = ldsm_kernels(c)
+    points = covering(ldsm_kernels(c), "chunk", "warps", "stages", "state_split", "u_prefetch", "recur_lean")
     regs = {}
     for p, res in zip(points, compile_clean(c, points)):
         assert all(r.regs <= 255 for r in res.values()), (p, res)
@@ -1358,8 +1394,10 @@ def fuse_kernels(c: Cell) -> list[dict]:
 
 
 def test_recur_fuse_points_compile_without_spills():
+    """Of the 14 fused recurrences, those holding every chunk, warps, stages, state_split and u_prefetch among them
+    build without spills at most 255 registers."""
     c = PREFILL_CELLS[2]
-    points = fuse_kernels(c)
+    points = covering(fuse_kernels(c), "chunk", "warps", "stages", "state_split", "u_prefetch")
     regs = {}
     for p, res in zip(points, compile_clean(c, points)):
         assert all(r.regs <= 255 for r in res.values()), (p, res)
@@ -1705,7 +1743,8 @@ def test_varlen_slots_hold_every_chunk_of_every_sequence_once(C: int):
 
 def test_varlen_renders_the_same_code_and_compiles_clean():
     """varlen is a runtime switch (cu_seqlens null or not): a varlen cell renders the code of an equal-length
-    cell of the same K, V; its builds (a sample of the space) have no spills, stack or static smem."""
+    cell of the same K, V; its builds (the points of a sample of the space that hold every value it draws) have no
+    spills, stack or static smem."""
     points = legal_points(VARLEN, 8, seed=5) + [TDEF.default_params() | q for q in (
         {"chunk": 32, "stage_in": True, "prep_diag": "split", "prep_threads": 256, "recur_lean": True, "state_split": True,
          "stages": 4, "warps": 1},
@@ -1713,7 +1752,7 @@ def test_varlen_renders_the_same_code_and_compiles_clean():
     for p in points:
         assert TDEF.is_valid(p, ARCH, VARLEN.dtypes_dict(), VARLEN.dims_dict()), p
         assert source(TDEF, VARLEN, p) == source(TDEF, PREFILL_CELLS[0], p)
-    for res in compile_clean(VARLEN, points):
+    for res in compile_clean(VARLEN, covering(points, *TDEF.param_names)):
         assert set(res) == {"kda_chunk_prep", "kda_chunk_recur"}
 
 
@@ -1846,16 +1885,14 @@ def test_variant_plans_bind_the_raw_gate_tensors():
             assert launches[0].smem == prep_smem(p, c.dim("K"), c.dim("V")) + extra
 
 
-VARIANT_BUILDS = [  # (cell, point): each variant's own code paths, the model's call on several
-    (cell(BF, 2, 64, 2, variant=Variant(Gate.SOFTPLUS)), {}),
+VARIANT_BUILDS = [  # (cell, point): each variant's own code paths (the model's call, every switch on, builds the
+    (cell(BF, 2, 64, 2, variant=Variant(Gate.SOFTPLUS)), {}),  # q/k norm with the folded and the split diagonal)
     (cell(BF, 2, 64, 2, g=BF, variant=Variant(Gate.LOWER_BOUND)), {}),
     (cell(BF, 2, 64, 2, variant=Variant(beta_act=BetaAct.SIGMOID2)), {"chunk": 32, "stage_in": True}),
     (cell(BF, 2, 64, 2, variant=Variant(qk_l2norm=True)), {}),
-    (cell(BF, 2, 64, 2, variant=Variant(qk_l2norm=True)), {"stage_in": True, "prep_diag": "folded"}),
-    (cell(BF, 2, 64, 2, variant=Variant(qk_l2norm=True)), {"chunk": 32, "stage_in": True, "prep_diag": "split"}),
     (cell(BF, 2, 64, 2, variant=Variant(v_first=True)), {"chunk": 32, "state_split": True}),
 ]
-MODEL_POINTS = [{}, {"chunk": 32}, {"stage_in": True}, {"stage_in": True, "prep_diag": "folded"},
+MODEL_POINTS = [{}, {"stage_in": True}, {"stage_in": True, "prep_diag": "folded"},  # chunk 32: the last two
                 {"chunk": 32, "stage_in": True, "prep_diag": "split"},
                 {"chunk": 32, "u_prefetch": True, "state_split": True, "warps": 4, "stages": 6, "prep_exp": "fast"}]
 
@@ -1974,7 +2011,8 @@ def test_prep_round_add_is_cvt_rna_on_finite_values():
 def test_prep_round_and_prep_blocks_render_and_build_spill_free():
     """prep_round = add replaces every cvt.rna of launch 1 by the add (launch 2 has none); prep_blocks 4 renders
     __launch_bounds__(256, 4), legal only on the split prep at chunk 32 and 256 threads, and caps the prep at 64
-    registers with no spills or stack (4 CTAs an SM instead of 3), in fla's default call and the model's call."""
+    registers with no spills or stack (4 CTAs an SM instead of 3), in fla's default call and (each rounding and
+    prep_blocks once) the model's call."""
     base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True,
                                     "u_prefetch": True, "prep_diag": "split", "recur_lean": True, "recur_ldsm": True}
     c = PREFILL_CELLS[0]
@@ -1990,7 +2028,8 @@ def test_prep_round_and_prep_blocks_render_and_build_spill_free():
     for cc in (c, MODEL_VARLEN):
         for p in points:
             assert TDEF.is_valid(p, ARCH, cc.dtypes_dict(), cc.dims_dict()), (cc.label(), p)
-        for p, res in zip(points, compile_clean(cc, points)):
+        pts = points if cc is c else covering(points, "prep_round", "prep_blocks")
+        for p, res in zip(pts, compile_clean(cc, pts)):
             regs = res["kda_chunk_prep"].regs
             assert regs <= (64 if p["prep_blocks"] == 4 else 80), (cc.label(), p, regs)
             assert prep_ctas_per_sm(p, regs) == p["prep_blocks"], (cc.label(), p, regs)
@@ -2037,8 +2076,8 @@ def test_prep_vec_covers_each_output_once():
 
 def test_prep_vec_builds_spill_free_in_both_calls():
     """prep_vec at the GA's point (prep_round add, fast exp) at 128 and 256 threads and at chunk 64 builds
-    without spills, stack or static smem in fla's default call and in the model's call (q/k L2 norm, beta
-    logits, raw gate), at the scalar loops' occupancy."""
+    without spills, stack or static smem in fla's default call, and at chunk 64 and the GA's point at 256 threads (each
+    chunk and threads once) in the model's call (q/k L2 norm, beta logits, raw gate), at the scalar loops' occupancy."""
     base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True,
                                     "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add",
                                     "prep_exp": "fast", "prep_vec": True}
@@ -2047,7 +2086,8 @@ def test_prep_vec_builds_spill_free_in_both_calls():
     for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
         for p in points:
             assert TDEF.is_valid(p, ARCH, cc.dtypes_dict(), cc.dims_dict()), (cc.label(), p)
-        for p, res in zip(points, compile_clean(cc, points)):
+        pts = points if cc is PREFILL_CELLS[0] else points[1:]
+        for p, res in zip(pts, compile_clean(cc, pts)):
             scalar = compile_point(cc, p | {"prep_vec": False})
             assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) == prep_ctas_per_sm(
                 p, dict(scalar.resources)["kda_chunk_prep"].regs), (cc.label(), p)
@@ -2114,14 +2154,15 @@ def test_mma_diag_takes_the_exact_path_exactly_where_the_factors_would_overflow(
 
 
 def test_mma_diag_builds_spill_free_at_the_split_occupancy():
-    """Every mma prep kernel (chunk 32, 64 x 128, 256 threads x prep_exp) builds for sm_90a without spills, stack or
-    static smem, in fla's default call and the model's (q/k L2 norm, beta logits, raw gate), at the split prep's CTAs
-    an SM."""
+    """The mma prep kernel at every (chunk 32, 64) x (128, 256 threads) and every prep_exp at each chunk (4 of the 8)
+    builds for sm_90a without spills, stack or static smem, in fla's default call, and at the fast exp at each chunk and
+    threads in the model's (q/k L2 norm, beta logits, raw gate), at the split prep's CTAs an SM."""
     base = TDEF.default_params() | {"warps": 2, "stages": 3} | MMA_DIAG
     points = [base | {"chunk": ch, "prep_threads": pt, "prep_exp": ex}
               for ch in (32, 64) for pt in (128, 256) for ex in ("expf", "fast")]
     for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
-        pts = points if cc is PREFILL_CELLS[0] else points[1::2]
+        pts = (covering(points, lambda p: (p["chunk"], p["prep_threads"]), lambda p: (p["chunk"], p["prep_exp"]))
+               if cc is PREFILL_CELLS[0] else covering(points[1::2], "chunk", "prep_threads"))
         for p, res in zip(pts, compile_clean(cc, pts)):
             split = compile_point(cc, p | {"prep_diag": "split"})
             assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) == prep_ctas_per_sm(
@@ -2279,16 +2320,18 @@ def test_ex2_renders_one_instruction_an_exponential_on_base2_decays():
 
 
 def test_ex2_and_rowcol_build_spill_free_at_the_mma_occupancy():
-    """Every ex2 / rowcol prep kernel of the mma prep (chunk 32, 64 x 128, 256 threads, fla's default call and the
-    model's varlen call with its variants) builds for sm_90a without spills, stack or static smem, at no fewer CTAs an
-    SM than the fast, swz build of the same point."""
+    """ex2 / rowcol prep kernels of the mma prep (every chunk 32, 64 x 128, 256 threads and every pairing of ex2 and
+    rowcol at least once in fla's default call; ex2 with rowcol at each chunk and threads in the model's varlen call
+    with its variants) build for sm_90a without spills, stack or static smem, at no fewer CTAs an SM than the fast,
+    swz build of the same point."""
     base = TDEF.default_params() | {"warps": 2, "stages": 3} | MMA_DIAG
     points = [base | {"chunk": ch, "prep_threads": pt, "prep_exp": ex, "prep_addr": ad}
               for ch in (32, 64) for pt in (128, 256)
               for ex, ad in (("ex2", "swz"), ("fast", "rowcol"), ("ex2", "rowcol"))]
     for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
         both = [p for p in points if p["prep_exp"] == "ex2" and p["prep_addr"] == "rowcol"]
-        pts = points if cc is PREFILL_CELLS[0] else both
+        pts = (covering(points, lambda p: (p["chunk"], p["prep_threads"]), lambda p: (p["prep_exp"], p["prep_addr"]))
+               if cc is PREFILL_CELLS[0] else covering(both, "chunk", "prep_threads"))
         for p, res in zip(pts, compile_clean(cc, pts)):
             ref = compile_point(cc, p | {"prep_exp": "fast", "prep_addr": "swz"})
             assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) >= prep_ctas_per_sm(
@@ -2743,21 +2786,25 @@ def test_recur_addr_hoist_addresses_are_the_same_bytes(C: int, KW: int):
 
 
 def test_recur_addr_points_compile_with_the_loop_spill_free():
-    """hoist and carry on every K-split recurrence of the prefill GA's space (chunk 32, warps 1, 2, stages 3, 6,
-    kwarps 2, 4) and on chunk 64's kwarps 4, and carry on the GA's lean, ldmatrix-fed one-warp-a-column recurrences
-    (warps 1, 2, stages 3, 6, u_prefetch on and off), build OK at <= 255 registers with no spill inside the chunk
-    loop. NVRTC 13.5 spills one 8-byte value (the state's base, stored before the loop, reloaded for the final state)
+    """hoist and carry on the K-split recurrences of the prefill GA's space (chunk 32, warps 1, 2, stages 3, 6,
+    kwarps 2, 4: hoist's spilling point and ones holding every warps, stages and (kwarps, recur_addr)) and on chunk
+    64's kwarps 4, and carry on the GA's lean, ldmatrix-fed one-warp-a-column recurrences (ones holding warps 1, 2,
+    stages 3, 6, u_prefetch on and off), build OK at <= 255 registers with no spill inside the chunk loop. NVRTC 13.5 spills one 8-byte value (the state's base, stored before the loop, reloaded for the final state)
     at hoist's warps 2, stages 6, kwarps 4, where ptxas holds 128 registers (NVRTC 13.0 does that at carry's kwarps 4
     points: 2026-12-05); the one-warp recurrences do not spill."""
     from evo.build.sass import disassemble, inner_loops
 
     c = PREFILL_CELLS[0]
-    points = [ksplit_point(C=32, warps=w, kwarps=kw, stages=ns, recur_addr=a)
+    ksplit = [ksplit_point(C=32, warps=w, kwarps=kw, stages=ns, recur_addr=a)
               for w, ns, kw, a in product((1, 2), (3, 6), (2, 4), ("hoist", "carry"))]
+    points = covering(ksplit, "warps", "stages", lambda p: (p["kwarps"], p["recur_addr"]),
+                      start=(ksplit_point(C=32, warps=2, kwarps=4, stages=6, recur_addr="hoist"),))
     points += [ksplit_point(C=64, warps=1, kwarps=4, recur_addr="carry")]
-    points += [TDEF.default_params() | {"chunk": 32, "warps": w, "stages": ns, "stage_in": True, "u_prefetch": up,
-                                        "recur_lean": True, "recur_ldsm": True, "recur_addr": "carry"}
-               for w, ns, up in product((1, 2), (3, 6), (False, True))]  # the one-warp-a-column recurrence's
+    points += covering([TDEF.default_params() | {"chunk": 32, "warps": w, "stages": ns, "stage_in": True,
+                                                 "u_prefetch": up, "recur_lean": True, "recur_ldsm": True,
+                                                 "recur_addr": "carry"}
+                        for w, ns, up in product((1, 2), (3, 6), (False, True))],  # the one-warp-a-column recurrence's
+                       "warps", "stages", "u_prefetch")
     results = [compile_point(c, points[0])]
     with ThreadPoolExecutor(compile_threads()) as pool:
         results += pool.map(lambda p: compile_point(c, p), points[1:])
@@ -3079,8 +3126,8 @@ def test_prep_wu_bf16_fragment_check_catches_a_wrong_lane_map():
 
 
 def test_prep_wu_bf16_builds_spill_free_with_half_the_mma():
-    """The bf16 w, u prep (chunk 32 at 128 and 256 threads, chunk 64 at 128; fla's default call and the model's varlen
-    call with its variants) builds for sm_90a without spills, stack or static smem, at no fewer CTAs an SM than its
+    """The bf16 w, u prep (chunk 32 at 128 and 256 threads, chunk 64 at 128 in fla's default call; chunk 32 at 256 and
+    chunk 64 at 128 in the model's varlen call with its variants) builds for sm_90a without spills, stack or static smem, at no fewer CTAs an SM than its
     tf32 twin; the w, u items' 192 m16n8k8 tf32 products become 96 m16n8k16 ones over hi and lo (as many HMMA: 40 in the
     static SASS against 72, the A_kk, A_qk products' 8 tf32 ones in both and the tf32 items' k-loop unrolled for both
     kinds), their B operands by ldmatrix.trans."""
@@ -3088,7 +3135,8 @@ def test_prep_wu_bf16_builds_spill_free_with_half_the_mma():
 
     points = [WU_BASE | {"prep_wu": "bf16", "chunk": ch, "prep_threads": pt} for ch, pt in ((32, 128), (32, 256), (64, 128))]
     for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
-        for p, res in zip(points, compile_clean(cc, points)):
+        pts = points if cc is PREFILL_CELLS[0] else points[1:]
+        for p, res in zip(pts, compile_clean(cc, pts)):
             ref = compile_point(cc, p | {"prep_wu": "tf32"})
             assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) >= prep_ctas_per_sm(
                 p, dict(ref.resources)["kda_chunk_prep"].regs), (cc.label(), p)
@@ -3328,11 +3376,12 @@ def test_prep_aoff_two_writes_each_product_once_from_its_own_warp():
 
 def test_prep_aoff_two_builds_two_shorter_loops_at_the_same_occupancy():
     """Spill-free at the same CTAs an SM (with v late: 6); one's off-diagonal loop (4 HMMA, 8 MUFU a k-step) becomes
-    two loops of 2 HMMA and 8 MUFU, each shorter than it; the diagonal loop is unchanged."""
+    two loops of 2 HMMA and 8 MUFU, each shorter than it; the diagonal loop is unchanged: v early and late in fla's
+    default call, v late in the model's call."""
     from evo.build.sass import disassemble, inner_loops
 
     for c in (PREFILL_CELLS[0], MODEL_VARLEN):
-        for v in ("early", "late"):
+        for v in ("early", "late") if c is PREFILL_CELLS[0] else ("late",):
             p = TDEF.default_params() | VLATE_BASE | {"prep_v": v}
             one, two = compile_clean(c, [p, p | {"prep_aoff": "two"}])
             assert prep_ctas_per_sm(p, two["kda_chunk_prep"].regs) == prep_ctas_per_sm(p, one["kda_chunk_prep"].regs)

@@ -259,9 +259,9 @@ def test_fills_have_make_inputs_statistics(kind: str):
 
 def test_offsets_fill_is_valid_cu_seqlens_on_varlen_cells():
     lengths = {}
-    # the matrix's 8192-token cell at two seeds (its fill is 3 s, a GB of float64), the small cells at five
+    # the matrix's 8192-token cell at one seed (its fill is 3 s, a GB of float64), the small cells at five
     for c in (cell(BF, 1, 7, 2, 16, 16, n=3), cell(BF, 1, 8192, 32, n=8), cell(BF, 1, 5, 1, 16, 16, n=5)):
-        for seed in range(2 if c.dim("T") == 8192 else 5):
+        for seed in (1,) if c.dim("T") == 8192 else range(5):
             fill = device_fill(c, "normal", seed)
             lengths[c.dim("T"), seed] = np.diff(fill["cu_seqlens"])
             cu = fill["cu_seqlens"]
