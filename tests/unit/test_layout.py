@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 EVO = Path(__file__).resolve().parents[2] / "evo"
-STAGES = {"core", "templates", "build", "search", "measure", "loop", "llm", "cli", "export"}
+STAGES = {"core", "templates", "build", "search", "measure", "loop", "llm", "cli", "export", "tools"}
 
 
 def imports() -> dict[str, set[str]]:
@@ -101,3 +101,11 @@ def test_the_sql_check_finds_queries(tmp_path):
         'Q = "WHERE run_id = ?"\nHELP = \'e.g. kfactory sql "SELECT * FROM runs"\'\n')
     assert sorted(f.split(": ", 1)[1] for f in sql_under(tmp_path / "evo")) == [
         "'SELECT 1 AS n FROM runs'", "'WHERE run_id = ?'", ".sql(", "imports duckdb"]
+
+
+def test_experiments_import_the_installed_packages_without_path_edits():
+    """Scripts under experiments/ reach evo, ops and memory as installed packages, never by editing sys.path."""
+    root = EVO.parent / "experiments"
+    found = [f"{p.relative_to(root.parent)}:{i}" for p in sorted(root.rglob("*")) if p.suffix in (".py", ".sh")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if "sys.path" in line]
+    assert found == []
