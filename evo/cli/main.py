@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from evo.cli.export import cmd_export
 
             return cmd_export(args.runs, args.store, args.out, args.name, args.nvrtc)
-        if args.cmd in tools.COMMANDS:
+        if args.cmd in tool_args.COMMANDS:
             return tools.cmd_tool(args)
     except UserError as e:
         what = " ".join(filter(None, (args.cmd, getattr(args, "action", None))))

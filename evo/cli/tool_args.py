@@ -7,6 +7,7 @@ from pathlib import Path
 
 from evo.cli.args import positive_int
 
+COMMANDS = ("dispatch", "evals", "profile", "regate")  # what add_parsers adds
 TARGETS_FILE = ("A [[target]] has name, op, cell (one of the op's cell labels) and either template + params (over the "
                 "template's defaults) or dispatch (a dispatch.json relative to the file) whose entry for the cell gives "
                 "them. Writes OUT/NAME.csv, OUT/NAME.log, OUT/summary.json and OUT/summary.md.")

@@ -8,9 +8,6 @@ import json
 import sys
 from pathlib import Path
 
-COMMANDS = ("dispatch", "evals", "profile", "regate")
-
-
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
