@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn, Sequence
 
+from evo.cli import tool_args, tools
+from evo.cli.args import positive_int
 from evo.cli.errors import DEFAULT_STORE, UnknownNameError, UsageError
 
 
@@ -15,16 +17,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
 
 
 def _store_arg(p: argparse.ArgumentParser) -> None:
@@ -72,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="sm_90", help="arch prefix: sm_90 matches sm_90a")
     p.add_argument("--kind", default=None, choices=("param_effect", "failure", "champion", "llm_failure", "llm_note"),
                    help="only lessons of this kind (default: every kind)")
-    p.add_argument("--limit", type=_positive_int, default=50, help="lessons shown (default 50)")
+    p.add_argument("--limit", type=positive_int, default=50, help="lessons shown (default 50)")
     _store_arg(p)
 
     p = sub.add_parser("report", help="write a markdown report with PNG plots for a run",
@@ -118,6 +110,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a folder with the NVRTC that built a run's cubins, when this one is another version "
                         "(the measured cubins are rebuilt and must come out byte for byte); repeatable")
     _store_arg(p)
+    tool_args.add_parsers(sub)
     return ap
 
 
@@ -129,12 +122,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from evo.loop.build_summary import NothingBuiltError
     from evo.loop.pipeline import NoGpuError
     from evo.templates.template import TemplateError
+    from evo.tools.errors import ToolInputError
     from memory.store import StoreError
 
     from evo.core.registry import UnknownOpError
 
     return (ConfigError, TemplateError, StoreError, NoGpuError, NothingBuiltError, UnknownNameError, UnknownOpError,
-            UsageError, ExportError, MissingExtraError)
+            UsageError, ExportError, MissingExtraError, ToolInputError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -171,8 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from evo.cli.export import cmd_export
 
             return cmd_export(args.runs, args.store, args.out, args.name, args.nvrtc)
+        if args.cmd in tool_args.COMMANDS:
+            return tools.cmd_tool(args)
     except UserError as e:
-        print(f"kfactory {args.cmd}: error: {_one_line(e)}", file=sys.stderr)
+        what = " ".join(filter(None, (args.cmd, getattr(args, "action", None))))
+        print(f"kfactory {what}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as e:  # before a run was recorded, or outside a run
         print(f"kfactory {args.cmd}: interrupted ({str(e) or 'SIGINT'})", file=sys.stderr)

@@ -3,7 +3,7 @@ as `kfactory run` exports it and the results folders keep it), when the store it
 that run's evidence (a fresh store on a GPU machine, a store that lost a run). `[search] seed_tables`
 names the files; per cell of this run, the fastest entry the tables recorded becomes a first-generation
 genome (and every entry of a table of predictions, `"kind": "predictions"`, such as
-experiments/scripts/translate_dispatch.py writes: candidates no run has timed on that cell, seeded beside the
+`kfactory dispatch translate` writes: candidates no run has timed on that cell, seeded beside the
 measured one), rebuilt from today's template text (parameters the template gained since take their defaults).
 An entry outside this run (a cell it does not search, another template, a parameter the template no
 longer has, a value the run's narrowed space leaves out) is skipped and counted, never bent into it."""

@@ -5,7 +5,7 @@ InputSet, the op's fills, never zeros), and the outputs are checked against the 
 before and after, so a launch that is wrong alone, or a workspace the loop left stale, fails loudly.
 
 Used by tests/gpu/test_kda_launch_times.py (which KDA launch dominates, and what running the recurrence beside
-the prep could save) and experiments/scripts/profile_launches.py (Nsight Compute over the same launches)."""
+the prep could save) and `kfactory profile` (evo/tools/profile/: Nsight Compute over the same launches)."""
 
 from __future__ import annotations
 

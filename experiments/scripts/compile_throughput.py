@@ -16,12 +16,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from evo.build.nvrtc import Builder, compiler_version, prepare  # noqa: E402
-from evo.core.genome import Genome  # noqa: E402
-from evo.search.space import sample  # noqa: E402
-from evo.templates.template import load_templates  # noqa: E402
+from evo.build.nvrtc import Builder, compiler_version, prepare
+from evo.core.genome import Genome
+from evo.search.space import sample
+from evo.templates.template import load_templates
 
 
 def main() -> int:

@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from evo.measure.gate import PERTURB_EVERY  # noqa: E402
-from ops.rmsnorm_bwd.device import error_scales  # noqa: E402
-from ops.rmsnorm_bwd.spec import FILLS  # noqa: E402
+from evo.measure.gate import PERTURB_EVERY
+from ops.rmsnorm_bwd.device import error_scales
+from ops.rmsnorm_bwd.spec import FILLS
 
 M, N = 32768, 4096
 ATOL, RTOL = 1e-5 * math.sqrt(M), 1e-5  # fp32 dw: TOLERANCES[fp32] with atol x sqrt(M)

@@ -20,11 +20,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from evo.measure.gate import PERTURB_EVERY  # noqa: E402
-from ops.rmsnorm_bwd.device import error_scales  # noqa: E402
-from ops.rmsnorm_bwd.spec import FILLS  # noqa: E402
+from evo.measure.gate import PERTURB_EVERY
+from ops.rmsnorm_bwd.device import error_scales
+from ops.rmsnorm_bwd.spec import FILLS
 
 ROWS, N, THREADS = 8192, 4096, 256  # each thread owns N / THREADS elements of a row
 ATOL = RTOL = 1e-5  # fp32 dx: ops/rmsnorm TOLERANCES[fp32]

@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from evo.cli.commands import run_config  # noqa: E402
-from evo.core.config import load_config  # noqa: E402
-from memory.store import Store  # noqa: E402
+from evo.cli.commands import run_config
+from evo.core.config import load_config
+from memory.store import Store
 
 
 def main() -> int:

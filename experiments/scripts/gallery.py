@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import sys
 import time
@@ -16,9 +17,19 @@ from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from tests.gpu.gallery_run import CELLS, CHEATS, run_gallery  # noqa: E402
+
+def _gallery_run():
+    """tests/gpu/gallery_run.py, the gallery the GPU tests run (loaded from its file: tests/ is no package)."""
+    spec = importlib.util.spec_from_file_location("gallery_run", ROOT / "tests" / "gpu" / "gallery_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_run = _gallery_run()
+CELLS, CHEATS, run_gallery = _run.CELLS, _run.CHEATS, _run.run_gallery
 
 CONTROL_CELLS = ("w=bf16,x=bf16 M4096-N1024", "w=bf16,x=bf16 M4096-N2048", "w=bf16,x=bf16 M32768-N4096",
                  "w=fp16,x=fp16 M32768-N32768", "w=fp32,x=fp32 M4096-N8192", "w=fp32,x=fp32 M32768-N16384")

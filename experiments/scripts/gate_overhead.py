@@ -20,9 +20,8 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from evo.measure.gate import Gate  # noqa: E402
+from evo.measure.gate import Gate
 
 CELLS = ("w=bf16,x=bf16 M4096-N1024", "w=bf16,x=bf16 M4096-N2048", "w=bf16,x=bf16 M32768-N4096",
          "w=fp16,x=fp16 M32768-N32768", "w=fp32,x=fp32 M4096-N8192", "w=fp32,x=fp32 M32768-N16384")
@@ -76,7 +75,7 @@ def main() -> int:
     from evo.cli.bench import default_for_cell
     from evo.measure.worker import Worker
     from evo.templates.template import load_templates
-    from hand_gate import fresh_rng, hand_job
+    from evo.tools.hand_gate import fresh_rng, hand_job
     from evo.core.registry import get_op
 
     op = get_op("rmsnorm")

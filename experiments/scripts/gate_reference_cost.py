@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from evo.measure.gate import Gate  # noqa: E402
+from evo.measure.gate import Gate
 
 # (op, template, cell label prefix): the first matrix cell whose label starts with the prefix
 CASES = (
@@ -68,7 +67,7 @@ def main() -> int:
     from evo.cli.bench import default_for_cell
     from evo.measure.worker import Worker
     from evo.templates.template import load_templates
-    from hand_gate import cell_by_prefix, fresh_rng, hand_job
+    from evo.tools.hand_gate import cell_by_prefix, fresh_rng, hand_job
     from evo.core.registry import get_op
 
     w = Worker()

@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_profile import host_times_us, profile_rows  # noqa: E402
+from evo.tools.host_profile import host_times_us, profile_rows
 
 
 def _call_fn(pkg: Any, entry: Any) -> tuple[str, Any]:

@@ -18,7 +18,7 @@
 #   bwdfp32 OUT the backward GA on the four fp32 cells only (rmsnorm_bwd_h200_fp32.toml), in the chain's store
 #   bwdprefetch OUT  the backward GA of cluster_rows with and without prefetch on the 16-bit N = 4096 and the fp32
 #               cells (rmsnorm_bwd_h200_prefetch.toml), in the chain's store; bwd_prefetch/prefetch.{md,json}: per cell the
-#               fastest with each (experiments/scripts/param_compare.py); a later bwdpeers of the call merges its table
+#               fastest with each (kfactory evals compare); a later bwdpeers of the call merges its table
 #   fwd2 OUT    the forward GA with the short-row template (rmsnorm_h200_regimes2.toml)
 #   peers OUT   join and install the peers' wheels, then time every dispatch entry of the two GAs
 #               against every peer in one process (kfactory bench --dispatch)
@@ -63,12 +63,12 @@
 #               cells' best entries, merged) timed beside
 #               fla's chunk_kda in one process within $KDA_BENCH_S seconds (400), kda_bench.{csv,md,json}; on a
 #               fresh machine fla's Triton JIT takes ~90 s before the first entry is timed (kda_prefill_h200_16)
-#   regate OUT  one genome or more through the full gate many times (experiments/scripts/regate.py; cases from
+#   regate OUT  one genome or more through the full gate many times (kfactory regate; cases from
 #               $REGATE_CASES, default experiments/regate/bwd_fp32_h100.json, within $REGATE_S seconds, 400):
 #               is a rejection repeatable or rare? regate.json
 #   profile OUT Nsight Compute (ncu --clock-control none) over $PROFILE_TARGETS' targets (default
 #               experiments/profile_h200.toml) within $PROFILE_S seconds (540), each launched as the gate would:
-#               profile/NAME.csv, summary.md (experiments/scripts/profile_launches.py)
+#               profile/NAME.csv, summary.md (kfactory profile targets)
 #   fwdlong OUT the forward GA on the N >= 4096 cells with cta_row and cta_row_async (rmsnorm_h200_long.toml)
 #   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
 #               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
@@ -175,24 +175,24 @@ rms_store() {
   mkdir -p /tmp/kf_rms && gunzip -c experiments/results/rmsnorm_bwd_h200/store.duckdb.gz > /tmp/kf_rms/store.duckdb
 }
 # the peers benches time, per cell, the fastest entry recorded by this chain's GAs (where /tmp still has
-# them) and the committed runs (merge_dispatch.py --fastest; the bench then times it beside the peers)
+# them) and the committed runs (kfactory dispatch merge --fastest; the bench then times it beside the peers)
 peers_setup() {
   export QUACK_COMPILE_WORKERS=14
   python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1 || { tail -3 "$log"; return 1; }
   mkdir -p "$out/tables"
   local R=experiments/results
   fwd_long=$(ls -t /tmp/kf_rms/runs/rmsnorm-h200-long-*/dispatch.json 2>/dev/null | head -1)
-  python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/fwd_dispatch.json" ${fwd_long:+"$fwd_long"} \
+  python3 -m evo.cli.main dispatch merge --fastest "$out/tables/fwd_dispatch.json" ${fwd_long:+"$fwd_long"} \
     $R/rmsnorm_h200_long2/dispatch.json $R/rmsnorm_h200_long/dispatch.json $R/rmsnorm_h200_regimes/dispatch.json >> "$log" 2>&1
   bwd=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)
   bwd_wide=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-wide-*/dispatch.json 2>/dev/null | head -1)
   bwd_fp32=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-fp32-*/dispatch.json 2>/dev/null | head -1)
   bwd_pf=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-prefetch-*/dispatch.json 2>/dev/null | head -1)
-  python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/bwd_dispatch.json" ${bwd:+"$bwd"} ${bwd_wide:+"$bwd_wide"} \
+  python3 -m evo.cli.main dispatch merge --fastest "$out/tables/bwd_dispatch.json" ${bwd:+"$bwd"} ${bwd_wide:+"$bwd_wide"} \
     ${bwd_fp32:+"$bwd_fp32"} ${bwd_pf:+"$bwd_pf"} \
     $R/rmsnorm_bwd_h200_wide/dispatch.json $R/rmsnorm_bwd_h200_all3/dispatch.json $R/rmsnorm_bwd_h200_all2/dispatch.json $R/rmsnorm_bwd_h200/dispatch.json >> "$log" 2>&1
   res=$(ls -t /tmp/kf_rms/runs/rmsnorm-residual-h200-*/dispatch.json 2>/dev/null | head -1)
-  python3 experiments/scripts/merge_dispatch.py --fastest "$out/tables/res_dispatch.json" ${res:+"$res"} \
+  python3 -m evo.cli.main dispatch merge --fastest "$out/tables/res_dispatch.json" ${res:+"$res"} \
     $R/rmsnorm_residual_h200/dispatch.json >> "$log" 2>&1
   echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed} ${bwd_wide:-} ${bwd_fp32:-} ${bwd_pf:-}, residual ${res:-committed} (fastest per cell)" >> "$log"
 }
@@ -242,7 +242,7 @@ case "$stage" in
   bwdprefetch)  # in the chain's shared store, warm from the backward runs there
     rms_store
     ga 230 experiments/rmsnorm_bwd_h200_prefetch.toml /tmp/kf_rms bwd_prefetch
-    python3 experiments/scripts/param_compare.py "$out/bwd_prefetch/evaluations.parquet" prefetch --template cluster_rows \
+    python3 -m evo.cli.main evals compare "$out/bwd_prefetch/evaluations.parquet" prefetch --template cluster_rows \
       --out "$out/bwd_prefetch/prefetch.json" > "$out/bwd_prefetch/prefetch.md" 2>> "$log"
     echo "prefetch compare rc=$?" >> "$log" ;;
   residual)  # in the chain's shared store, so that export packages the variant run beside the plain one
@@ -275,7 +275,7 @@ case "$stage" in
     python3 experiments/scripts/copy_sizes.py "$out/kdaflush/copy_sizes.json" > "$out/kdaflush/copy_sizes.log" 2>&1
     table=${KDA_FLUSH_TABLE:-$out/kdaflush/dispatch_bench.json}
     if [ -z "${KDA_FLUSH_TABLE:-}" ]; then
-      python3 experiments/scripts/merge_dispatch.py --fastest "$table" $(ls -t /tmp/kf_kdaf/runs/*/dispatch.json 2>/dev/null | head -1) \
+      python3 -m evo.cli.main dispatch merge --fastest "$table" $(ls -t /tmp/kf_kdaf/runs/*/dispatch.json 2>/dev/null | head -1) \
         experiments/results/kda_decode_h200_5/dispatch.json >> "$log" 2>&1
     fi
     for m in read write; do
@@ -324,7 +324,7 @@ case "$stage" in
     fi
     for site in "${sites[@]}"; do
       name=kda_host$([ "$site" = /tmp/kf_kpkg_base_site ] && echo _base)
-      (cd /tmp && PYTHONPATH=$site:/tmp/site timeout "${KDA_HOST_S:-200}" python3 "$root/experiments/scripts/kda_host_profile.py" \
+      (cd /tmp && PYTHONPATH=$site:/tmp/site:$root timeout "${KDA_HOST_S:-200}" python3 "$root/experiments/scripts/kda_host_profile.py" \
         "$out/$name.json" --calls "${KDA_HOST_CALLS:-300}") >> "$log" 2>&1
       echo "kda host profile $site rc=$?" >> "$log"
     done ;;
@@ -350,7 +350,7 @@ case "$stage" in
     if [ -e /tmp/kf_chunk_broken ]; then echo "kda prefill GA skipped: no chunk point passed kdacheck" >> "$log"; continue; fi
     kda_ga_bench $(( ${GA_MAX_S:-180} + 60 )) "${KDA_PREFILL_CONFIG:-experiments/kda_prefill_h200.toml}" /tmp/kf_kdap kda_prefill "${KDA_PREFILL_BENCH_S:-300}" ;;
   regate)
-    timeout "${REGATE_S:-400}" python3 experiments/scripts/regate.py "${REGATE_CASES:-experiments/regate/bwd_fp32_h100.json}" \
+    timeout "${REGATE_S:-400}" python3 -m evo.cli.main regate "${REGATE_CASES:-experiments/regate/bwd_fp32_h100.json}" \
       --out "$out/regate.json" >> "$log" 2>&1
     echo "regate rc=$?" >> "$log" ;;
   kdabench)
@@ -393,7 +393,7 @@ case "$stage" in
       --time-limit "${RMS_TRAIN_S:-240}" >> "$log" 2>&1
     echo "rmstrain train step rc=$?" >> "$log" ;;
   profile)  # Nsight Compute over $PROFILE_TARGETS' kernels (launched as the gate would)
-    timeout "${PROFILE_S:-540}" python3 experiments/scripts/profile_launches.py targets \
+    timeout "${PROFILE_S:-540}" python3 -m evo.cli.main profile targets \
       "${PROFILE_TARGETS:-experiments/profile_h200.toml}" "$out/profile" \
       >> "$log" 2>&1
     echo "profile rc=$?" >> "$log" ;;

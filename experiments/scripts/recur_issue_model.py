@@ -26,11 +26,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from evo.build.sass import Control, inner_loops, opcode, scheduled  # noqa: E402
-from evo.templates.template import load_templates  # noqa: E402
-from evo.core.registry import get_op  # noqa: E402
+from evo.build.sass import Control, inner_loops, opcode, scheduled
+from evo.templates.template import load_templates
+from evo.core.registry import get_op
 
 _spec = importlib.util.spec_from_file_location("recur_sass", Path(__file__).with_name("recur_sass.py"))
 recur_sass = importlib.util.module_from_spec(_spec)

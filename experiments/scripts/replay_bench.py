@@ -21,15 +21,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from evo.core.config import load_config  # noqa: E402
-from evo.loop.pipeline import cells_for, dtype_sets  # noqa: E402
-from evo.search.strategy import GeneticSearch, Observation, RandomSearch  # noqa: E402
-from evo.templates.template import load_templates  # noqa: E402
-from evo.core.registry import get_op  # noqa: E402
+from evo.core.config import load_config
+from evo.loop.pipeline import cells_for, dtype_sets
+from evo.search.strategy import GeneticSearch, Observation, RandomSearch
+from evo.templates.template import load_templates
+from evo.core.registry import get_op
 
 
 def evals_to_target(strategy, cells, tdefs, arch, table, best, batch, cap):

@@ -14,9 +14,9 @@ Every side's dx and dw are checked against float64 (the package's own verify.che
 side that is wrong is reported and not timed; a peer not installed is reported absent. --split also times the
 package's and torch eager's step with the stream held busy while the host issues it (their GPU share) and the
 host's own time per step (perf_counter). --host-parts N times N calls of each part of the package's step on the
-host alone (host_profile.py: perf_counter, a synchronize every 20 calls outside the timed ones): the step, its
-forward with and without autograd, the runtime's forward and backward called directly, the rstd, the choice, the
-forward kernel's launch, torch's empty_like; torch eager's step and forward beside; and a cProfile of the forward
+host alone (evo/tools/host_profile.py: perf_counter, a synchronize every 20 calls outside the timed ones): the
+step, its forward with and without autograd, the runtime's forward and backward called directly, the rstd, the
+choice, the forward kernel's launch, torch's empty_like; torch eager's step and forward beside; and a cProfile of the forward
 and of the runtime's backward (the step's backward runs on autograd's device thread, which cProfile does not see).
 """
 
@@ -35,8 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_profile import host_times_us, profile_rows  # noqa: E402
+from evo.tools.host_profile import host_times_us, profile_rows
 
 EPS = 1e-6
 PROFILE_TOP = 15

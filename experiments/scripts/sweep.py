@@ -19,20 +19,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from evo.build.nvrtc import Builder, prepare  # noqa: E402
-from evo.core.config import load_config  # noqa: E402
-from evo.measure.evaluators import EvalItem, GpuEvaluator  # noqa: E402
-from evo.core.genome import Genome  # noqa: E402
-from evo.measure.jobs import Timing  # noqa: E402
-from evo.measure.run import GpuRunner  # noqa: E402
-from evo.search.space import enumerate_space  # noqa: E402
-from evo.templates.template import load_templates  # noqa: E402
-from evo.core.registry import get_op  # noqa: E402
-from evo.core.spec import gbps  # noqa: E402
+from evo.build.nvrtc import Builder, prepare
+from evo.core.config import load_config
+from evo.measure.evaluators import EvalItem, GpuEvaluator
+from evo.core.genome import Genome
+from evo.measure.jobs import Timing
+from evo.measure.run import GpuRunner
+from evo.search.space import enumerate_space
+from evo.templates.template import load_templates
+from evo.core.registry import get_op
+from evo.core.spec import gbps
 
 
 

@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from memory.store import Store  # noqa: E402
+from memory.store import Store
 
 CONFIG = ROOT / "experiments" / "rmsnorm_replay.toml"
 OUT = ROOT / "experiments" / "results" / "warm_rerun_replay.json"

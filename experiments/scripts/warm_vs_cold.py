@@ -32,12 +32,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from evo.cli.commands import cmd_run  # noqa: E402
-from memory.store import Store  # noqa: E402
+from evo.cli.commands import cmd_run
+from memory.store import Store
 
 HALF_A = [1024, 4096, 16384]
 HALF_B = [2048, 8192, 32768]

@@ -1,21 +1,16 @@
-"""experiments/scripts/hand_gate.py on the CPU: a real NVRTC build of a genome and the gate job the GA's
-evaluator would make of it (the scripts that run the gate by hand build it here, so a wrong job would mislead
+"""evo/tools/hand_gate.py on the CPU: a real NVRTC build of a genome and the gate job the search's evaluator would
+make of it (`kfactory regate` and the scripts that run the gate by hand build it here, so a wrong job would mislead
 every one of them)."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
 from evo.build.nvrtc import Builder
 from evo.cli.bench import default_for_cell
 from evo.templates.template import load_templates
+from evo.tools import hand_gate
 from evo.core.registry import get_op
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments" / "scripts"))
-import hand_gate  # noqa: E402
 
 PREFIX = "w=bf16,x=bf16 M4096-N1024"
 

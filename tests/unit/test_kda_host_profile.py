@@ -1,5 +1,6 @@
-"""experiments/scripts/kda_host_profile.py without a GPU: its timing loop and profile rows (host_profile.py's) and its
-comparison of two profiles (the GPU part needs an exported package and torch)."""
+"""experiments/scripts/kda_host_profile.py without a GPU: its timing loop and profile rows
+(evo/tools/host_profile.py's) and its comparison of two profiles (the GPU part needs an exported package and
+torch)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from evo.tools import host_profile as hp
+
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("kda_host_profile", ROOT / "experiments/scripts/kda_host_profile.py")
 khp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(khp)
-import host_profile as hp  # noqa: E402  (kda_host_profile put experiments/scripts on the path)
 
 CELL = "g=fp32,state=fp32,x=bf16 B1-H32-HV32-K128-N1-Ncu2-SC128-SR128-T8192-V128-beta_act0-gate0"
 

@@ -166,7 +166,7 @@ def test_check_row_accepts_a_good_row():
 
 
 def test_run_launches_runs_rounds_after_the_checked_one_and_checks_after():
-    """What profile_launches.py runs under ncu: the checked pair, then `times` rounds of the plan's launches
+    """What `kfactory profile run` runs under ncu: the checked pair, then `times` rounds of the plan's launches
     (L2 flushed before each, nothing timed), the outputs checked again after; a launch that is right only
     on its first call fails."""
     from evo.measure.launches import run_launches

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 EVO = Path(__file__).resolve().parents[2] / "evo"
-STAGES = {"core", "templates", "build", "search", "measure", "loop", "llm", "cli", "export"}
+STAGES = {"core", "templates", "build", "search", "measure", "loop", "llm", "cli", "export", "tools"}
 
 
 def imports() -> dict[str, set[str]]:
@@ -120,3 +120,11 @@ def test_ops_import_nothing_from_evo_beyond_core():
                 [a.name for a in n.names] if isinstance(n, ast.Import) else []
             upward |= {(name, m) for m in mods if m.startswith("evo") and not m.startswith("evo.core")}
     assert upward == UPWARD_ALLOWED, sorted(upward - UPWARD_ALLOWED)
+
+
+def test_experiments_import_the_installed_packages_without_path_edits():
+    """Scripts under experiments/ reach evo, ops and memory as installed packages, never by editing sys.path."""
+    root = EVO.parent / "experiments"
+    found = [f"{p.relative_to(root.parent)}:{i}" for p in sorted(root.rglob("*")) if p.suffix in (".py", ".sh")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if "sys.path" in line]
+    assert found == []

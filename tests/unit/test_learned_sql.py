@@ -1,18 +1,17 @@
-"""experiments/scripts/learned_sql.py on the committed KDA prefill run: every parameter's values are
+"""`kfactory evals learned` (evo/tools/learned_sql.py) on the committed KDA prefill run: every parameter's values are
 accounted for, each parameter's best value is the winners' (1.000), and bad input is a clear error."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments" / "scripts"))
+from evo.cli.main import main
+from evo.tools import learned_sql
 
-import learned_sql  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 EVALS = ROOT / "experiments" / "results" / "kda_prefill_h200" / "evaluations.parquet"
 
@@ -31,13 +30,13 @@ def test_param_effects_account_for_every_ok_evaluation(tmp_path):
     winner = json.loads(ok.loc[ok.median_us.idxmin()].params_json)
     assert all(((pe.param == k) & (pe.value == json.dumps(v))).any() for k, v in winner.items())
     assert t["outcomes"].evals.sum() == len(ev)
-    assert learned_sql.main([str(EVALS), str(tmp_path / "l.md")]) == 0
+    assert main(["evals", "learned", str(EVALS), str(tmp_path / "l.md")]) == 0
     assert "json_each(o.params_json)" in (tmp_path / "l.md").read_text()
 
 
 def test_bad_input_is_a_clear_error(tmp_path, capsys):
-    assert learned_sql.main([str(tmp_path / "none.parquet"), str(tmp_path / "o.md")]) == 2
+    assert main(["evals", "learned", str(tmp_path / "none.parquet"), str(tmp_path / "o.md")]) == 2
     assert "no evaluations file" in capsys.readouterr().err
     pd.DataFrame({"cell": ["a"]}).to_parquet(tmp_path / "x.parquet")
-    assert learned_sql.main([str(tmp_path / "x.parquet"), str(tmp_path / "o.md")]) == 2
+    assert main(["evals", "learned", str(tmp_path / "x.parquet"), str(tmp_path / "o.md")]) == 2
     assert "lacks columns" in capsys.readouterr().err and not (tmp_path / "o.md").exists()

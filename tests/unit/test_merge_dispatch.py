@@ -1,18 +1,17 @@
-"""experiments/scripts/merge_dispatch.py: a GA's table over some cells completed by an earlier table,
+"""`kfactory dispatch merge` (evo/tools/merge_dispatch.py): a search's table over some cells completed by an earlier table,
 the first table winning on shared cells, and a table kfactory bench --dispatch reads."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments" / "scripts"))
+from evo.cli.main import main
+from evo.tools.merge_dispatch import merge
 
-import merge_dispatch  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _entry(t: str, us: float) -> dict:
@@ -25,7 +24,8 @@ def test_first_table_wins_and_later_tables_fill(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(a))
     (tmp_path / "b.json").write_text(json.dumps(b))
     out = tmp_path / "m.json"
-    assert merge_dispatch.main([str(out), str(tmp_path / "a.json"), str(tmp_path / "b.json"), str(tmp_path / "no.json")]) == 0
+    assert main(["dispatch", "merge", str(out), str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                 str(tmp_path / "no.json")]) == 0
     m = json.loads(out.read_text())
     assert m["merged_from"] == ["long", "old"]
     assert {k: v["template"] for k, v in m["dispatch"].items()} == {"c1": "a", "c2": "a", "c3": "b"}
@@ -40,17 +40,19 @@ def test_fastest_takes_the_lowest_recorded_median_per_cell(tmp_path):
         (tmp_path / f"{name}.json").write_text(json.dumps(doc))
         paths.append(str(tmp_path / f"{name}.json"))
     out = tmp_path / "m.json"
-    assert merge_dispatch.main(["--fastest", str(out), *paths]) == 0
+    assert main(["dispatch", "merge", "--fastest", str(out), *paths]) == 0
     m = json.loads(out.read_text())
     # c2: the older table's faster entry; c4: a tie keeps the first table's; c5: an untimed entry fills
     assert {k: v["template"] for k, v in m["dispatch"].items()} == {"c1": "a", "c2": "b", "c3": "b", "c4": "a",
                                                                     "c5": "c"}
-    assert merge_dispatch.merge([a, b])["dispatch"]["c2"]["template"] == "a"  # without it, the first table wins
+    assert merge([a, b])["dispatch"]["c2"]["template"] == "a"  # without it, the first table wins
 
 
-def test_a_file_without_dispatch_is_an_error():
+def test_a_file_without_dispatch_is_an_error(tmp_path, capsys):
     with pytest.raises(ValueError, match="table 1 has no 'dispatch'"):
-        merge_dispatch.merge([{"dispatch": {}}, {"cells": []}])
+        merge([{"dispatch": {}}, {"cells": []}])
+    assert main(["dispatch", "merge", str(tmp_path / "m.json"), str(tmp_path / "none.json")]) == 2
+    assert "no dispatch table to merge" in capsys.readouterr().err
 
 
 def test_merged_committed_table_is_a_bench_plan(tmp_path):
@@ -63,6 +65,6 @@ def test_merged_committed_table_is_a_bench_plan(tmp_path):
     first = {"run_id": "part", "dispatch": dict(list(t["dispatch"].items())[:5])}
     (tmp_path / "part.json").write_text(json.dumps(first))
     out = tmp_path / "m.json"
-    merge_dispatch.main([str(out), str(tmp_path / "part.json"), str(src)])
+    assert main(["dispatch", "merge", str(out), str(tmp_path / "part.json"), str(src)]) == 0
     plan = dispatch_plan(SPEC, load_templates("rmsnorm"), out)
     assert len(plan) == len(t["dispatch"]) == 36

@@ -1,17 +1,13 @@
-"""experiments/scripts/param_compare.py: one parameter's values against each other in one run's evaluations."""
+"""`kfactory evals compare` (evo/tools/param_compare.py): one parameter's values against each other in one run's evaluations."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("param_compare", ROOT / "experiments/scripts/param_compare.py")
-pc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pc)
+from evo.cli.main import main
+from evo.tools import param_compare as pc
 
 A, B = "w=bf16,x=bf16 M32768-N4096", "w=fp32,x=fp32 M32768-N8192"
 
@@ -52,7 +48,7 @@ def test_it_reads_a_real_parquet_and_writes_json(tmp_path):
     con.executemany("INSERT INTO e VALUES (?, ?, ?, ?, ?, ?, ?, 1)", [tuple(r.values()) for r in ROWS])
     con.execute(f"COPY e TO '{src}' (FORMAT parquet)")
     out = tmp_path / "cmp.json"
-    assert pc.main([str(src), "prefetch", "--template", "cluster_rows", "--out", str(out)]) == 0
+    assert main(["evals", "compare", str(src), "prefetch", "--template", "cluster_rows", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["rows"] == pc.compare(ROWS, "prefetch", "cluster_rows")
-    assert pc.main([str(src), "stages"]) == 2
+    assert main(["evals", "compare", str(src), "stages"]) == 2

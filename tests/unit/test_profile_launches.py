@@ -1,4 +1,4 @@
-"""experiments/scripts/profile_launches.py on the CPU: the committed targets resolve to legal plans that
+"""`kfactory profile` (evo/tools/profile/) on the CPU: the committed targets resolve to legal plans that
 NVRTC builds at sm_90a, the ncu command line profiles exactly one round of the plan's kernels after the
 checked one with the clocks left alone, ncu's CSV is read into per-kernel metrics and stall reasons, and
 a machine without ncu gets a logged failure per target, not a crash."""
@@ -6,15 +6,16 @@ a machine without ncu gets a logged failure per target, not a crash."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments" / "scripts"))
+from evo.cli.main import main
+from evo.tools.profile import ncu as N
+from evo.tools.profile import targets as P
+from evo.tools.profile.runner import profile_targets
 
-import profile_launches as P  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 TARGETS = ROOT / "experiments" / "profile_h200.toml"
 
@@ -70,12 +71,13 @@ def test_bad_targets_are_refused_by_name(tmp_path, body, words):
 
 def test_ncu_command_profiles_one_round_after_the_checked_one():
     t = next(t for t in P.load_targets(TARGETS) if t.op == "kda")
-    cmd = P.ncu_command(t, ["kda_chunk_prep", "kda_chunk_recur"], times=2)
+    cmd = N.ncu_command(t, ["kda_chunk_prep", "kda_chunk_recur"], times=2)
     assert cmd[0] == "ncu" and cmd[cmd.index("--clock-control") + 1] == "none"
     assert cmd[cmd.index("--kernel-name") + 1] == "regex:^(kda_chunk_prep|kda_chunk_recur)"
     assert cmd[cmd.index("--launch-skip") + 1] == cmd[cmd.index("--launch-count") + 1] == "2"
-    assert "--metrics" in cmd and "--metrics" not in P.ncu_command(t, ["k"], 2, stalls=False)
+    assert "--metrics" in cmd and "--metrics" not in N.ncu_command(t, ["k"], 2, stalls=False)
     assert "InstructionStats" in cmd and any("bank_conflicts" in a for a in cmd)
+    assert cmd[cmd.index("evo.cli.main") + 1:cmd.index("evo.cli.main") + 3] == ["profile", "run"]
     tail = cmd[cmd.index("run"):]
     assert json.loads(tail[tail.index("--params") + 1]) == t.params and tail[tail.index("--cell") + 1] == t.cell
 
@@ -98,7 +100,7 @@ NCU_CSV = '''==PROF== Connected to process 1 (python3)
 
 
 def test_ncu_csv_is_read_per_kernel_with_stalls_largest_first(tmp_path):
-    ks = P.parse_ncu_csv(NCU_CSV)
+    ks = N.parse_ncu_csv(NCU_CSV)
     assert [k["kernel"] for k in ks] == ["kda_chunk_prep", "kda_chunk_recur"]
     prep, recur = ks
     assert prep["metrics"]["duration"] == {"value": 774.4, "unit": "us"}
@@ -108,7 +110,7 @@ def test_ncu_csv_is_read_per_kernel_with_stalls_largest_first(tmp_path):
     assert prep["metrics"]["smem_ld_conflicts"]["value"] == 1234.0  # a raw counter, not a stall
     assert recur["metrics"]["duration"] == {"value": 1066.2, "unit": "ms"} and recur["grid"] == "(2, 32, 1)"
     (tmp_path / "kda.csv").write_text(NCU_CSV)
-    summary = P.summarize(tmp_path)
+    summary = N.summarize(tmp_path)
     assert summary["kda"] == ks
     md = (tmp_path / "summary.md").read_text()
     assert "| kda | kda_chunk_prep | 774 us | 21.5 % |" in md and "math_pipe_throttle 2.75" in md
@@ -119,7 +121,15 @@ def test_without_ncu_each_target_logs_its_failure(tmp_path, monkeypatch):
     p = tmp_path / "t.toml"
     p.write_text('[[target]]\nname = "fwd"\nop = "rmsnorm"\ntemplate = "cta_row"\nparams = { threads = 128 }\n'
                  'cell = "w=bf16,x=bf16 M4096-N1024"\n')
-    assert P.profile_targets(p, tmp_path / "out") == 0
+    assert profile_targets(P.load_targets(p), tmp_path / "out") == 0
     log = (tmp_path / "out" / "fwd.log").read_text()
     assert log.count("rc=-1") == 2 and "ncu" in log  # with the stall metrics, then without
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == {}
+    assert main(["profile", "targets", str(p), str(tmp_path / "out2")]) == 1  # none profiled
+
+
+def test_a_bad_targets_file_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["profile", "targets", str(tmp_path / "none.toml"), str(tmp_path / "out")]) == 2
+    assert "no targets file at" in capsys.readouterr().err
+    assert main(["profile", "run", "--op", "rmsnorm", "--template", "cta_row", "--cell", "x", "--params", "{"]) == 2
+    assert "--params is not JSON" in capsys.readouterr().err

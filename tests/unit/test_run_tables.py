@@ -1,18 +1,15 @@
-"""experiments/scripts/run_tables.py: within-run tables from a GA run's evaluations."""
+"""`kfactory evals templates|ceiling` (evo/tools/run_tables.py): within-run tables from a run's evaluations."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("run_tables", ROOT / "experiments" / "scripts" / "run_tables.py")
-rt = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rt)
+from evo.cli.main import main
+from evo.tools import run_tables as rt
+
 FP = json.dumps({"gpu": "test"})
 
 
@@ -45,5 +42,5 @@ def test_ceiling_table_reads_each_dispatch_entrys_own_row(tmp_path):
     p = tmp_path / "e.parquet"
     evals().to_parquet(p)
     (tmp_path / "d.json").write_text(json.dumps(dispatch))
-    assert rt.main(["ceiling", str(p), str(tmp_path / "d.json"), str(tmp_path / "out")]) == 0
+    assert main(["evals", "ceiling", str(p), str(tmp_path / "d.json"), str(tmp_path / "out")]) == 0
     assert json.loads((tmp_path / "out.json").read_text())["cells"][1]["cell"] == "B"

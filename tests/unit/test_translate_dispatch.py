@@ -1,20 +1,18 @@
-"""experiments/scripts/translate_dispatch.py: a table's winners carried to the other dtypes by bytes per row
+"""`kfactory dispatch translate` (evo/tools/translate_dispatch.py): a table's winners carried to the other dtypes by bytes per row
 (the vector width in elements scaled to keep the bytes a load), as a table of predictions that seeds a run."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from evo.cli.main import main
+from evo.loop.seed_tables import table_seeds
+from evo.templates.template import load_templates
+from evo.tools.translate_dispatch import translate
+from ops.rmsnorm import SPEC
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments" / "scripts"))
-
-import translate_dispatch  # noqa: E402
-
-from evo.loop.seed_tables import table_seeds  # noqa: E402
-from evo.templates.template import load_templates  # noqa: E402
-from ops.rmsnorm import SPEC  # noqa: E402
 
 B8K = "w=bf16,x=bf16 M4096-N8192"
 F4K = "w=fp32,x=fp32 M4096-N4096"
@@ -25,7 +23,7 @@ def _e(template, vec, us, threads=256):
 
 
 def test_a_16bit_winner_becomes_the_fp32_prediction_of_the_same_bytes_and_back():
-    doc = translate_dispatch.translate([{"run_id": "r", "dispatch": {
+    doc = translate([{"run_id": "r", "dispatch": {
         B8K: _e("cta_row_l2", 8, 36.0), F4K: _e("cta_row", 4, 37.0),
         "w=bf16,x=bf16 M4096-N1024": _e("cta_row", 1, 6.0),  # vec 1 on bf16 has no fp32 equivalent
         "w=bf16,x=fp32 M4096-N1024": _e("cta_row", 8, 6.0)}}])  # mixed dtypes: not translated
@@ -39,7 +37,7 @@ def test_a_16bit_winner_becomes_the_fp32_prediction_of_the_same_bytes_and_back()
 
 
 def test_of_two_sources_for_one_cell_the_faster_is_kept():
-    doc = translate_dispatch.translate([
+    doc = translate([
         {"dispatch": {B8K: _e("cta_row", 8, 40.0), "w=fp16,x=fp16 M4096-N8192": _e("cta_row_l2", 8, 35.0)}},
         {"dispatch": {B8K: _e("cta_row_async", 8, 38.0)}}])
     assert doc["dispatch"][F4K]["template"] == "cta_row_l2" and doc["dispatch"][F4K]["source_median_us"] == 35.0
@@ -54,7 +52,7 @@ def test_a_predictions_table_seeds_beside_the_measured_best(tmp_path):
     slower = tmp_path / "s.json"
     slower.write_text(json.dumps({"dispatch": {F4K: _e("cta_row", 4, 39.0, 1024)}}))
     pred = tmp_path / "p.json"
-    pred.write_text(json.dumps(translate_dispatch.translate([{"dispatch": {B8K: _e("cta_row_l2", 8, 36.0)}}])))
+    pred.write_text(json.dumps(translate([{"dispatch": {B8K: _e("cta_row_l2", 8, 36.0)}}])))
     got = table_seeds([str(measured), str(slower), str(pred)], "rmsnorm", run, cells)
     seeded = [(s.genome.template, s.genome.params_dict()["threads"], s.genome.params_dict()["vec"]) for s in got.seeds]
     assert seeded == [("cta_row", 512, 4), ("cta_row_l2", 256, 4)]  # the slower measured entry is not seeded
@@ -73,9 +71,14 @@ def test_a_table_of_an_unknown_kind_is_a_config_error(tmp_path):
         table_seeds([str(bad)], "rmsnorm", {}, {})
 
 
-def test_the_committed_seed_table_is_what_the_script_writes_from_its_sources():
+def test_the_committed_seed_table_is_what_the_command_writes_from_its_sources(tmp_path, capsys):
     seeds = json.loads((ROOT / "experiments/seeds/rmsnorm_bytes_per_row.json").read_text())
     R = ROOT / "experiments/results"
     srcs = [R / "rmsnorm_peers_h200/fwd_hold_fp16_fp32_dispatch.json", R / "rmsnorm_h200_long2/dispatch.json",
             R / "rmsnorm_h200_long/dispatch.json", R / "rmsnorm_h200_regimes/dispatch.json"]
-    assert seeds["dispatch"] == translate_dispatch.translate([json.loads(p.read_text()) for p in srcs])["dispatch"]
+    assert seeds["dispatch"] == translate([json.loads(p.read_text()) for p in srcs])["dispatch"]
+    out = tmp_path / "seeds.json"
+    assert main(["dispatch", "translate", str(out), *map(str, srcs)]) == 0
+    assert json.loads(out.read_text()) == seeds
+    assert main(["dispatch", "translate", str(out), str(tmp_path / "none.json")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -1,18 +1,16 @@
-"""regate.py's case file: what it needs, and the clear errors it gives without it (the GPU part needs a device)."""
+"""`kfactory regate`'s case file (evo/tools/regate.py): what it needs, and the clear errors it gives without it (the GPU part needs a device)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from evo.cli.main import main
+from evo.tools import regate as R
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("regate", ROOT / "experiments" / "scripts" / "regate.py")
-assert _spec and _spec.loader
-R = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(R)
 
 
 def test_the_committed_case_file_loads_and_names_legal_points():
@@ -35,8 +33,10 @@ def test_the_committed_case_file_loads_and_names_legal_points():
     ([{"op": "rmsnorm_bwd", "template": "rows_smem", "params": {}}], "lacks ['cell']"),
     ([{"op": "rmsnorm_bwd", "template": "rows_smem", "params": {}, "cell": "x", "reps": 0}], "0 repetitions"),
 ])
-def test_a_bad_case_file_is_refused_naming_the_problem(tmp_path, doc, why):
+def test_a_bad_case_file_is_refused_naming_the_problem(tmp_path, capsys, doc, why):
     p = tmp_path / "cases.json"
     p.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=why.replace("[", r"\[").replace("]", r"\]")):
         R.load_cases(p)
+    assert main(["regate", str(p), "--out", str(tmp_path / "out.json")]) == 2
+    assert why in capsys.readouterr().err and not (tmp_path / "out.json").exists()

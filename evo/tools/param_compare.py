@@ -1,21 +1,19 @@
-"""One template parameter's values against each other in one run: per cell, the fastest OK evaluation (median µs) with
-each value of the parameter, the genome that ran it, and each value's time over the fastest value's. The run's
+"""One template parameter's values against each other in one run: per cell, the fastest OK evaluation (median µs)
+with each value of the parameter, the genome that ran it, and each value's time over the fastest value's. A run's
 evaluations are all timed in one process by the gate's timer, so these are same-run ratios; a value the search did
-not reach on a cell is reported absent there, never filled in.
-
-    python experiments/scripts/param_compare.py EVALUATIONS.parquet PARAM [--template NAME] [--out OUT.json]
-
-EVALUATIONS.parquet: a run's evaluations as experiments/scripts/ga_h200.py exports them (status, cell, median_us,
-template, params_json). Prints a markdown table; --out also writes the rows as JSON.
-"""
+not reach on a cell is reported absent there, never filled in."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
+
+from evo.tools.errors import ToolInputError, require_file
+
+COLUMNS = ["eval_id", "genome_key", "cell", "status", "median_us", "template", "params_json"]
 
 
 def best_by_value(rows: list[dict[str, Any]], param: str, template: str | None = None) -> dict[str, dict[str, Any]]:
@@ -39,7 +37,7 @@ def compare(rows: list[dict[str, Any]], param: str, template: str | None = None)
     """Per cell (sorted): each value's fastest median, its genome and params, and its time over the cell's fastest."""
     best = best_by_value(rows, param, template)
     if not best:
-        raise ValueError(f"no OK evaluation sets {param!r}" + (f" in template {template!r}" if template else ""))
+        raise ToolInputError(f"no OK evaluation sets {param!r}" + (f" in template {template!r}" if template else ""))
     values = sorted({v for per in best.values() for v in per})
     table = []
     for cell in sorted(best):
@@ -53,6 +51,7 @@ def compare(rows: list[dict[str, Any]], param: str, template: str | None = None)
 
 
 def markdown(table: list[dict[str, Any]]) -> str:
+    """The comparison as a markdown table: one row per cell, one column per value."""
     values = sorted({v for row in table for v in row["values"]})
     param = table[0]["param"]
     head = ["cell", *(f"{param}={v} µs (/ fastest)" for v in values)]
@@ -65,32 +64,10 @@ def markdown(table: list[dict[str, Any]]) -> str:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    import duckdb
-
-    con = duckdb.connect()
-    cur = con.execute("SELECT eval_id, genome_key, cell, status, median_us, template, params_json FROM read_parquet(?)",
-                      [str(path)])
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, r)) for r in cur.fetchall()]
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("evaluations", type=Path)
-    ap.add_argument("param")
-    ap.add_argument("--template", default=None)
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args(argv)
+    """The evaluations file's rows (the COLUMNS only), a missing median as None."""
+    require_file(path, "evaluations file")
     try:
-        table = compare(read_rows(args.evaluations), args.param, args.template)
-    except ValueError as e:
-        print(f"param_compare: {e}", file=sys.stderr)
-        return 2
-    print(markdown(table), end="")
-    if args.out:
-        args.out.write_text(json.dumps({"source": str(args.evaluations), "rows": table}, indent=1) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        df = pd.read_parquet(path, columns=COLUMNS)
+    except (KeyError, ValueError) as e:
+        raise ToolInputError(f"{path}: {e}") from None
+    return df.astype(object).where(df.notna(), None).to_dict("records")

@@ -1,27 +1,25 @@
-"""Tables of one GA run's evaluations, each ratio within the run (one process, one timing loop):
-
-  templates EVALS.parquet OUT   fastest OK time per (cell, template), the winner, every template's ratio
-                                to the winner, and the failures per (template, status)
-  ceiling EVALS.parquet DISPATCH.json OUT
-                                each dispatch entry's time, its bandwidth as a share of the run's copy
-                                ceiling, and the op's first peer timed in the same job (baseline_us)
-
-OUT.json and OUT.md are written. Rerun: python experiments/scripts/run_tables.py templates
-experiments/results/rmsnorm_h200_regimes2/evaluations.parquet experiments/results/rmsnorm_h200_regimes2/templates
-"""
+"""Tables of one run's evaluations, each ratio within the run (one process, one timing loop): the fastest OK time
+per (cell, template) against the cell's winner, and each dispatch entry against the run's copy ceiling and the
+op's first peer timed in the same job."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-from pathlib import Path
 
 import pandas as pd
+
+from evo.tools.errors import ToolInputError
+
+
+def _fingerprint(ev: pd.DataFrame) -> dict:
+    return json.loads(ev.fingerprint_json.dropna().iloc[0]) if ev.fingerprint_json.notna().any() else {}
 
 
 def templates(ev: pd.DataFrame) -> dict:
     """Per cell: the fastest OK median of each template; ratios are that template's time / the winner's."""
+    if ev.empty:
+        raise ToolInputError("the evaluations file has no rows")
     ok = ev[ev.status == "OK"]
     best = ok.groupby(["cell", "template"]).median_us.min().unstack()
     names = sorted(best.columns)
@@ -39,11 +37,12 @@ def templates(ev: pd.DataFrame) -> dict:
         "failures": [{"template": t, "status": s, "n": int(n)} for (t, s), n in failures.items()],
         "failure_examples": {t: str(g.error.iloc[0])[:300] for t, g in ev[ev.status != "OK"].groupby("template")},
         "cells": cells,
-        "fingerprint": json.loads(ev.fingerprint_json.dropna().iloc[0]) if ev.fingerprint_json.notna().any() else {},
+        "fingerprint": _fingerprint(ev),
     }
 
 
 def templates_md(doc: dict) -> str:
+    """The templates table as markdown."""
     names = doc["templates"]
     lines = [f"# Fastest time per template and cell, run {doc['run_id']} ({doc['evaluations']} evaluations)", "",
              "Each ratio is the template's fastest OK time over the cell's winner, within this one run.", "",
@@ -58,6 +57,9 @@ def templates_md(doc: dict) -> str:
 
 
 def ceiling(ev: pd.DataFrame, dispatch: dict) -> dict:
+    """Each dispatch entry's own fastest OK row: time, bandwidth as a share of the ceiling, the peer beside it."""
+    if not isinstance(dispatch.get("dispatch"), dict):
+        raise ToolInputError("the dispatch table has no 'dispatch' object")
     rows = []
     for cell, e in sorted(dispatch["dispatch"].items()):
         r = ev[(ev.genome_key == e["genome_key"]) & (ev.cell == cell) & (ev.status == "OK")]
@@ -68,11 +70,11 @@ def ceiling(ev: pd.DataFrame, dispatch: dict) -> dict:
         rows.append({"cell": cell, "params": e["params"], "us": float(r.median_us), "gbps": float(r.gbps),
                      "ceiling_gbps": float(r.ceiling_gbps), "share_of_ceiling": float(r.gbps / r.ceiling_gbps),
                      "peer_us_same_job": peer, "peer_over_ours": peer / float(r.median_us) if peer else None})
-    return {"run_id": dispatch["run_id"], "cells": rows,
-            "fingerprint": json.loads(ev.fingerprint_json.dropna().iloc[0]) if ev.fingerprint_json.notna().any() else {}}
+    return {"run_id": dispatch.get("run_id"), "cells": rows, "fingerprint": _fingerprint(ev)}
 
 
 def ceiling_md(doc: dict) -> str:
+    """The ceiling table as markdown."""
     lines = [f"# Dispatch entries against the copy ceiling, run {doc['run_id']}", "",
              "Bandwidth is the op's bytes moved over the median time; the ceiling is the run's measured "
              "device copy; the peer is the op's first baseline timed in the same job.", "",
@@ -81,31 +83,3 @@ def ceiling_md(doc: dict) -> str:
         peer = f"{r['peer_us_same_job']:.1f} | {r['peer_over_ours']:.2f}" if r["peer_us_same_job"] else "absent | -"
         lines.append(f"| {r['cell']} | {r['us']:.1f} | {r['gbps']:.0f} | {100 * r['share_of_ceiling']:.1f}% | {peer} |")
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="what", required=True)
-    t = sub.add_parser("templates")
-    t.add_argument("evals", type=Path)
-    t.add_argument("out", type=Path)
-    c = sub.add_parser("ceiling")
-    c.add_argument("evals", type=Path)
-    c.add_argument("dispatch", type=Path)
-    c.add_argument("out", type=Path)
-    a = ap.parse_args(argv)
-    ev = pd.read_parquet(a.evals)
-    if a.what == "templates":
-        doc, md = templates(ev), None
-        md = templates_md(doc)
-    else:
-        doc = ceiling(ev, json.loads(a.dispatch.read_text()))
-        md = ceiling_md(doc)
-    a.out.with_suffix(".json").write_text(json.dumps(doc, indent=2, sort_keys=True))
-    a.out.with_suffix(".md").write_text(md)
-    print(md)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

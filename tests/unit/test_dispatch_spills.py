@@ -1,17 +1,14 @@
-"""experiments/scripts/dispatch_spills.py on a real dispatch table's entries (NVRTC builds, no GPU): the backward's
+"""`kfactory dispatch spills` (evo/tools/dispatch_spills.py) on a real dispatch table's entries (NVRTC builds, no GPU): the backward's
 fp32 M32768-N16384 winner is reported spilling, a clean entry clean, every kernel of the plan listed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+from evo.cli.main import main
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("dispatch_spills", ROOT / "experiments/scripts/dispatch_spills.py")
-assert _spec and _spec.loader
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 TABLE = ROOT / "experiments/results/rmsnorm_peers_h200/chain6_bwd_dispatch.json"
 
@@ -22,7 +19,7 @@ def test_spilling_and_clean_entries_are_told_apart(tmp_path: Path) -> None:
     table = tmp_path / "dispatch.json"
     table.write_text(json.dumps({"dispatch": {k: entries[k] for k in keep}}))
     out = tmp_path / "spills.json"
-    S.main("rmsnorm_bwd", str(table), str(out))
+    assert main(["dispatch", "spills", "rmsnorm_bwd", str(table), str(out)]) == 0
     doc = json.loads(out.read_text())
     got = {e["cell"]: e for e in doc["entries"]}
     assert set(got) == set(keep) and doc["compiler"].startswith("nvrtc-")

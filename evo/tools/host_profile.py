@@ -2,7 +2,7 @@
 around each call (a synchronize every SYNC_EVERY calls, outside the timed calls, so the launch queue never fills),
 and a cProfile of as many calls, its functions by own time per call. cProfile sees the calling thread only: an
 autograd backward of CUDA tensors runs on the autograd engine's device thread, so profile the backward's functions
-by calling them directly. Used by kda_host_profile.py and rmsnorm_train_step.py."""
+by calling them directly. Used by experiments/scripts/kda_host_profile.py and rmsnorm_train_step.py."""
 
 from __future__ import annotations
 

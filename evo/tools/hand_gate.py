@@ -1,6 +1,6 @@
-"""A genome's gate job built as the GA's evaluator builds it, for the scripts that run the gate by hand
-(regate.py, gate_reference_cost.py, gate_overhead.py): the genome built by NVRTC for one cell, its job (the
-GA's timing protocol, its gate cells, a baseline or none), a gate of any class over it, and the verdict."""
+"""A genome's gate job built as the search's evaluator builds it, for running the gate by hand (`kfactory regate`,
+experiments/scripts/gate_reference_cost.py, gate_overhead.py): the genome built by NVRTC for one cell, its job
+(the search's timing protocol, its gate cells, a baseline or none), a gate of any class over it, and the verdict."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from evo.tools.errors import ToolInputError
+
 
 def cell_by_prefix(op: Any, prefix: str) -> Any:
     """The first matrix cell of `op` whose label starts with `prefix`; ValueError naming both when none does."""
     cell = next((c for c in op.matrix() if c.label().startswith(prefix)), None)
     if cell is None:
-        raise ValueError(f"no {op.name} matrix cell starts with {prefix!r}")
+        raise ToolInputError(f"no {op.name} matrix cell starts with {prefix!r}")
     return cell
 
 
