@@ -9,7 +9,7 @@ from evo.build.nvrtc import Builder, prepare
 from evo.core.genome import Genome
 from evo.templates.template import load_templates
 from evo.tools.errors import ToolInputError, read_json
-from ops import get_op
+from evo.core.registry import get_op
 
 ARCH = "sm_90a"
 WHAT = "registers, spills and stack of every dispatch entry, rebuilt with NVRTC"

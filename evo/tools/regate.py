@@ -39,7 +39,7 @@ def regate(cases: list[dict[str, Any]], out: Path, say: Callable[[str], None] = 
     from evo.measure.worker import Worker
     from evo.templates.template import load_templates
     from evo.tools.hand_gate import cell_by_prefix, fresh_rng, hand_job
-    from ops import get_op
+    from evo.core.registry import get_op
 
     w = Worker()
     rows: list[dict[str, Any]] = []

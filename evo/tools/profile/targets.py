@@ -39,7 +39,7 @@ def load_targets(path: Path) -> list[Target]:
     """The targets of a TOML file, each resolved and planned; a clear error for a target without a cell, an
     unknown op or template, a dispatch table without the cell, a point illegal on its cell, or two targets of one
     name (before any GPU time is spent)."""
-    from ops import get_op
+    from evo.core.registry import get_op
 
     try:
         doc = tomllib.loads(require_file(path, "targets file").read_text())
@@ -72,7 +72,7 @@ def plan(t: Target, build: Any = None) -> tuple[Any, Any, Any]:
     """(genome, job, cell) of a target (evo.measure.launches.plan_job)."""
     from evo.loop.pipeline import arch_number
     from evo.measure.launches import plan_job
-    from ops import get_op
+    from evo.core.registry import get_op
 
     op = get_op(t.op)
     c = next((c for c in op.all_cells() if c.label() == t.cell), None)
