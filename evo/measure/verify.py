@@ -6,6 +6,7 @@ Pure functions over JobResult records, so every rule is unit-tested without a GP
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -14,7 +15,7 @@ from evo.core.genome import Genome
 from evo.core.outcome import Outcome
 from evo.core.status import Status
 from evo.measure.gate import failed
-from evo.measure.jobs import CheckStats, JobResult
+from evo.measure.jobs import CheckStats, EvalJob, JobResult
 from evo.measure.run import CRASH, TIMEOUT
 from ops.spec import Cell
 
@@ -46,6 +47,21 @@ def pattern(c: CheckStats) -> str:
     if c.bad:
         return "some elements wrong"
     return "error norm too large"
+
+
+def replay_note(job: EvalJob) -> str:
+    """'secret 0x...; checked on ...': what the job drew, so its run can be replayed ('' when it drew nothing)."""
+    if not job.secret:
+        return ""
+    labels = [gc.label for gc in (*job.gate, *job.loop)]
+    return f"secret {job.secret:#x}; checked on: " + ("; ".join(labels) or "the cell alone")
+
+
+def with_replay(o: Outcome, note: str) -> Outcome:
+    """The outcome with its job's replay note; a failure's error text carries it too (the store keeps that)."""
+    if not note:
+        return o
+    return replace(o, replay=note, error=f"{o.error}\nreplay: {note}" if o.status is not Status.OK else o.error)
 
 
 def judge(result: JobResult, rel_norms: Mapping[str, float], genome: Genome, cell: Cell, build_key: str = "",
