@@ -68,8 +68,9 @@ from evo.measure.jobs import BufferDecl, CheckStats, DecodeLoop, EvalJob, Guard,
 # "8" (2026-12-07): a job's shapes and scalars drawn from a secret drawn per job (gate cells at M, T, head groupings
 # and varlen lengths at residues of the template's tile, eps, scale and lower_bound from declared ranges), guard zones
 # (sizes, offsets, bytes) and fills drawn from it too; a plan missing a tensor of its cell's variant INVALID; KDA's
-# fp32 final state of a decode cell held to fp32's tolerance, and a decode loop of 48 to 80 calls chaining the state:
-# the "7" gate's constants let a kernel recognise it and be right only there.
+# fp32 final state of a decode cell held to fp32's tolerance, and a decode loop of 48 to 80 calls chaining the state
+# (the "7" gate's constants let a kernel recognise it and be right only there); in graph mode, a replay's launch far
+# under the same kernel's launches outside the graph is SUSPECT (verify.GRAPH_FLOOR).
 GATE_VERSION = "8"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
@@ -77,6 +78,7 @@ CHECK_FRACTION = 0.1  # share of timed samples whose outputs are checked (decide
 SLOTS = 64  # comparisons read back together
 PERTURB_EVERY = 61  # round C moves about one input element in this many
 PERTURB_SETS = 2
+DIRECT_SAMPLES = 10  # graph mode: launches of the candidate alone, its time outside a replay
 NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1}
 GUARD_BEFORE = (1, 32)  # a guard zone ahead of the data: 256 B times a count drawn in this range
 GUARD_AFTER = (1, 512)  # one behind it: 16 B times a count drawn in this range
@@ -270,14 +272,14 @@ class Gate:
                     self._decode_loop(lp)
                 if job.timing is None:
                     return self._result()
-                times, peers, absent, graph = self._round_b(main, sets)
+                times, peers, absent, graph, direct = self._round_b(main, sets)
                 self._round_c(main, sets)
             except Failed:
                 return self._result()
             first = peers[0] if peers else ("", ())
             return self._result(times_us=tuple(times), baseline_us=tuple(first[1]), baseline_name=first[0],
                                 peers=tuple((n, tuple(t)) for n, t in peers), absent=tuple(sorted(absent.items())),
-                                graph=graph)
+                                graph=graph, direct_us=tuple(direct))
         finally:
             self.close()
 
@@ -334,8 +336,9 @@ class Gate:
         self._check(seq, [(full, lp.label)])
 
     def _round_b(self, g: Geometry, sets: list[InputSet]
-                 ) -> tuple[list[float], list[tuple[str, list[float]]], dict[str, str], bool]:
-        """Fresh values, checked warm-up, timing beside the baseline, checked samples and last batch."""
+                 ) -> tuple[list[float], list[tuple[str, list[float]]], dict[str, str], bool, list[float]]:
+        """Fresh values, checked warm-up, timing beside the baseline, checked samples and last batch; in graph
+        mode, a few launches of the candidate alone too (what one launch costs outside a replay)."""
         t = self.job.timing
         assert t is not None
         nsets = max(2, min(MAX_SETS, math.ceil(ROTATE_BYTES / max(1, g.in_bytes))))
@@ -358,14 +361,16 @@ class Gate:
             j = self.rng.randrange(nsets)
             self._launch_and_check(g, sets[j], f"warm-up {i + 1}")
         timed: set[int] = set()
+        direct: list[float] = []
         if graph:
             times, btimes = self._time_graph(g, sets, base, timed)
+            direct = self._time_alone(g, sets)
         else:
             times, btimes = self._time_direct(g, sets, base, timed)
         self._integrity(g, sets, "after timing")
         # every timed set's output holds its last timed launch
         self._check(g, [(s, f"last timed launch of set {j}") for j, s in enumerate(sets) if j in timed])
-        return times, [(name, t) for (name, _), t in zip(base, btimes)], absent, graph
+        return times, [(name, t) for (name, _), t in zip(base, btimes)], absent, graph, direct
 
     def _round_c(self, g: Geometry, sets: list[InputSet]) -> None:
         """Launch a set, move a few of its input elements far (same pointers), launch and check again:
@@ -466,6 +471,27 @@ class Gate:
         preps: list = [prep] + [lambda i: self.dev.reset_l2()] * len(base)
         samples = self._sample_loop(fns, preps, len(order), after)
         return samples[0], samples[1:]
+
+    def _time_alone(self, g: Geometry, sets: list[InputSet]) -> list[float]:
+        """DIRECT_SAMPLES launches of the candidate, one set each (its outputs poisoned, the L2 flushed, the
+        stream held so host time is not timed), each checked: a replay's launches must cost about as much (a
+        first launch doing every set's work lets the others return, verify.judge's GRAPH_FLOOR)."""
+        order = list(range(len(sets)))
+        self.rng.shuffle(order)
+
+        def prep(i: int) -> None:
+            self._poison(sets[order[i % len(order)]])
+            self.dev.reset_l2()
+            self.dev.hold(HOLD_US)
+
+        def cand(i: int) -> None:
+            self._launch(g, sets[order[i % len(order)]])
+
+        def after(i: int) -> None:
+            j = order[i % len(order)]
+            self._check(g, [(sets[j], f"launch {i} outside the graph (set {j})")])
+
+        return self.dev.time([cand], [prep], DIRECT_SAMPLES, 1, after)[0]
 
     # ---- one launch ----------------------------------------------------------------------------
     def _new_set(self, g: Geometry) -> InputSet:

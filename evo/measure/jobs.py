@@ -172,6 +172,7 @@ class JobResult:
     absent: tuple[tuple[str, str], ...] = ()  # baselines asked for that could not be had: (name, why)
     peers_checked: tuple[tuple[str, str], ...] = ()  # timed baselines whose outputs matched the reference: (name, how)
     graph: bool = False
+    direct_us: tuple[float, ...] = ()  # graph mode: the candidate's launches outside the graph, one set each
     fingerprint: tuple[tuple[str, str], ...] = ()
     ceiling_gbps: float = 0.0
     bytes_moved: int = 0
