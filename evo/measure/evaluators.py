@@ -93,8 +93,8 @@ class GpuEvaluator:
 
     def evaluate(self, items: Sequence[EvalItem]) -> list[Outcome]:
         """One runner call per batch, so several devices work in parallel. Each job draws its own secret: its
-        gate cells' shapes and scalars, its decode loop, guards and fills (the outcome's `replay`, and a failure's error). A plan that
-        leaves out a tensor of its cell's variant is INVALID there, never run."""
+        gate cells' shapes and scalars, its decode loop, guards and fills (the outcome's `replay`, and a
+        failure's error). A plan that leaves out a tensor of its cell's variant is INVALID there, never run."""
         jobs, ok_items, checked = [], [], []
         judged = {}
         for it in items:
@@ -102,7 +102,8 @@ class GpuEvaluator:
                 continue
             why = variant_gap(self.op, it.tdef, it.genome, it.cell, self.arch)
             if why:
-                judged[id(it)] = Outcome(it.genome, it.cell, Status.INVALID, it.build.build_key, why, "variant left out")
+                judged[id(it)] = Outcome(it.genome, it.cell, Status.INVALID, it.build.build_key, why,
+                                         "variant left out")
                 continue
             self._n += 1
             secret = new_secret()
