@@ -83,6 +83,14 @@ def _runnable_problems(spec: OpSpec) -> list[str]:
                 bad.append(f"input kind {kind!r}: offsets of {name} end at {f.offsets!r}, not a dim of the op")
     if not set(spec.timing_kinds) <= set(spec.fills):
         bad.append(f"timing_kinds {spec.timing_kinds} are not all input kinds")
+    rec = spec.recurrence
+    if rec is not None:
+        by_name = {t.name: t for t in spec.tensors}
+        s_in, s_out = by_name.get(rec.state_in), by_name.get(rec.state_out)
+        if not (s_in and s_out and s_in.role is Role.IN and s_out.role is Role.OUT and s_in.dims == s_out.dims):
+            bad.append(f"recurrence: {rec.state_in!r} must be an input and {rec.state_out!r} an output of its dims")
+        if rec.kind not in spec.fills or rec.token not in dims:
+            bad.append(f"recurrence: kind {rec.kind!r} must be an input kind and token {rec.token!r} a dim")
     if not spec.baselines:
         bad.append("no baseline by name (baselines)")
     for c in spec.matrix()[:8]:

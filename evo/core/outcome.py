@@ -38,6 +38,7 @@ class Outcome:
     max_abs_err: float = math.nan
     rel_norm_err: float = math.nan
     reused_from: str = ""  # the run that measured it, when copied from another run's result
+    replay: str = ""  # the job's secret draw and its gate cells (evo.measure.verify.replay_note): what replays it
 
     @property
     def timed(self) -> bool:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 import math
+import random
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -83,16 +84,94 @@ class TensorSpec:
         return tuple(cell.dim(d) for d in self.dims)
 
 
+ScalarDraw = Callable[["Cell", random.Random], float]
+
+
 @dataclass(frozen=True)
 class ScalarSpec:
-    """One scalar argument; `default` may depend on the cell (e.g. scale = K^-1/2)."""
+    """One scalar argument; `default` may depend on the cell (e.g. scale = K^-1/2). `draw`: the values
+    a caller may pass, as the gate draws them for its check cells (None: the default only)."""
 
     name: str
     kind: type  # float or int
     default: float | int | Callable[["Cell"], float | int]
+    draw: ScalarDraw | None = None
 
     def value(self, cell: "Cell") -> float | int:
         return self.default(cell) if callable(self.default) else self.default
+
+    def drawn(self, cell: "Cell", rng: random.Random) -> float | int:
+        """A value from the declared range (the default where none is declared); a float one as an fp32 holds
+        it, so the kernel's f32 argument and the reference's f64 are the same number."""
+        if self.draw is None:
+            return self.value(cell)
+        v = self.draw(cell, rng)
+        return float(np.float32(v)) if self.kind is float else int(v)
+
+
+def log_uniform(lo: float, hi: float, unit: Callable[["Cell"], float] | None = None) -> ScalarDraw:
+    """Draws log-uniform in [lo, hi], in units of unit(cell) where given (scale: K^-1/2)."""
+    if not 0 < lo <= hi:
+        raise ValueError(f"log_uniform needs 0 < lo <= hi, got {lo}, {hi}")
+
+    def draw(cell: "Cell", rng: random.Random) -> float:
+        v = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+        return v * unit(cell) if unit is not None else v
+
+    return draw
+
+
+def uniform(lo: float, hi: float) -> ScalarDraw:
+    """Draws uniform in [lo, hi]."""
+    if not lo <= hi:
+        raise ValueError(f"uniform needs lo <= hi, got {lo}, {hi}")
+    return lambda cell, rng: rng.uniform(lo, hi)
+
+
+def draw_lengths(rng: random.Random, tile: int, spans: Sequence[tuple[int, int]]) -> list[int]:
+    """One length per span [lo, hi], at residues mod `tile` that differ from one another: every residue
+    when there are at least `tile` spans, else tile - 1 (a tile one short of full, in the widest span) and
+    others drawn. A span too narrow for its residue gets any length in it; no length above 2 is a power
+    of two where its span holds another of the same residue."""
+    tile = max(1, int(tile))
+    if not spans:
+        return []
+    if tile <= len(spans):
+        drawn = rng.sample(range(tile), tile) + [rng.randrange(tile) for _ in range(len(spans) - tile)]
+    else:
+        drawn = [tile - 1, *rng.sample(range(tile - 1), len(spans) - 1)]
+    widest_first = sorted(range(len(spans)), key=lambda i: -spans[i][1])
+    residues = [0] * len(spans)
+    for i, r in zip(widest_first, drawn):
+        residues[i] = r
+    out = []
+    for (lo, hi), r in zip(spans, residues):
+        lo = max(1, lo)
+        hi = max(lo, hi)
+        same = list(range(lo + (r - lo) % tile, hi + 1, tile)) or list(range(lo, hi + 1))
+        plain = [v for v in same if v <= 2 or v & (v - 1)]
+        out.append(rng.choice(plain or same))
+    return out
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """How an op's state carries over calls, for the gate's decode loop: `loop(cell, steps)` gives the
+    one-token cell and the cell of `steps` tokens in one sequence (None where the cell is no decode step,
+    or where the loop's float64 reference cannot stand for it); the loop runs the one-token plan `steps`
+    times (drawn in `steps`), token t's slice of every tensor along `token`, `state_in` of each call the
+    `state_out` of the call before it, inputs filled with `kind`."""
+
+    token: str
+    state_in: str
+    state_out: str
+    loop: Callable[["Cell", int], "tuple[Cell, Cell] | None"]
+    steps: tuple[int, int] = (48, 80)
+    kind: str = "normal"
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.steps[0] <= self.steps[1]:
+            raise ValueError(f"Recurrence.steps must be 2 <= lo <= hi, got {self.steps}")
 
 
 # Transforms a FillSpec may apply to its draws (the index is the code the device fill takes).
@@ -273,6 +352,13 @@ class OpSpec:
     # Dims a cell may lack (a variant's switch), at the value they take where it does: a template
     # specializing on one renders with it.
     dim_defaults: Mapping[str, int] = field(default_factory=dict)
+    # The gate's check cells drawn per job (used in place of gate_cells where given): the cell, the job's
+    # secret randomness, and the tile the template's plan implies along a dim (rows a CTA, tokens a chunk;
+    # evo.measure.evaluate.implied_tile). Their scalars are drawn apart (drawn_scalars).
+    gate_shapes: Callable[["Cell", random.Random, Callable[[str], int]], list["Cell"]] | None = None
+    # A recurrent op's state carried from call to call (a decode loop): the gate runs the one-token plan
+    # that many times, each call reading the state the one before it wrote (Recurrence).
+    recurrence: "Recurrence | None" = None
 
     def all_cells(self) -> list["Cell"]:
         """Every cell the op names: its matrix, its edge cells and its named matrices (no duplicates)."""
@@ -313,6 +399,10 @@ class OpSpec:
         if name in self.dim_defaults:
             return int(self.dim_defaults[name])
         raise KeyError(f"cell has no dim {name!r} (has {sorted(dims)}) and op {self.name} declares no default for it")
+
+    def drawn_scalars(self, cell: Cell, rng: random.Random) -> dict[str, float | int]:
+        """Every scalar, those with a declared range drawn from it (the gate's check cells)."""
+        return {s.name: s.drawn(cell, rng) for s in self.scalars}
 
     def scalar_values(self, cell: Cell, overrides: Mapping[str, float | int] | None = None) -> dict[str, float | int]:
         vals = {s.name: s.value(cell) for s in self.scalars}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -18,9 +19,10 @@ from evo.build.nvrtc import BuildResult
 from evo.core.genome import Genome
 from evo.core.outcome import Outcome
 from evo.core.status import Status
-from evo.measure.evaluate import make_job
+from evo.measure.draws import implied_tile, new_secret, shape_rng
+from evo.measure.evaluate import make_job, variant_gap
 from evo.measure.jobs import Timing
-from evo.measure.verify import judge
+from evo.measure.verify import judge, replay_note, with_replay
 from evo.templates.template import TemplateDef
 from evo.core.spec import Cell, OpSpec
 
@@ -46,13 +48,20 @@ def build_failed(item: EvalItem) -> Outcome:
     return Outcome(item.genome, item.cell, item.build.status, item.build.build_key, item.build.error)
 
 
-def gate_cells_for(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell, arch: int) -> list[Cell]:
-    """The cells the genome's cubin for `cell` must also be right on: the op's gate cells (M = 1, odd M)
-    and every edge cell of the same dtypes that the template admits with the same build (runtime N)."""
+def gate_cells_for(op: OpSpec, tdef: TemplateDef, genome: Genome, cell: Cell, arch: int,
+                   rng: random.Random | None = None) -> list[Cell]:
+    """The cells the genome's cubin for `cell` must also be right on: the op's gate cells, drawn from `rng`
+    where given and the op declares gate_shapes (at residues of the tile the genome's plan implies), else its
+    fixed ones (M = 1, odd M); and every edge cell of the same dtypes that the template admits with the same
+    build (runtime N)."""
     params = genome.params_dict()
     dtypes = cell.dtypes_dict()
+    if rng is not None and op.gate_shapes is not None:
+        shapes = op.gate_shapes(cell, rng, lambda dim: implied_tile(tdef, params, arch, cell, dim))
+    else:
+        shapes = op.gate_cells(cell)
     out = []
-    for c in [*op.gate_cells(cell), *op.edge_cells()]:
+    for c in [*shapes, *op.edge_cells()]:
         if c == cell or c.dtypes_dict() != dtypes or c in out:
             continue
         if any(op.dim_value(c, d) != op.dim_value(cell, d) for d in tdef.specialize):
@@ -83,23 +92,33 @@ class GpuEvaluator:
         self._passed: set[tuple[str, str]] = set()
 
     def evaluate(self, items: Sequence[EvalItem]) -> list[Outcome]:
-        """One runner call per batch, so several devices work in parallel."""
-        jobs, ok_items = [], []
+        """One runner call per batch, so several devices work in parallel. Each job draws its own secret: its
+        gate cells' shapes and scalars, its decode loop, guards and fills (the outcome's `replay`, and a
+        failure's error). A plan that leaves out a tensor of its cell's variant is INVALID there, never run."""
+        jobs, ok_items, checked = [], [], []
+        judged = {}
         for it in items:
             if not it.build.status.ok:
                 continue
+            why = variant_gap(self.op, it.tdef, it.genome, it.cell, self.arch)
+            if why:
+                judged[id(it)] = Outcome(it.genome, it.cell, Status.INVALID, it.build.build_key, why,
+                                         "variant left out")
+                continue
             self._n += 1
-            gates = [gc for gc in gate_cells_for(self.op, it.tdef, it.genome, it.cell, self.arch)
+            secret = new_secret()
+            gates = [gc for gc in gate_cells_for(self.op, it.tdef, it.genome, it.cell, self.arch, shape_rng(secret))
                      if (it.build.build_key, gc.label()) not in self._passed]
             jobs.append(make_job(self.op, it.tdef, it.genome, it.build, it.cell, self.arch,
                                  self.seed * 100003 + self._n, self.timing, baseline=self.baseline, gate_cells=gates,
-                                 baselines=self.baselines))
+                                 baselines=self.baselines, secret=secret))
             ok_items.append(it)
-        judged = {}
-        for it, job, res in zip(ok_items, jobs, self.runner.run(jobs)):
-            judged[id(it)] = o = judge(res, {k: t[2] for k, t in job.tolerances}, it.genome, it.cell, it.build.build_key)
+            checked.append([gc.label() for gc in gates])
+        for it, job, labels, res in zip(ok_items, jobs, checked, self.runner.run(jobs)):
+            o = judge(res, {k: t[2] for k, t in job.tolerances}, it.genome, it.cell, it.build.build_key)
+            judged[id(it)] = with_replay(o, replay_note(job))
             if o.status is Status.OK:
-                self._passed |= {(it.build.build_key, gc.label) for gc in job.gate}
+                self._passed |= {(it.build.build_key, label) for label in labels}
         return [judged[id(it)] if it.build.status.ok else build_failed(it) for it in items]
 
 

@@ -1,6 +1,11 @@
 """The gate: how one candidate is checked and timed, so that it cannot tell a checked launch from a
 timed one and cannot make a wrong answer look right.
 
+- Nothing a kernel can read is constant: every buffer's guard zones (their sizes, so the data's offset in
+  its allocation, and their byte pattern) and every fill's values are drawn from the job's secret
+  (EvalJob.secret, drawn per job by the parent; never derivable from the repository), and the gate
+  cells' shapes and scalars are drawn from it too (evo.measure.evaluators.gate_cells_for, make_job). The
+  result records the secret, and a failure's outcome the cells checked, so a failure can be replayed.
 - Every input set has its own outputs and workspaces. Before *every* launch (checked, warm-up or
   timed) its outputs and workspaces get a fresh random pattern; what a launch finds there never
   tells it anything, and an element it did not write is wrong.
@@ -10,7 +15,9 @@ timed one and cannot make a wrong answer look right.
   its error scale) is computed once per set's contents and checksummed by every comparison: a reused
   reference whose checksum moved since its first comparison was overwritten (INPUT_MODIFIED).
 - Round A checks every input kind of the op, then repeats one launch `stress_launches` times; then
-  the gate cells (M = 1, odd M, ...) run every kind with the same cubin. Round B refills the sets
+  the gate cells (M = 1 and M drawn at residues of the template's tile, ...) run every kind with the same
+  cubin, and a recurrent op's decode cell runs a decode loop (the one-token plan called 48 to 80 times, each
+  call on the state the call before it wrote: an error below one call's tolerance adds up). Round B refills the sets
   with fresh values (same pointers: a cache keyed by pointer goes stale), checks every warm-up
   launch, times in an order drawn per job, checks the outputs of randomly chosen timed samples
   (chosen after the sample ran) and of the whole last batch. Round C moves a few input elements far
@@ -41,7 +48,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob
+from evo.measure.jobs import BufferDecl, CheckStats, DecodeLoop, EvalJob, Guard, JobResult, LaunchJob
 
 # In every GPU fingerprint: results of an older gate are never reused. "3" (2026-12-03): the peer check, the
 # timing hold before each timed call when peers are timed, and rmsnorm_bwd's rstd no longer perturbed (the
@@ -58,14 +65,28 @@ from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJ
 # "7" (2026-12-06): rmsnorm_bwd's dx gets an error scale too (max(1, |x| |rstd|^3 sum|dout w x| / N)): the "6" gate
 # and earlier rejected right cluster kernels' fp32 dx where its two terms cancel on the perturbed "normal" set
 # (two H100 rejections, max abs err 3.8e-5 against atol 1e-5; experiments/scripts/dx_rounding.py).
-GATE_VERSION = "7"
+# "8" (2026-12-07): a job's shapes and scalars drawn from a secret drawn per job (gate cells at M, T, head groupings
+# and varlen lengths at residues of the template's tile, eps, scale and lower_bound from declared ranges), guard zones
+# (sizes, offsets, bytes) and fills drawn from it too; a plan missing a tensor of its cell's variant INVALID; KDA's
+# fp32 final state of a decode cell held to fp32's tolerance, and a decode loop of 48 to 80 calls chaining the state
+# (the "7" gate's constants let a kernel recognise it and be right only there); in graph mode, a replay's launch far
+# under the same kernel's launches outside the graph is SUSPECT (verify.GRAPH_FLOOR).
+GATE_VERSION = "8"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
 CHECK_FRACTION = 0.1  # share of timed samples whose outputs are checked (decided after the sample ran)
 SLOTS = 64  # comparisons read back together
 PERTURB_EVERY = 61  # round C moves about one input element in this many
 PERTURB_SETS = 2
+DIRECT_SAMPLES = 10  # graph mode: launches of the candidate alone, its time outside a replay
 NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint8": 1}
+GUARD_BEFORE = (1, 32)  # a guard zone ahead of the data: 256 B times a count drawn in this range
+GUARD_AFTER = (1, 512)  # one behind it: 16 B times a count drawn in this range
+
+
+def draw_guard(rng: random.Random) -> Guard:
+    """The guard zones of one buffer: 256 B to 8 KiB ahead, 16 B to 8 KiB behind, the seed of their pattern."""
+    return Guard(256 * rng.randint(*GUARD_BEFORE), 16 * rng.randint(*GUARD_AFTER), rng.getrandbits(64))
 
 
 def scale_key(key: int) -> int:
@@ -89,12 +110,16 @@ PRECISION = {"bfloat16": 8, "float16": 11, "float32": 24}  # significand bits: a
 class GateDevice(Protocol):
     """What the gate needs from a device; buffers are opaque objects with `.ptr` and `.nbytes`."""
 
-    def alloc(self, nbytes: int) -> Any: ...
+    def alloc(self, nbytes: int, guard: Guard | None = None) -> Any:
+        """A buffer inside guard zones laid out and patterned as `guard` says (None: the device's own)."""
     def free(self, buf: Any) -> None: ...
     def fill(self, buf: Any, dtype: str, numel: int, row_len: int, spec: Any, seed: int) -> None: ...
     def perturb(self, buf: Any, dtype: str, numel: int, every: int, amount: float, seed: int) -> None: ...
-    def poison(self, buf: Any, seed: int) -> None: ...
+    def poison(self, buf: Any, seed: int) -> None:
+        """A fresh random pattern over the data, and the buffer's own guard pattern over its guard zones."""
     def copy(self, dst: Any, src: Any) -> None: ...
+    def copy_range(self, dst: Any, dst_off: int, src: Any, src_off: int, nbytes: int) -> None:
+        """nbytes from src's data at src_off to dst's at dst_off, in stream order."""
     def audit(self, bufs: Sequence[Any], key: int) -> list[tuple[int, int]]:
         """(keyed checksum, guard-zone bytes hit) of each buffer, with one read-back."""
     def launch(self, obj: Any, kernel: str, grid: tuple, block: tuple, smem: int, args: tuple,
@@ -216,6 +241,9 @@ class Gate:
         self.dev, self.job, self.obj, self.ref_obj, self.ref_mod = dev, job, obj, ref_obj, ref_mod
         self.rng = rng  # host-side randomness (order, poison, which samples are checked): unknown to kernels
         self.key = rng.getrandbits(64)  # checksum key
+        # The job's secret (the gate's own draw where the job has none): guards and fill values come from it
+        self.secret = job.secret or rng.getrandbits(63) | 1
+        self._draws = random.Random(f"gate:{self.secret}")
         self.fingerprint, self.ceiling_gbps = fingerprint, ceiling_gbps
         self.dtypes = dict(job.dtypes)
         self.tol = dict(job.tolerances)
@@ -226,7 +254,7 @@ class Gate:
         self.faults: list[str] = []
         self.peers_checked: dict[str, str] = {}  # peer -> what its check of set 0 found (the passing ones)
         self._bufs: list[Any] = []
-        self._seed = job.seed * 1000
+        self._seed = self._draws.getrandbits(40)
 
     # ---- public --------------------------------------------------------------------------------
     def run(self) -> JobResult:
@@ -240,16 +268,18 @@ class Gate:
                 self._round_a(main, sets)
                 for gc in job.gate:
                     self._gate_cell(gc)
+                for lp in job.loop:
+                    self._decode_loop(lp)
                 if job.timing is None:
                     return self._result()
-                times, peers, absent, graph = self._round_b(main, sets)
+                times, peers, absent, graph, direct = self._round_b(main, sets)
                 self._round_c(main, sets)
             except Failed:
                 return self._result()
             first = peers[0] if peers else ("", ())
             return self._result(times_us=tuple(times), baseline_us=tuple(first[1]), baseline_name=first[0],
                                 peers=tuple((n, tuple(t)) for n, t in peers), absent=tuple(sorted(absent.items())),
-                                graph=graph)
+                                graph=graph, direct_us=tuple(direct))
         finally:
             self.close()
 
@@ -277,9 +307,38 @@ class Gate:
             self._fill(g, s, kind)
             self._launch_and_check(g, s, f"gate cell {gc.label} kind {kind}")
 
+    def _decode_loop(self, lp: DecodeLoop) -> None:
+        """The one-token plan called lp.steps times along one sequence, call t on token t and the state the
+        call before it wrote; the calls' outputs, gathered, checked against the whole sequence's reference."""
+        step = Geometry(f"{lp.label}, one call", dict(lp.step.dims), lp.step.buffers, lp.step.launches,
+                        dict(lp.step.scalars))
+        seq = Geometry(lp.label, dict(lp.seq.dims), lp.seq.buffers, (), dict(lp.seq.scalars))
+        s, full = self._new_set(step), self._new_set(seq)
+        self._fill(seq, full, lp.kind)
+        self._poison(full)
+        per = dict(lp.sliced)
+        for t in range(lp.steps):
+            for b in step.ins:
+                if b.name in per:
+                    self.dev.copy_range(s.ins[b.name], 0, full.ins[b.name], t * per[b.name], per[b.name])
+                elif b.name == lp.state_in and t:
+                    self.dev.copy(s.ins[b.name], s.outs[lp.state_out])
+                elif not t:
+                    self.dev.copy(s.ins[b.name], full.ins[b.name])
+            self._poison(s)
+            self._launch(step, s)
+            for b in step.outs:
+                if b.name in per:
+                    self.dev.copy_range(full.outs[b.name], t * per[b.name], s.outs[b.name], 0, per[b.name])
+        self.dev.copy(full.outs[lp.state_out], s.outs[lp.state_out])
+        self.dev.sync(lp.label)
+        self._integrity(seq, [full], lp.label)
+        self._check(seq, [(full, lp.label)])
+
     def _round_b(self, g: Geometry, sets: list[InputSet]
-                 ) -> tuple[list[float], list[tuple[str, list[float]]], dict[str, str], bool]:
-        """Fresh values, checked warm-up, timing beside the baseline, checked samples and last batch."""
+                 ) -> tuple[list[float], list[tuple[str, list[float]]], dict[str, str], bool, list[float]]:
+        """Fresh values, checked warm-up, timing beside the baseline, checked samples and last batch; in graph
+        mode, a few launches of the candidate alone too (what one launch costs outside a replay)."""
         t = self.job.timing
         assert t is not None
         nsets = max(2, min(MAX_SETS, math.ceil(ROTATE_BYTES / max(1, g.in_bytes))))
@@ -302,14 +361,16 @@ class Gate:
             j = self.rng.randrange(nsets)
             self._launch_and_check(g, sets[j], f"warm-up {i + 1}")
         timed: set[int] = set()
+        direct: list[float] = []
         if graph:
             times, btimes = self._time_graph(g, sets, base, timed)
+            direct = self._time_alone(g, sets)
         else:
             times, btimes = self._time_direct(g, sets, base, timed)
         self._integrity(g, sets, "after timing")
         # every timed set's output holds its last timed launch
         self._check(g, [(s, f"last timed launch of set {j}") for j, s in enumerate(sets) if j in timed])
-        return times, [(name, t) for (name, _), t in zip(base, btimes)], absent, graph
+        return times, [(name, t) for (name, _), t in zip(base, btimes)], absent, graph, direct
 
     def _round_c(self, g: Geometry, sets: list[InputSet]) -> None:
         """Launch a set, move a few of its input elements far (same pointers), launch and check again:
@@ -411,10 +472,31 @@ class Gate:
         samples = self._sample_loop(fns, preps, len(order), after)
         return samples[0], samples[1:]
 
+    def _time_alone(self, g: Geometry, sets: list[InputSet]) -> list[float]:
+        """DIRECT_SAMPLES launches of the candidate, one set each (its outputs poisoned, the L2 flushed, the
+        stream held so host time is not timed), each checked: a replay's launches must cost about as much (a
+        first launch doing every set's work lets the others return, verify.judge's GRAPH_FLOOR)."""
+        order = list(range(len(sets)))
+        self.rng.shuffle(order)
+
+        def prep(i: int) -> None:
+            self._poison(sets[order[i % len(order)]])
+            self.dev.reset_l2()
+            self.dev.hold(HOLD_US)
+
+        def cand(i: int) -> None:
+            self._launch(g, sets[order[i % len(order)]])
+
+        def after(i: int) -> None:
+            j = order[i % len(order)]
+            self._check(g, [(sets[j], f"launch {i} outside the graph (set {j})")])
+
+        return self.dev.time([cand], [prep], DIRECT_SAMPLES, 1, after)[0]
+
     # ---- one launch ----------------------------------------------------------------------------
     def _new_set(self, g: Geometry) -> InputSet:
         def alloc(b: BufferDecl) -> Any:
-            buf = self.dev.alloc(_nbytes(b))
+            buf = self.dev.alloc(_nbytes(b), draw_guard(self._draws))
             self._bufs.append(buf)
             return buf
 
@@ -484,7 +566,7 @@ class Gate:
         if not g.refs:
             for b in g.outs:
                 for key in ("ref", "scale") if b.name in self._scaled else ("ref",):
-                    g.refs[f"{key}:{b.name}"] = buf = self.dev.alloc(b.numel * 8)
+                    g.refs[f"{key}:{b.name}"] = buf = self.dev.alloc(b.numel * 8, draw_guard(self._draws))
                     self._bufs.append(buf)
         if g.ref_of != (id(s), s.version):
             # an optional tensor the variant leaves out reaches the reference as a null pointer
@@ -597,7 +679,7 @@ class Gate:
         return JobResult(self.job.job_id, checks=tuple(self.checks), input_faults=tuple(self.faults),
                          peers_checked=tuple(sorted(self.peers_checked.items())),
                          fingerprint=self.fingerprint, ceiling_gbps=self.ceiling_gbps,
-                         bytes_moved=self.job.bytes_moved, **kw)
+                         bytes_moved=self.job.bytes_moved, secret=self.secret, **kw)
 
 
 def failed(c: CheckStats, rel_norm: float) -> bool:

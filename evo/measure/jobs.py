@@ -55,6 +55,21 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """The guard zones of one buffer, drawn per job: `before` bytes ahead of the data (its offset in the
+    allocation, a multiple of 256 so alignment stays an allocation's) and `after` bytes behind it, each
+    byte of a pattern drawn from `seed`: no constant a kernel could read to tell it runs in the gate."""
+
+    before: int
+    after: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.before <= 0 or self.before % 256 or self.after <= 0:
+            raise ValueError(f"Guard: before must be a positive multiple of 256 and after positive, got {self}")
+
+
+@dataclass(frozen=True)
 class GateCell:
     """Another cell the same cubin must also be right on (M = 1, odd M, N off the vector width)."""
 
@@ -63,6 +78,24 @@ class GateCell:
     launches: tuple[LaunchJob, ...]
     buffers: tuple[BufferDecl, ...]
     scalars: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class DecodeLoop:
+    """A recurrent op's decode loop (ops.spec.Recurrence): the candidate's one-token plan (`step`) called
+    `steps` times along one sequence (`seq`, whose buffers hold the whole sequence), call t reading token t
+    of every `sliced` tensor ((name, bytes a token): token-major) and, after the first, as `state_in` the
+    `state_out` the call before it wrote; the calls' outputs gathered in seq's and checked against its float64
+    reference, inputs filled with `kind`."""
+
+    label: str
+    step: GateCell
+    seq: GateCell
+    steps: int
+    sliced: tuple[tuple[str, int], ...]
+    state_in: str
+    state_out: str
+    kind: str
 
 
 # kind -> ((tensor, FillSpec), ...): how the gate fills every input for one input kind.
@@ -93,6 +126,11 @@ class EvalJob:
     gate: tuple[GateCell, ...] = ()
     baselines: tuple[str, ...] = ()  # names to time beside the candidate ('' = the op hooks' first one)
     left_out: tuple[str, ...] = ()  # optional tensors this variant does not use: no buffer, null in the reference
+    # What the job's draws come from (gate cells' shapes and scalars, guards, fill values): drawn per job by
+    # evo.measure.draws.new_secret, recorded in the result so a failure can be replayed; 0: the gate
+    # draws one from its own randomness.
+    secret: int = 0
+    loop: tuple[DecodeLoop, ...] = ()  # decode loops, run after the gate cells
 
     def fill_of(self, kind: str) -> dict[str, FillSpec]:
         for k, specs in self.fills:
@@ -134,6 +172,8 @@ class JobResult:
     absent: tuple[tuple[str, str], ...] = ()  # baselines asked for that could not be had: (name, why)
     peers_checked: tuple[tuple[str, str], ...] = ()  # timed baselines whose outputs matched the reference: (name, how)
     graph: bool = False
+    direct_us: tuple[float, ...] = ()  # graph mode: the candidate's launches outside the graph, one set each
     fingerprint: tuple[tuple[str, str], ...] = ()
     ceiling_gbps: float = 0.0
     bytes_moved: int = 0
+    secret: int = 0  # the job's secret draw, as used (EvalJob.secret): the job it made is replayed from it

@@ -6,6 +6,7 @@ Pure functions over JobResult records, so every rule is unit-tested without a GP
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -14,12 +15,16 @@ from evo.core.genome import Genome
 from evo.core.outcome import Outcome
 from evo.core.status import Status
 from evo.measure.gate import failed
-from evo.measure.jobs import CheckStats, JobResult
+from evo.measure.jobs import CheckStats, EvalJob, JobResult
 from evo.measure.run import CRASH, TIMEOUT
 from evo.core.spec import Cell
 
 # A time implying more than (1 + this) x the copy ceiling measured in the same process is SUSPECT.
 SUSPECT_MARGIN = 0.05
+# A graph replay's median launch under this share of the same kernel's launches outside a graph is SUSPECT: a
+# replay saves a launch's host and scheduling overhead (an honest kernel of ~2 us keeps more than half its direct
+# time), not its work; a first launch doing every set's work while the others return keeps 1 / sets of it.
+GRAPH_FLOOR = 1 / 3
 
 
 def pattern(c: CheckStats) -> str:
@@ -48,13 +53,29 @@ def pattern(c: CheckStats) -> str:
     return "error norm too large"
 
 
+def replay_note(job: EvalJob) -> str:
+    """'secret 0x...; checked on ...': what the job drew, so its run can be replayed ('' when it drew nothing)."""
+    if not job.secret:
+        return ""
+    labels = [gc.label for gc in (*job.gate, *job.loop)]
+    return f"secret {job.secret:#x}; checked on: " + ("; ".join(labels) or "the cell alone")
+
+
+def with_replay(o: Outcome, note: str) -> Outcome:
+    """The outcome with its job's replay note; a failure's error text carries it too (the store keeps that)."""
+    if not note:
+        return o
+    return replace(o, replay=note, error=f"{o.error}\nreplay: {note}" if o.status is not Status.OK else o.error)
+
+
 def judge(result: JobResult, rel_norms: Mapping[str, float], genome: Genome, cell: Cell, build_key: str = "",
           margin: float = SUSPECT_MARGIN) -> Outcome:
     """The Outcome of one (candidate, cell) evaluation.
 
     In order: the worker's own errors; an input a launch changed (INPUT_MODIFIED); any failed check
-    (WRONG_ANSWER); a median implying more than the copy ceiling plus `margin` (SUSPECT, its time
-    kept only in the message, so it is never ranked); else OK.
+    (WRONG_ANSWER); a median implying more than the copy ceiling plus `margin`, or a graph replay's median
+    launch under GRAPH_FLOOR of its launches outside the graph (SUSPECT, its time kept only in the message,
+    so it is never ranked); else OK.
     """
 
     def verdict(status: Status, error: str = "", how: str = "", **measured: Any) -> Outcome:
@@ -91,6 +112,12 @@ def judge(result: JobResult, rel_norms: Mapping[str, float], genome: Genome, cel
         return verdict(Status.SUSPECT, f"median {p50:.3f} us implies {gbps:.0f} GB/s, above {1 + margin:.2f} x the copy "
                        f"ceiling {result.ceiling_gbps:.0f} GB/s measured in the same process; never ranked",
                        "faster than the copy ceiling", baseline_us=base, max_abs_err=worst_abs, rel_norm_err=worst_rel)
+    direct = float(np.median(result.direct_us)) if result.direct_us else math.inf
+    if result.graph and p50 < GRAPH_FLOOR * direct:
+        return verdict(Status.SUSPECT, f"median {p50:.3f} us a launch in a graph replay is under {GRAPH_FLOOR:.2f} x "
+                       f"its {direct:.3f} us a launch outside one: the replay's launches are not independent; "
+                       "never ranked", "graph far below direct", baseline_us=base, max_abs_err=worst_abs,
+                       rel_norm_err=worst_rel)
     peers = tuple((name, float(np.median(t))) for name, t in result.peers if t)
     return verdict(Status.OK, median_us=float(p50), p10_us=float(p10), p90_us=float(p90),
                    samples=len(result.times_us), baseline_us=base, baseline=result.baseline_name, peers=peers,

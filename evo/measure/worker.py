@@ -1,6 +1,6 @@
 """The GPU worker: one process per device, fed EvalJobs over a pipe by the parent (evo/measure/run.py).
 
-It implements the gate's device interface (evo/measure/gate.py) with cuda.core: buffers with canary zones,
+It implements the gate's device interface (evo/measure/gate.py) with cuda.core: buffers inside guard zones,
 random fills of the op's input kinds, random poison, keyed checksums, comparison of every element
 against a float64 device reference, CUDA-event timing with the L2 flushed (or a CUDA graph), and the
 torch baseline on the same input buffers. A kernel that faults poisons the CUDA context: the worker
@@ -24,11 +24,10 @@ import numpy as np
 from evo.measure.carveout import smem_carveout
 from evo.measure.flush import l2_flush_mode
 from evo.measure.gate import GATE_VERSION, SLOTS, Gate, scale_key
-from evo.measure.jobs import CheckStats, EvalJob, JobResult
+from evo.measure.jobs import CheckStats, EvalJob, Guard, JobResult
 from evo.core.spec import TRANSFORMS
 
-GUARD = 4096  # bytes of canary before and after every buffer
-CANARY = 0xA5
+DEFAULT_GUARD = Guard(4096, 4096, 0xA5A5A5A5)  # a buffer allocated outside a job's gate (the gate draws its own)
 FLUSH_BYTES = 256 << 20  # > 4x the H200's 60 MB L2
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 SLOT = 128  # bytes of scratch per comparison: 2 doubles, 6 u64 stats, 1 u64 guard count, 1 u64 reference checksum
@@ -110,15 +109,20 @@ def _sticky_error() -> str:
 
 
 class DeviceBuffer:
-    """Device memory with canary zones before and after the data."""
+    """Device memory inside guard zones before and after the data, laid out and patterned as its Guard says."""
 
     guarded = True
 
-    def __init__(self, dev: Any, stream: Any, nbytes: int) -> None:
-        self.nbytes = nbytes
-        self._buf = dev.allocate(nbytes + 2 * GUARD, stream=stream)
+    def __init__(self, dev: Any, stream: Any, nbytes: int, guard: Guard = DEFAULT_GUARD) -> None:
+        self.nbytes, self.guard = nbytes, guard
+        self._buf = dev.allocate(nbytes + guard.before + guard.after, stream=stream)
         self.base = int(self._buf.handle)
-        self.ptr = self.base + GUARD
+        self.ptr = self.base + guard.before
+
+    def zones(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """(address, bytes, pattern seed) of the guard zone ahead and of the one behind."""
+        g = self.guard
+        return (self.base, g.before, g.seed), (self.ptr + self.nbytes, g.after, g.seed ^ 0x9E3779B97F4A7C15)
 
     def close(self) -> None:
         self._buf.close()
@@ -244,11 +248,14 @@ class Worker:
         self.launch(self.support, kernel, self._grid_for(n), (256, 1, 1), 0, args)
 
     # ---- the gate's device interface (evo.measure.gate.GateDevice) ------------------------------------
-    def alloc(self, nbytes: int) -> DeviceBuffer:
-        buf = DeviceBuffer(self.dev, self.stream, nbytes)
-        self.memset8(buf.base, CANARY, GUARD)
-        self.memset8(buf.ptr + buf.nbytes, CANARY, GUARD)
+    def alloc(self, nbytes: int, guard: Guard | None = None) -> DeviceBuffer:
+        buf = DeviceBuffer(self.dev, self.stream, nbytes, guard or DEFAULT_GUARD)
+        self._write_guards(buf)
         return buf
+
+    def _write_guards(self, buf: DeviceBuffer) -> None:
+        for start, n, seed in buf.zones():
+            self._support("kf_guard_fill", n, ("ptr", start), ("i64", n), ("u64", seed))
 
     def free(self, buf: DeviceBuffer) -> None:
         if not _sticky_error():
@@ -276,18 +283,24 @@ class Worker:
                       ("i32", every), ("f32", amount))
 
     def poison(self, buf: DeviceBuffer, seed: int) -> None:
-        """A fresh random pattern over the data, then the canary pattern over both guard zones."""
+        """A fresh random pattern over the data, then the buffer's guard pattern over both guard zones."""
         words = (buf.nbytes + 3) // 4
         self._support("kf_poison", words, ("ptr", buf.ptr), ("i64", words), ("u64", seed))
-        self.memset8(buf.base, CANARY, GUARD)
-        self.memset8(buf.ptr + buf.nbytes, CANARY, GUARD)
+        self._write_guards(buf)
 
     def copy(self, dst: DeviceBuffer, src: DeviceBuffer) -> None:
         check(_drv().cuMemcpyDtoDAsync(dst.ptr, src.ptr, src.nbytes, int(self.stream.handle)), "cuMemcpyDtoDAsync")
 
+    def copy_range(self, dst: DeviceBuffer, dst_off: int, src: DeviceBuffer, src_off: int, nbytes: int) -> None:
+        if dst_off < 0 or src_off < 0 or dst_off + nbytes > dst.nbytes or src_off + nbytes > src.nbytes:
+            raise ValueError(f"copy_range: {nbytes} bytes at {src_off} -> {dst_off} leave a buffer "
+                             f"({src.nbytes} -> {dst.nbytes} bytes)")
+        check(_drv().cuMemcpyDtoDAsync(dst.ptr + dst_off, src.ptr + src_off, nbytes, int(self.stream.handle)),
+              "cuMemcpyDtoDAsync")
+
     def _guards(self, buf: DeviceBuffer, counter: int) -> None:
-        for start in (buf.base, buf.ptr + buf.nbytes):
-            self._support("kf_canary", GUARD, ("ptr", start), ("i64", GUARD), ("u8", CANARY), ("ptr", counter))
+        for start, n, seed in buf.zones():
+            self._support("kf_guard_check", n, ("ptr", start), ("i64", n), ("u64", seed), ("ptr", counter))
 
     def audit(self, bufs: Sequence[DeviceBuffer], key: int) -> list[tuple[int, int]]:
         """(keyed checksum, guard-zone bytes hit) per buffer, with one read-back."""
@@ -313,7 +326,7 @@ class Worker:
         self._support(f"kf_compare_{SHORT[dtype]}", numel, ("ptr", out.ptr), ("ptr", ref.ptr),
                       ("ptr", scale.ptr if scale is not None else 0), ("i64", numel),
                       ("i32", row_len), ("i32", tail), ("f64", atol), ("f64", rtol), ("ptr", st), ("ptr", st + 16))
-        if out.guarded:  # a peer's tensor (PeerView) has no canary zones of ours around it
+        if out.guarded:  # a peer's tensor (PeerView) has no guard zones of ours around it
             self._guards(out, st + 64)
         if key:  # the reference's keyed checksum (and its scale's, keyed apart) into the slot's word 9
             words = numel * 2

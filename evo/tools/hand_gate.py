@@ -56,11 +56,13 @@ class HandJob:
 
 
 def hand_job(builder: Any, op: Any, tdef: Any, params: dict[str, Any], cell: Any, *, seed: int,
-             baseline: bool = False, gate_cells: bool = True, arch: int = 90) -> HandJob:
+             baseline: bool = False, gate_cells: bool = True, arch: int = 90, secret: int = 0) -> HandJob:
     """The genome of `tdef` at `params` built for `cell` (RuntimeError with NVRTC's message when it does not build)
-    and its gate job; with `gate_cells` the GA's gate cells too (evo.measure.evaluators.gate_cells_for)."""
+    and its gate job drawn from `secret` (a fresh one from the OS when 0; a failure's replay note names it); with
+    `gate_cells` the GA's gate cells too (evo.measure.evaluators.gate_cells_for)."""
     from evo.build.nvrtc import prepare
     from evo.core.genome import Genome
+    from evo.measure.draws import new_secret, shape_rng
     from evo.measure.evaluate import make_job
     from evo.measure.evaluators import gate_cells_for
     from evo.measure.jobs import Timing
@@ -69,6 +71,8 @@ def hand_job(builder: Any, op: Any, tdef: Any, params: dict[str, Any], cell: Any
     (b,) = builder.build([prepare(tdef, g, f"sm_{arch}a", cell.dtypes_dict(), cell.dims_dict())])
     if not b.status.ok:
         raise RuntimeError(f"{tdef.name} {params} on {cell.label()} did not build: {b.error}")
-    gates = tuple(gate_cells_for(op, tdef, g, cell, arch)) if gate_cells else ()
-    job = make_job(op, tdef, g, b, cell, arch, seed=seed, timing=Timing(), baseline=baseline, gate_cells=gates)
+    secret = secret or new_secret()
+    gates = tuple(gate_cells_for(op, tdef, g, cell, arch, shape_rng(secret))) if gate_cells else ()
+    job = make_job(op, tdef, g, b, cell, arch, seed=seed, timing=Timing(), baseline=baseline, gate_cells=gates,
+                   secret=secret)
     return HandJob(op, tdef, g, b, cell, job, gates)

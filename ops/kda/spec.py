@@ -31,6 +31,9 @@ B = 1 and N > 1 for a variable-length batch) and Ncu = N + 1 the length of cu_se
 
 from __future__ import annotations
 
+import random
+from typing import Callable
+
 import numpy as np
 
 from ops.kda.reference import BetaAct, Gate, Variant, kda_fwd, sigmoid
@@ -39,11 +42,15 @@ from evo.core.spec import (
     DType,
     FillSpec,
     OpSpec,
+    Recurrence,
     Role,
     ScalarSpec,
     TensorSpec,
     Tolerance,
+    draw_lengths,
+    log_uniform,
     quantize,
+    uniform,
 )
 
 INPUT_KINDS = ("normal", "no_state", "decay_near_one", "decay_near_zero", "beta_large", "varlen")
@@ -102,6 +109,12 @@ def variant_of(cell: Cell) -> Variant:
 def raw_gate(cell: Cell) -> bool:
     """Whether the cell's gate is computed in the kernel (gate 1 or 2: A_log and dt_bias are read)."""
     return cell.dims_dict().get("gate", 0) != 0
+
+
+def has_state(cell: Cell) -> bool:
+    """Every KDA cell carries its recurrent states (bytes_moved counts them; no_state fills zeros): a plan
+    that binds no initial_state or final_state computes another op than its cell's."""
+    return True
 
 
 def is_varlen(cell: Cell) -> bool:
@@ -225,12 +238,17 @@ def _extreme_lengths(t: int, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def tolerance(cell: Cell, output: str) -> Tolerance:
-    """o by the x dtype; final_state by the coarser of x (its inputs) and the state dtype (its storage)."""
+    """o by the x dtype. final_state by its own dtype on a one-token cell (one fp32 step from exact inputs: an
+    error there compounds over a decode loop), by the coarser of x and the state dtype over several tokens
+    (a chunked kernel's tensor-core operands, fla's chunk_kda's too, are rounded to the activation dtype)."""
     x = cell.dtype("x")
     if output == "o":
         return O_TOLERANCES[x]
     if output == "final_state":
-        return STATE_TOLERANCES[max(x, cell.dtype("state"), key=_PRECISION.__getitem__)]
+        state = cell.dtype("state")
+        if cell.dim("T") == 1:
+            return STATE_TOLERANCES[state]
+        return STATE_TOLERANCES[max(x, state, key=_PRECISION.__getitem__)]
     raise KeyError(f"kda has no output {output!r}")
 
 
@@ -358,6 +376,58 @@ def gate_cells(c: Cell) -> list[Cell]:
     return [g for g in out if g != c]
 
 
+HEAD_RATIOS = (1, 2, 3, 4)  # value heads per qk head a drawn gate cell may group
+HEADS = (1, 2, 3)  # qk heads of a drawn gate cell
+
+
+def token_shapes(c: Cell, rng: random.Random, tile: Callable[[str], int]) -> list[Cell]:
+    """The gate's check cells drawn per job: same dtypes, variant, K and V, one to three qk heads (drawn). One
+    token of one sequence; an odd batch of one token; a short run and a long one (several chunks, or for a
+    one-token-chunk template 48 to 80 tokens: with decay_near_one the state carries every step) at residues
+    mod the template's chunk (tile("T")) that differ, none a power of two; all but the first with value heads
+    grouped by a drawn ratio. A varlen cell gets varlen batches of a drawn number of sequences instead
+    (their lengths are drawn by the fill)."""
+    var = variant_of(c)
+    h = rng.choice(HEADS)
+
+    def make(b: int, t: int, ratio: int, n: int | None = None) -> Cell:
+        return cell(c.dtype("x"), b, t, h, c.dim("K"), c.dim("V"), n, h * ratio, g=c.dtype("g"),
+                    state=c.dtype("state"), variant=var)
+
+    chunk = tile("T")
+    short, long = draw_lengths(rng, chunk, [(2, max(15, chunk - 1)), (max(48, chunk + 1), max(80, 3 * chunk - 1))])
+    ratios = [rng.choice(HEAD_RATIOS) for _ in range(3)]
+    own = c.dim("HV") // c.dim("H")
+    if is_varlen(c):
+        out = [make(1, short, ratios[0], min(short, rng.randint(2, 4))),
+               make(1, long, ratios[1], rng.randint(2, 5))]
+    else:
+        out = [make(1, 1, own), make(rng.choice((3, 5, 7)), 1, ratios[0]), make(2, short, ratios[1]),
+               make(1, long, ratios[2])]
+    return list(dict.fromkeys(g for g in out if g != c))
+
+
+def decode_loop(c: Cell, steps: int) -> tuple[Cell, Cell] | None:
+    """A decode cell's loop (T = 1, equal lengths, fp32 state): one sequence of one token, and the same
+    sequence of `steps` tokens, with the cell's dtypes, variant, K, V and at most two qk heads. A bf16
+    state is rounded at every call by its contract, which a float64 reference over the whole loop is not:
+    no loop there."""
+    if c.dim("T") != 1 or is_varlen(c) or c.dtype("state") is not DType.FP32:
+        return None
+    h = min(c.dim("H"), 2)
+    hv = h * (c.dim("HV") // c.dim("H"))
+
+    def make(t: int) -> Cell:
+        return cell(c.dtype("x"), 1, t, h, c.dim("K"), c.dim("V"), None, hv, g=c.dtype("g"), state=c.dtype("state"),
+                    variant=variant_of(c))
+
+    return make(1), make(steps)
+
+
+def _default_scale(c: Cell) -> float:
+    return c.dim("K") ** -0.5
+
+
 def _variant_scalar(name: str) -> ScalarSpec:
     return ScalarSpec(name, int, lambda c: c.dim(name))
 
@@ -373,15 +443,17 @@ SPEC = OpSpec(
         # bound on raw-gate cells (a plan's "A_log?", "dt_bias?" args; a null pointer on log-space ones)
         TensorSpec("A_log", ("HV",), DType.FP32, optional=True, used_when=raw_gate),
         TensorSpec("dt_bias", ("HV", "K"), DType.FP32, optional=True, used_when=raw_gate),
-        TensorSpec("initial_state", ("N", "HV", "SR", "SC"), "state", optional=True),
+        TensorSpec("initial_state", ("N", "HV", "SR", "SC"), "state", optional=True, used_when=has_state),
         # bound on varlen cells (a plan's "cu_seqlens?" arg; a null pointer on the others)
         TensorSpec("cu_seqlens", ("Ncu",), DType.INT32, optional=True, used_when=is_varlen),
         TensorSpec("o", ("B", "T", "HV", "V"), "x", role=Role.OUT),
-        TensorSpec("final_state", ("N", "HV", "SR", "SC"), "state", role=Role.OUT, optional=True),
+        TensorSpec("final_state", ("N", "HV", "SR", "SC"), "state", role=Role.OUT, optional=True,
+                   used_when=has_state),
     ),
     scalars=(
-        ScalarSpec("scale", float, lambda c: c.dim("K") ** -0.5),
-        ScalarSpec("lower_bound", float, LOWER_BOUND),
+        # drawn for the gate's check cells: a caller may pass any scale, and any lower bound in fla's safe range
+        ScalarSpec("scale", float, _default_scale, draw=log_uniform(0.5, 2.0, _default_scale)),
+        ScalarSpec("lower_bound", float, LOWER_BOUND, draw=uniform(LOWER_BOUND, -1.0)),
         *(_variant_scalar(d) for d in VARIANT_DIMS),
     ),
     dtype_roles=("x", "g", "state"),
@@ -396,6 +468,10 @@ SPEC = OpSpec(
     fills=FILLS,
     timing_kinds=("normal",),
     gate_cells=gate_cells,
+    gate_shapes=token_shapes,
+    # decays near 1: the state carries nearly all of every earlier token, so an error a call leaves in it
+    # (below one call's tolerance) adds up over the loop
+    recurrence=Recurrence("T", "initial_state", "final_state", decode_loop, kind="decay_near_one"),
     # fla's decode kernel first (the peer a decode search times by default); chunk_kda for prefill
     baselines=("fla.fused_recurrent_kda", "fla.chunk_kda"),
     bucket_edges={"B": (4, 64), "T": (64, 4096)},

@@ -26,12 +26,26 @@ without them as the variant switched off.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ops.rmsnorm.reference import rmsnorm_fwd
-from evo.core.spec import Cell, DType, FillSpec, OpSpec, Role, ScalarSpec, TensorSpec, Tolerance, quantize
+from evo.core.spec import (
+    Cell,
+    DType,
+    FillSpec,
+    OpSpec,
+    Role,
+    ScalarSpec,
+    TensorSpec,
+    Tolerance,
+    draw_lengths,
+    log_uniform,
+    quantize,
+)
 
 DTYPES = (DType.BF16, DType.FP16, DType.FP32)
 MATRIX_M = (4096, 32768)
@@ -250,6 +264,25 @@ def gate_cells(c: Cell) -> list[Cell]:
     return [Cell.make(c.dtypes_dict(), c.dims_dict() | {"M": m}) for m in (1, 37, 1059) if m != c.dim("M")]
 
 
+GATE_ELEMENTS = 1 << 25  # a drawn gate cell's M x N at most (its buffers, private copies and float64 reference)
+PAST_WAVE = 1057  # rows past one wave of one-row CTAs on 132 SMs at 8 CTAs an SM
+
+
+def row_shapes(c: Cell, rng: random.Random, tile: Callable[[str], int]) -> list[Cell]:
+    """The gate's check cells drawn per job: same dtypes, N and variant with M = 1, a small M (< 128) and an M
+    past one wave of CTAs (PAST_WAVE to 2100, fewer where GATE_ELEMENTS stops it), at residues mod the
+    template's rows a CTA (or CTAs of a persistent grid, tile("M")) that differ, none a power of two; and a
+    small M at an N of 8 x an odd number from c's N / 2 to N (kept only for a template not specialized on N)."""
+    top = max(2, min(2100, GATE_ELEMENTS // c.dim("N")))
+    spans = [(2, min(127, top)), (max(2, min(PAST_WAVE, top // 2 + 1)), top)]
+    ms = dict.fromkeys([1, *draw_lengths(rng, tile("M"), spans)])
+    cells = [Cell.make(c.dtypes_dict(), c.dims_dict() | {"M": m}) for m in ms]
+    half = c.dim("N") // 16  # N = 8 x odd from N / 2 to N: a row of whole 16-byte vectors, no power of two
+    n = 8 * rng.randrange(max(5, half) | 1, max(6, 2 * half), 2)
+    cells.append(Cell.make(c.dtypes_dict(), c.dims_dict() | {"M": rng.randint(2, 9), "N": n}))
+    return [g for g in cells if g != c]
+
+
 SPEC = OpSpec(
     name="rmsnorm",
     tensors=(
@@ -257,7 +290,7 @@ SPEC = OpSpec(
         TensorSpec("w", ("N",), "w"),
         TensorSpec("y", ("M", "N"), "x", role=Role.OUT),
     ),
-    scalars=(ScalarSpec("eps", float, 1e-6),),
+    scalars=(ScalarSpec("eps", float, 1e-6, draw=log_uniform(1e-7, 1e-3)),),
     dtype_roles=("x", "w"),
     reference=rmsnorm_fwd,
     make_inputs=make_inputs,
@@ -270,6 +303,7 @@ SPEC = OpSpec(
     fills=FILLS,
     timing_kinds=("normal", "large"),
     gate_cells=gate_cells,
+    gate_shapes=row_shapes,
     baselines=("torch.rms_norm", "torch.compile", "liger", "quack", "quack.autotuned"),
     bucket_edges={"M": (2048, 8192), "N": (2048, 8192)},
 )

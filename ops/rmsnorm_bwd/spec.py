@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ops.rmsnorm.spec import TOLERANCES
+from ops.rmsnorm.spec import TOLERANCES, row_shapes
 from ops.rmsnorm_bwd.reference import rmsnorm_bwd
 from evo.core.spec import Cell, DType, FillSpec, OpSpec, Role, TensorSpec, Tolerance, quantize
 
@@ -121,6 +121,7 @@ SPEC = OpSpec(
     fills=FILLS,
     timing_kinds=("normal", "large"),
     gate_cells=gate_cells,
+    gate_shapes=row_shapes,
     baselines=("torch.eager", "torch.autograd(rms_norm)", "liger", "quack", "quack.autotuned"),
     bucket_edges={"M": (2048, 16384), "N": (8192, 65536)},
 )

@@ -1,6 +1,7 @@
 """A numpy GateDevice: the gate's rules run on the CPU against fake kernels written in Python.
 
-Memory is a set of byte arrays at fake addresses, each with canary guard zones; a fake kernel gets
+Memory is a set of byte arrays at fake addresses, each inside guard zones laid out and patterned as the
+gate draws them (evo.measure.jobs.Guard); a fake kernel gets
 the bound launch args and reads or writes any buffer through `view(ptr, dtype, n)`, as a real
 kernel may address any device memory. Time is a counter the kernels advance by what they declare,
 so a kernel that skips work looks fast, as it would on the GPU.
@@ -17,27 +18,41 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from evo.measure.gate import Gate, scale_key
-from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, JobResult, LaunchJob, Timing
+from evo.measure.jobs import BufferDecl, CheckStats, EvalJob, Guard, JobResult, LaunchJob, Timing
 from ops.rmsnorm import device as rms_device
 from ops.rmsnorm.spec import SPEC
 from evo.core.spec import Cell, DType, from_device_bytes, to_device_bytes
 
-GUARD = 64
-CANARY = 0xA5
+DEFAULT_GUARD = Guard(256, 64, 0xA5)  # a buffer allocated without a guard of the gate's (a peer's view)
 NP = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "uint8": np.uint8,
       "uint32": np.uint32, "int32": np.int32}
 BANDWIDTH_GBPS = 3000.0  # what an honest fake kernel achieves; the fake copy ceiling is 4000
+
+
+def guard_pattern(guard: Guard) -> np.ndarray:
+    """The bytes of a buffer's guard zones, the one ahead then the one behind."""
+    return np.random.default_rng(guard.seed).integers(0, 256, guard.before + guard.after, dtype=np.uint8)
 
 
 @dataclass
 class FakeBuf:
     ptr: int
     nbytes: int
-    mem: np.ndarray = field(repr=False)
+    mem: np.ndarray = field(repr=False)  # the guard zone ahead, the data, the guard zone behind
+    guard: Guard = DEFAULT_GUARD
+    pattern: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8), repr=False)
 
     @property
     def base(self) -> int:
-        return self.ptr - GUARD
+        return self.ptr - self.guard.before
+
+    def guards(self) -> np.ndarray:
+        """The guard zones' bytes as they are now, ahead then behind."""
+        return np.concatenate([self.mem[:self.guard.before], self.mem[self.guard.before + self.nbytes:]])
+
+    def restore_guards(self) -> None:
+        self.mem[:self.guard.before] = self.pattern[:self.guard.before]
+        self.mem[self.guard.before + self.nbytes:] = self.pattern[self.guard.before:]
 
 
 Kernel = Callable[["FakeDevice", tuple], None]
@@ -85,12 +100,14 @@ class FakeDevice:
         self.rng = np.random.default_rng(seed)
 
     # ---- memory --------------------------------------------------------------------------------
-    def alloc(self, nbytes: int) -> FakeBuf:
-        mem = np.full(nbytes + 2 * GUARD, CANARY, dtype=np.uint8)
-        mem[GUARD:GUARD + nbytes] = self.rng.integers(0, 256, nbytes, dtype=np.uint8)
-        b = FakeBuf(self.next_ptr + GUARD, nbytes, mem)
+    def alloc(self, nbytes: int, guard: Guard | None = None) -> FakeBuf:
+        guard = guard or DEFAULT_GUARD
+        mem = np.empty(guard.before + nbytes + guard.after, dtype=np.uint8)
+        mem[guard.before:guard.before + nbytes] = self.rng.integers(0, 256, nbytes, dtype=np.uint8)
+        b = FakeBuf(self.next_ptr + guard.before, nbytes, mem, guard, guard_pattern(guard))
+        b.restore_guards()
         self.bufs[b.ptr] = b
-        self.next_ptr += nbytes + 2 * GUARD + 4096
+        self.next_ptr += -(-mem.size // 256) * 256 + 4096  # allocations 256-aligned, apart
         return b
 
     def free(self, buf: FakeBuf) -> None:
@@ -98,7 +115,7 @@ class FakeDevice:
 
     def find(self, ptr: int) -> tuple[FakeBuf, int]:
         for b in self.bufs.values():
-            if b.base <= ptr < b.ptr + b.nbytes + GUARD:
+            if b.base <= ptr < b.ptr + b.nbytes + b.guard.after:
                 return b, ptr - b.base
         raise IndexError(f"fake illegal address {ptr:#x}")
 
@@ -109,7 +126,7 @@ class FakeDevice:
         return b.mem[off:off + n * size].view(NP[dtype])
 
     def data(self, b: FakeBuf) -> np.ndarray:
-        return b.mem[GUARD:GUARD + b.nbytes]
+        return b.mem[b.guard.before:b.guard.before + b.nbytes]
 
     # ---- the gate's interface ------------------------------------------------------------------
     def fill(self, buf: FakeBuf, dtype: str, numel: int, row_len: int, spec: Any, seed: int) -> None:
@@ -132,12 +149,16 @@ class FakeDevice:
 
     def poison(self, buf: FakeBuf, seed: int) -> None:
         self.data(buf)[:] = np.random.default_rng(seed % (1 << 63)).integers(0, 256, buf.nbytes, dtype=np.uint8)
-        buf.mem[:GUARD] = CANARY
-        buf.mem[GUARD + buf.nbytes:] = CANARY
+        buf.restore_guards()
         self.clock += 0.5  # device work: outside the timed events, but a kernel reading a clock sees it
 
     def copy(self, dst: FakeBuf, src: FakeBuf) -> None:
         self.data(dst)[:] = self.data(src)
+
+    def copy_range(self, dst: FakeBuf, dst_off: int, src: FakeBuf, src_off: int, nbytes: int) -> None:
+        if dst_off < 0 or src_off < 0 or dst_off + nbytes > dst.nbytes or src_off + nbytes > src.nbytes:
+            raise ValueError(f"copy_range: {nbytes} bytes at {src_off} -> {dst_off} leave a buffer")
+        self.data(dst)[dst_off:dst_off + nbytes] = self.data(src)[src_off:src_off + nbytes]
 
     def audit(self, bufs: Sequence[FakeBuf], key: int) -> list[tuple[int, int]]:
         self.readbacks += 1
@@ -148,7 +169,7 @@ class FakeDevice:
         return int.from_bytes(h.digest(), "little")
 
     def _guard_hits(self, buf: FakeBuf) -> int:
-        return int(np.count_nonzero(buf.mem[:GUARD] != CANARY) + np.count_nonzero(buf.mem[GUARD + buf.nbytes:] != CANARY))
+        return int(np.count_nonzero(buf.guards() != buf.pattern))
 
     def mark(self) -> None:  # one stream here: a plan's side launches run in its declared order
         return None
@@ -360,7 +381,31 @@ def honest_rows(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return xf * r * w.astype(np.float32)
 
 
+def honest_rms(dev: FakeDevice, args: tuple) -> None:
+    """An honest RMSNorm kernel: y from the bound x, w and eps in fp32, at the honest kernel's bandwidth."""
+    x, w, y, m, n, eps = unpack(dev, args)
+    y[:] = honest_rows(x, w, eps).astype(y.dtype)
+    cost_us(dev, m, n)
+
+
 def cost_us(dev: FakeDevice, m: int, n: int, fraction: float = 1.0) -> None:
     """Advance the clock as an honest kernel moving `fraction` of the cell's bytes would."""
     nbytes = 2 * m * n * np.dtype(NP[dev.state.get("dtype", "float16")]).itemsize
     dev.clock += fraction * nbytes / (BANDWIDTH_GBPS * 1e3)
+
+
+class FakeRunner:
+    """A runner (evo.measure.run's `run(jobs)`) that runs the real Gate for each job on a fresh numpy device
+    with `kernels`; the jobs it was given are kept."""
+
+    fingerprint = {"gpu": "fake"}
+    ceiling_gbps = 4000.0
+
+    def __init__(self, kernels: dict[str, Kernel], ref_mod: Any = rms_device) -> None:
+        self.kernels, self.ref_mod = kernels, ref_mod
+        self.jobs: list[EvalJob] = []
+
+    def run(self, jobs: Sequence[EvalJob]) -> list[JobResult]:
+        self.jobs += jobs
+        return [Gate(FakeDevice(self.kernels), j, "cand", "ref", self.ref_mod, random.Random(0), (("gpu", "fake"),),
+                     self.ceiling_gbps).run() for j in jobs]

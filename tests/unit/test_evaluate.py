@@ -1,5 +1,6 @@
 """make_job binds an op's optional tensors only where the genome's plan uses them: a toy op y = x + bias,
-bias optional, in its two variants, checked by the real gate on the numpy device."""
+bias optional, in its two variants, checked by the real gate on the numpy device; a plan that leaves out a
+tensor its cell's variant uses is INVALID on that cell."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import pytest
 from evo.build.nvrtc import BuildResult
 from evo.core.genome import Genome
 from evo.core.status import Status
-from evo.measure.evaluate import make_job
+from evo.measure.evaluate import make_job, variant_gap
+from evo.measure.evaluators import EvalItem, GpuEvaluator
 from evo.measure.gate import Gate
+from evo.measure.jobs import Timing
 from evo.measure.verify import judge
 from evo.templates.template import parse_template
 from evo.core.contract import _runnable_problems
 from evo.core.spec import Cell, FillSpec, OpSpec, Role, TensorSpec, Tolerance
-from tests.unit.fake_device import FakeDevice
+from tests.unit.fake_device import FakeDevice, FakeRunner
 
 CELL = Cell.make({"x": "fp32"}, {"M": 4, "N": 24})  # x and y 384 bytes, bias 96, a float64 reference 768
 TOY = OpSpec(
@@ -90,7 +93,7 @@ def gate(tdef, kernel, op=TOY, cell=CELL):
     dev = FakeDevice({tdef.name: candidate, "toy_ref": reference})
     sizes: list[int] = []
     alloc = dev.alloc
-    dev.alloc = lambda nbytes: sizes.append(nbytes) or alloc(nbytes)
+    dev.alloc = lambda nbytes, guard=None: sizes.append(nbytes) or alloc(nbytes, guard)
     ref_mod = SimpleNamespace(
         reference=lambda dims, dtypes, scalars: [("toy_ref", (dims["M"], 1, 1), (128, 1, 1),
                                                   (("buf", "x"), ("buf", "bias"), ("buf", "ref:y"),
@@ -162,3 +165,32 @@ def test_a_dim_a_cell_lacks_takes_the_ops_default():
     assert TOY_V.dim_value({"M": 4}, "M") == 4
     with pytest.raises(KeyError, match="no default"):
         TOY.dim_value(CELL, "bias")
+
+
+def test_a_plan_that_leaves_out_a_tensor_its_cells_variant_uses_is_invalid_there_and_never_run():
+    """PLAIN leaves the bias out: right for the plain variant's cell, INVALID on a cell whose variant adds the
+    bias (where it would compute x alone, right by the plain op's reference and ranked as the biased op)."""
+    assert variant_gap(TOY_V, PLAIN, job(PLAIN, TOY_V, CELL)[0], CELL, 90) == ""
+    g = job(PLAIN, TOY_V, CELL)[0]
+    why = variant_gap(TOY_V, PLAIN, g, CELL_B, 90)
+    assert "leaves out bias" in why
+    with pytest.raises(ValueError, match="leaves out bias"):
+        job(PLAIN, TOY_V, CELL_B)
+    runner = FakeRunner({})
+    ev = GpuEvaluator(TOY_V, 90, runner, Timing(), seed=1, baseline=False)
+    out, = ev.evaluate([EvalItem(g, PLAIN, CELL_B, BuildResult("k", Status.OK))])
+    assert out.status is Status.INVALID and out.error == why and not runner.jobs
+
+
+def test_every_kda_cell_requires_its_states():
+    """KDA's cells count the recurrent states in their bytes: a decode plan without them is INVALID."""
+    from evo.templates.template import load_templates
+    from ops.kda import SPEC as KDA
+    from ops.kda.spec import decode_matrix
+
+    rec = load_templates("kda")["recurrent"]
+    stateless = parse_template(rec.text.replace('"initial_state", "o", "final_state"', '"o"'))
+    c = decode_matrix()[1]
+    g = Genome.make("kda", rec.name, stateless.source_hash, rec.default_params())
+    assert variant_gap(KDA, rec, g, c, 90) == ""
+    assert "leaves out initial_state, final_state" in variant_gap(KDA, stateless, g, c, 90)

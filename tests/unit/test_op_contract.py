@@ -41,3 +41,7 @@ def test_contract_names_what_is_missing():
     broken = dataclasses.replace(spec, fills={"normal": {}}, baselines=(), timing_kinds=("fast",))
     text = " | ".join(contract.problems(broken))
     assert "input kind 'normal' fills []" in text and "no baseline" in text and "timing_kinds" in text
+    kda = registry.get_op("kda")
+    loop = dataclasses.replace(kda.recurrence, state_in="o", kind="calm")
+    text = " | ".join(contract.problems(dataclasses.replace(kda, recurrence=loop)))
+    assert "'o' must be an input" in text and "kind 'calm' must be an input kind" in text

@@ -1,5 +1,5 @@
 // Kernels the GPU worker uses around every candidate: random inputs, poison, comparison against a
-// float64 reference, canary checks. Compiled once per worker with NVRTC.
+// float64 reference, guard-zone checks. Compiled once per worker with NVRTC.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -184,11 +184,23 @@ extern "C" __global__ void kf_compare_f32(const float* o, const double* r, const
 extern "C" __global__ void kf_compare_f16(const __half* o, const double* r, const double* s, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, s, n, rl, t, a, rt, d, u); }
 extern "C" __global__ void kf_compare_bf16(const __nv_bfloat16* o, const double* r, const double* s, long long n, int rl, int t, double a, double rt, double* d, unsigned long long* u) { compare(o, r, s, n, rl, t, a, rt, d, u); }
 
-// Count bytes of a guard zone that no longer hold the canary pattern.
-extern "C" __global__ void kf_canary(const unsigned char* p, long long n, unsigned char pattern, unsigned long long* count) {
+// Guard zones (evo.measure.jobs.Guard): byte i of a zone holds the low byte of mix(seed ^ mix(i)), a pattern
+// drawn per buffer and job, so no kernel can tell a gate buffer by the bytes around it.
+__device__ __forceinline__ unsigned char guard_byte(unsigned long long seed, long long i) {
+  return (unsigned char)mix(seed ^ mix((unsigned long long)i));
+}
+
+extern "C" __global__ void kf_guard_fill(unsigned char* p, long long n, unsigned long long seed) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    p[i] = guard_byte(seed, i);
+}
+
+// Count bytes of a guard zone that no longer hold its pattern.
+extern "C" __global__ void kf_guard_check(const unsigned char* p, long long n, unsigned long long seed,
+                                          unsigned long long* count) {
   unsigned long long c = 0;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-    c += (p[i] != pattern);
+    c += (p[i] != guard_byte(seed, i));
   for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
   if ((threadIdx.x & 31) == 0 && c) atomicAdd(count, c);
 }
