@@ -27,7 +27,7 @@ SPLIT = {"chunk": 32, "prep_threads": 256, "prep_diag": "split", "stage_in": Tru
 def points() -> list[tuple[str, object, dict]]:
     cells = prefill_matrix()
     b1, b8 = cells[0], cells[2]
-    table = json.loads((ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
+    table = json.loads((ROOT / "tests/fixtures/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
     return [
         ("prep at chunk 64, 256 threads (the default point)", b1, {"chunk": 64}),
         ("prep_blocks 4 (split prep, 256 threads)", b1, SPLIT | {"prep_blocks": 4}),

@@ -123,7 +123,7 @@ def analyse(tdef, params: dict, r) -> dict:
 def main(out: str) -> None:
     tdef = load_templates("kda")["chunk"]
     cells = prefill_matrix()
-    table = json.loads((ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
+    table = json.loads((ROOT / "tests/fixtures/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
     base = table[cells[0].label()]["params"]
     points = [(name, pt, base | {"prep_threads": pt} | over) for pt in (128, 256) for name, over in VARIANTS.items()
               if pt == 128 or name not in ONLY_128]

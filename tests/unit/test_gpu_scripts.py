@@ -24,7 +24,7 @@ def test_the_lab_gpu_script_names_its_inputs():
     """The pattern finds what the script uses (so the test above checks something)."""
     found = set(PATH.findall((ROOT / "experiments" / "scripts" / "lab_gpu.sh").read_text()))
     assert {"experiments/rmsnorm_bwd_h200_all.toml", "experiments/rmsnorm_residual_h200.toml",
-            "tests/gpu/test_kda_device.py", "experiments/results/rmsnorm_bwd_h200/store.duckdb.gz"} <= found
+            "tests/gpu/test_kda_device.py", "tests/fixtures/results/rmsnorm_bwd_h200/store.duckdb.gz"} <= found
 
 
 @pytest.mark.parametrize("gpu, rc", [("NVIDIA H100 80GB HBM3", 3), ("NVIDIA H200", 0)])

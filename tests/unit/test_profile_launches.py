@@ -46,7 +46,7 @@ def test_the_kda_carry_targets_take_the_carry_table_and_build_spill_free():
 
 def test_a_dispatch_target_takes_the_entry_of_its_cell():
     t = next(t for t in P.load_targets(TARGETS) if t.name == "rmsnorm_bwd_bf16_M32768N4096")
-    entry = json.loads((ROOT / "experiments/results/rmsnorm_bwd_h200_all3/dispatch.json").read_text())["dispatch"][t.cell]
+    entry = json.loads((ROOT / "tests/fixtures/results/rmsnorm_bwd_h200_all3/dispatch.json").read_text())["dispatch"][t.cell]
     assert (t.template, t.params) == (entry["template"], entry["params"])
 
 

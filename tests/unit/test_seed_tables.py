@@ -19,7 +19,7 @@ from ops.rmsnorm import SPEC
 from tests.unit.test_search_replay import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
-LONG = ROOT / "experiments/results/rmsnorm_h200_long/dispatch.json"  # cta_row and cta_row_async entries
+LONG = ROOT / "tests/fixtures/results/rmsnorm_h200_long/dispatch.json"  # cta_row and cta_row_async entries
 
 
 def _cells():
