@@ -14,9 +14,9 @@ chunk's k-step, 8 steps in each of 2 warps of 16 each, 256, in place of the two 
 runs then and the estimate leaves out; prep_aoff two's two off-diagonal loops, 128 each). The
 decay's scan (no exponential) is counted as its body once a warp (K / prep_threads columns a thread: 1 at 128).
 
-Run: python experiments/scripts/prep_sass.py experiments/results/prep_sass.json
+Run: python experiments/scripts/prep_sass.py OUT_JSON
 With the H200 image's NVRTC 13.0 (pip install --no-deps --target /tmp/nvrtc130 "nvidia-cuda-nvrtc==13.0.*"):
-KF_NVRTC_ALT=/tmp/nvrtc130 python experiments/scripts/prep_sass.py experiments/results/prep_sass_nvrtc13_0.json
+KF_NVRTC_ALT=/tmp/nvrtc130 python experiments/scripts/prep_sass.py OUT_JSON
 """
 
 from __future__ import annotations
