@@ -61,7 +61,7 @@ def honest_controls(baseline: Path | None = None, timing_s: float = 30.0) -> lis
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gallery_h200.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "gallery_h200.json")
     ap.add_argument("--no-controls", action="store_true", help="skip the cta_row honest controls")
     ap.add_argument("--baseline", type=Path, help="a bench CSV whose cta_row medians the controls are compared with")
     args = ap.parse_args()
