@@ -7,7 +7,7 @@ rmsnorm_bwd_rows's code), NVRTC's registers, spill
 stores and stack for rmsnorm_bwd_rows, and whether today's template refuses it. The summary groups them by the
 elements a thread holds (ceil(N / cluster / (threads vec)) vec) and what it keeps in registers.
 
-Run: python experiments/scripts/bwd_register_budget.py experiments/results/rmsnorm_bwd_register_budget.json (and .csv)
+Run: python experiments/scripts/bwd_register_budget.py tests/fixtures/results/rmsnorm_bwd_register_budget.json (and .csv)
 (KF_NVRTC_ALT=DIR builds with the NVRTC in DIR instead, e.g. the H200 image's 13.0: docs/nvrtc_13_0.md.)
 After an edit of the constraint alone: python experiments/scripts/bwd_register_budget.py --recount FILE (no builds).
 """

@@ -1,10 +1,10 @@
-"""NVRTC builds (no GPU) of the KDA chunk template at the points whose spills the ptxas parser hid until 2026-12-04,
+"""NVRTC builds (no GPU) of the KDA chunk template at the points whose spills an earlier ptxas parser hid,
 each kernel's registers, spill stores and loads and stack as ptxas reports them now: the numbers behind
 tests/unit/test_kda_chunk.py::pinned_spill, the README and docs/kda_prep_analysis.md. The split-K recurrence that
 B1-T8192 dispatches (kda_prefill_h200_13) is built twice: today's text, and the text with its own partials of o
 read from registers at a run-time index (tests/gpu/test_kda_launch_times.py LOCAL_PO) as before the fix.
 
-Run: python experiments/scripts/chunk_spills.py experiments/results/chunk_spills.json
+Run: python experiments/scripts/chunk_spills.py OUT_JSON
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ SPLIT = {"chunk": 32, "prep_threads": 256, "prep_diag": "split", "stage_in": Tru
 def points() -> list[tuple[str, object, dict]]:
     cells = prefill_matrix()
     b1, b8 = cells[0], cells[2]
-    table = json.loads((ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
+    table = json.loads((ROOT / "tests/fixtures/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
     return [
         ("prep at chunk 64, 256 threads (the default point)", b1, {"chunk": 64}),
         ("prep_blocks 4 (split prep, 256 threads)", b1, SPLIT | {"prep_blocks": 4}),
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     for what, c, params in points():
         rows.append({"point": what, "cell": c.label(), "params": params, "kernels": build(today, c, params)})
         if params.get("kwarps", 1) > 1 and "dispatch" in what:
-            rows.append({"point": what + ", own partials at a run-time index (before 2026-12-04)", "cell": c.label(),
+            rows.append({"point": what + ", own partials at a run-time index (before the fix)", "cell": c.label(),
                          "params": params, "kernels": build(before, c, params)})
         print(rows[-1]["point"], rows[-1]["kernels"])
     doc = {"compiler": compiler_version(), "arch": "sm_90a", "template_source_hash": today.source_hash, "rows": rows}

@@ -26,7 +26,7 @@ from evo.templates.template import load_templates
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=48)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "compile_throughput.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "compile_throughput.json")
     args = ap.parse_args()
     tdefs = load_templates("rmsnorm")
     rng = random.Random(0)

@@ -4,7 +4,7 @@ atol of gate 3 (1e-5 sqrt(M) + 1e-5 |dw|) and gate 4's scaled one (atol x the co
 Two inputs at M = 32768 rows: (1) round C's perturbed "large" set as the worker makes it (one element in 61 of x and
 dout moved to -v +- 16 x the fill's magnitude), 4096 columns a seed; (2) a constructed column set whose terms of ~400
 cancel exactly (each row paired with another row of opposite x). dw is summed as cluster_rows does: one fp32 partial a
-row group (row % groups), the partials then summed in order. Writes experiments/results/dw_rounding.json.
+row group (row % groups), the partials then summed in order. Writes build/dw_rounding.json.
 Usage: python experiments/scripts/dw_rounding.py [SEEDS (4)]
 """
 
@@ -85,7 +85,8 @@ def main() -> None:
     ins = cancelling()
     out["cancelling"] = [worst(ins, error_scales(ins)["dw"], g) for g in (66, 264)]
     print(out["cancelling"])
-    path = ROOT / "experiments" / "results" / "dw_rounding.json"
+    path = ROOT / "build" / "dw_rounding.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
 

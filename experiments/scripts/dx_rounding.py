@@ -8,7 +8,7 @@ where one column has all three moved gets a dot-product term of ~4600: its fp32 
 4.9e-4) moves a = rstd^3 dot / N, and every dx element pays |x| x that; where dx's two terms cancel, its value is
 small and so is rtol |dx|. dx is computed as the templates do: fp32 products, the dot summed sequentially by each
 thread over its items, the threads' sums by a tree, a = r^3 s / N, dx = r g w - a x. Writes
-experiments/results/dx_rounding.json. Usage: python experiments/scripts/dx_rounding.py [SEEDS (4)]
+build/dx_rounding.json. Usage: python experiments/scripts/dx_rounding.py [SEEDS (4)]
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def main() -> int:
             print(rows[-1], flush=True)
     doc = {"rows": ROWS, "N": N, "threads": THREADS, "atol": ATOL, "rtol": RTOL, "perturb_every": PERTURB_EVERY,
            "seeds": rows}
-    out = ROOT / "experiments" / "results" / "dx_rounding.json"
+    out = ROOT / "build" / "dx_rounding.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))
     print(f"wrote {out}")
     return 0

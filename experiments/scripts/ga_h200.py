@@ -1,5 +1,5 @@
 """Run the GA experiment on the GPU and export its evaluations and dispatch table (rerun on a GPU machine:
-python experiments/scripts/ga_h200.py --out experiments/results/ga_h200)."""
+python experiments/scripts/ga_h200.py --out build/ga_h200)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--config", type=Path, default=ROOT / "experiments" / "rmsnorm_h200_ga.toml")
     ap.add_argument("--store", type=Path, default=Path("/tmp/kf_ga/store.duckdb"))
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "ga_h200")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "ga_h200")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="the run's time budget in place of the config's budget.max_seconds (a shorter run on a "
                          "GPU lent by the minute: at least its seeded first generation)")

@@ -1,8 +1,8 @@
 """Run the adversarial gallery on the GPU and write its outcome as JSON (rerun: python experiments/scripts/gallery.py).
 
 Besides the gallery's own honest control, it times the cta_row template's default point through the
-same gate on six matrix cells and puts those medians beside the ones committed in
-bench_default_h200.csv (an earlier run: a cross-run ratio, reported as such).
+same gate on six matrix cells and, given --baseline (a `kfactory bench` CSV of an earlier run), puts those medians
+beside the baseline's (a cross-run ratio, reported as such).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ CONTROL_CELLS = ("w=bf16,x=bf16 M4096-N1024", "w=bf16,x=bf16 M4096-N2048", "w=bf
                  "w=fp16,x=fp16 M32768-N32768", "w=fp32,x=fp32 M4096-N8192", "w=fp32,x=fp32 M32768-N16384")
 
 
-def honest_controls(timing_s: float = 30.0) -> list[dict]:
-    """cta_row at its default point (repaired per cell) through the new gate, beside the committed bench."""
+def honest_controls(baseline: Path | None = None, timing_s: float = 30.0) -> list[dict]:
+    """cta_row at its default point (repaired per cell) through the new gate, beside a baseline bench's medians."""
     from evo.cli.bench import bench
     from evo.measure.jobs import Timing
     from evo.measure.run import GpuRunner
@@ -44,8 +44,8 @@ def honest_controls(timing_s: float = 30.0) -> list[dict]:
     from evo.core.registry import get_op
 
     op = get_op("rmsnorm")
-    old = {r["cell"]: r for r in csv.DictReader(open(ROOT / "experiments" / "results" / "bench_default_h200.csv"))
-           if r["candidate"] == "cta_row"}
+    old = {} if baseline is None else {r["cell"]: r for r in csv.DictReader(open(baseline))
+                                       if r["candidate"] == "cta_row"}
     cells = [c for c in op.matrix() if c.label() in CONTROL_CELLS]
     tdef = load_templates("rmsnorm")["cta_row"]
     with GpuRunner(timeout_s=120.0) as runner:
@@ -61,13 +61,14 @@ def honest_controls(timing_s: float = 30.0) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gallery_h200.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "gallery_h200.json")
     ap.add_argument("--no-controls", action="store_true", help="skip the cta_row honest controls")
+    ap.add_argument("--baseline", type=Path, help="a bench CSV whose cta_row medians the controls are compared with")
     args = ap.parse_args()
     t0 = time.time()
     outcomes, fingerprint, restarts, ceiling = run_gallery()
     passed = all(o.passed for o in outcomes)
-    controls = [] if args.no_controls else honest_controls()
+    controls = [] if args.no_controls else honest_controls(args.baseline)
     doc = {"cells": {k: c.label() for k, c in CELLS.items()}, "fingerprint": fingerprint, "ceiling_gbps": ceiling,
            "worker_restarts": restarts, "wall_s": round(time.time() - t0, 1), "all_as_expected": passed,
            "cheats": len(CHEATS), "cheats_rejected": sum(o.name in CHEATS and o.got != "OK" for o in outcomes),

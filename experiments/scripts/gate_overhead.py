@@ -68,7 +68,7 @@ class BareTiming(Gate):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gate_overhead_h200.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "gate_overhead_h200.json")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     from evo.build.nvrtc import Builder

@@ -7,7 +7,7 @@ and decode) with the real gate, and with `Recomputed`, gate 5's policy (defined 
 no switch). Both run in one worker process, alternating, `--reps` times each, with the GA's job (every input
 kind, its gate cells, its timing protocol, no peer beside it). The file records each evaluation's wall seconds,
 how many reference computations it made, the candidate's median, and the ratio of the medians of the wall
-times. (experiments/results/gate5_cost_h100.json was this script's first form: gate 5 against gate 4's
+times. (gate5_cost_h100.json, in git history, was this script's first form: gate 5 against gate 4's
 unaudited reuse.) Rerun on a GPU machine: python experiments/scripts/gate_reference_cost.py [--out FILE] [--only REGEX]
 """
 
@@ -59,7 +59,7 @@ class Recomputed(Counting):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gate_reference_cost.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "gate_reference_cost.json")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="", help="regular expression on 'op template cell'")
     args = ap.parse_args()

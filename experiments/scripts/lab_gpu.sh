@@ -172,7 +172,7 @@ bwd_ga() {
 # as a copy of the committed bf16 backward run's store (its lessons, builds and results: a warm start)
 rms_store() {
   [ -e /tmp/kf_rms/store.duckdb ] && return 0
-  mkdir -p /tmp/kf_rms && gunzip -c experiments/results/rmsnorm_bwd_h200/store.duckdb.gz > /tmp/kf_rms/store.duckdb
+  mkdir -p /tmp/kf_rms && gunzip -c tests/fixtures/results/rmsnorm_bwd_h200/store.duckdb.gz > /tmp/kf_rms/store.duckdb
 }
 # the peers benches time, per cell, the fastest entry recorded by this chain's GAs (where /tmp still has
 # them) and the committed runs (kfactory dispatch merge --fastest; the bench then times it beside the peers)
@@ -180,20 +180,19 @@ peers_setup() {
   export QUACK_COMPILE_WORKERS=14
   python3 -c "import liger_kernel, quack; print('peers import')" >> "$log" 2>&1 || { tail -3 "$log"; return 1; }
   mkdir -p "$out/tables"
-  local R=experiments/results
   fwd_long=$(ls -t /tmp/kf_rms/runs/rmsnorm-h200-long-*/dispatch.json 2>/dev/null | head -1)
   python3 -m evo.cli.main dispatch merge --fastest "$out/tables/fwd_dispatch.json" ${fwd_long:+"$fwd_long"} \
-    $R/rmsnorm_h200_long2/dispatch.json $R/rmsnorm_h200_long/dispatch.json $R/rmsnorm_h200_regimes/dispatch.json >> "$log" 2>&1
+    tests/fixtures/results/rmsnorm_h200_long2/dispatch.json tests/fixtures/results/rmsnorm_h200_long/dispatch.json tests/fixtures/results/rmsnorm_h200_regimes/dispatch.json >> "$log" 2>&1
   bwd=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-all-*/dispatch.json 2>/dev/null | head -1)
   bwd_wide=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-wide-*/dispatch.json 2>/dev/null | head -1)
   bwd_fp32=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-fp32-*/dispatch.json 2>/dev/null | head -1)
   bwd_pf=$(ls -t /tmp/kf_rms/runs/rmsnorm-bwd-h200-prefetch-*/dispatch.json 2>/dev/null | head -1)
   python3 -m evo.cli.main dispatch merge --fastest "$out/tables/bwd_dispatch.json" ${bwd:+"$bwd"} ${bwd_wide:+"$bwd_wide"} \
     ${bwd_fp32:+"$bwd_fp32"} ${bwd_pf:+"$bwd_pf"} \
-    $R/rmsnorm_bwd_h200_wide/dispatch.json $R/rmsnorm_bwd_h200_all3/dispatch.json $R/rmsnorm_bwd_h200_all2/dispatch.json $R/rmsnorm_bwd_h200/dispatch.json >> "$log" 2>&1
+    experiments/seeds/rmsnorm_bwd_h200_wide.json tests/fixtures/results/rmsnorm_bwd_h200_all3/dispatch.json experiments/seeds/rmsnorm_bwd_h200_all2.json tests/fixtures/results/rmsnorm_bwd_h200/dispatch.json >> "$log" 2>&1
   res=$(ls -t /tmp/kf_rms/runs/rmsnorm-residual-h200-*/dispatch.json 2>/dev/null | head -1)
   python3 -m evo.cli.main dispatch merge --fastest "$out/tables/res_dispatch.json" ${res:+"$res"} \
-    $R/rmsnorm_residual_h200/dispatch.json >> "$log" 2>&1
+    experiments/seeds/rmsnorm_residual_h200.json >> "$log" 2>&1
   echo "benching fwd ${fwd_long:-committed}, bwd ${bwd:-committed} ${bwd_wide:-} ${bwd_fp32:-} ${bwd_pf:-}, residual ${res:-committed} (fastest per cell)" >> "$log"
 }
 res_peers() {
@@ -256,13 +255,13 @@ case "$stage" in
     export QUACK_COMPILE_WORKERS=14
     python3 -c "import importlib; importlib.import_module('quack.rmsnorm').rmsnorm_fwd; print('quack import')" >> "$log" 2>&1 \
       || { tail -3 "$log"; exit 1; }
-    timeout 120 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
+    timeout 120 python3 -m evo.cli.main bench --op rmsnorm --dispatch tests/fixtures/results/rmsnorm_h200_regimes/dispatch.json \
       --peer quack --timeout-s 60 --out "$out/fwd_quack" >> "$log" 2>&1
     echo "fwd quack rc=$?" >> "$log"
-    timeout 90 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch experiments/results/rmsnorm_bwd_h200/dispatch.json \
+    timeout 90 python3 -m evo.cli.main bench --op rmsnorm_bwd --dispatch tests/fixtures/results/rmsnorm_bwd_h200/dispatch.json \
       --peer quack --peer quack.autotuned --timeout-s 80 --out "$out/bwd_quack" >> "$log" 2>&1
     echo "bwd quack rc=$?" >> "$log"
-    timeout 60 python3 -m evo.cli.main bench --op rmsnorm --dispatch experiments/results/rmsnorm_h200_regimes/dispatch.json \
+    timeout 60 python3 -m evo.cli.main bench --op rmsnorm --dispatch tests/fixtures/results/rmsnorm_h200_regimes/dispatch.json \
       --cells 'x=bf16 M32768' --peer quack.autotuned --timeout-s 55 --out "$out/fwd_quack_tuned" >> "$log" 2>&1
     echo "fwd quack.autotuned rc=$?" >> "$log" ;;
   kda)
@@ -276,7 +275,7 @@ case "$stage" in
     table=${KDA_FLUSH_TABLE:-$out/kdaflush/dispatch_bench.json}
     if [ -z "${KDA_FLUSH_TABLE:-}" ]; then
       python3 -m evo.cli.main dispatch merge --fastest "$table" $(ls -t /tmp/kf_kdaf/runs/*/dispatch.json 2>/dev/null | head -1) \
-        experiments/results/kda_decode_h200_5/dispatch.json >> "$log" 2>&1
+        experiments/seeds/kda_decode_h200_5.json >> "$log" 2>&1
     fi
     for m in read write; do
       KF_L2_FLUSH=$m timeout 200 python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.fused_recurrent_kda \
@@ -354,7 +353,7 @@ case "$stage" in
       --out "$out/regate.json" >> "$log" 2>&1
     echo "regate rc=$?" >> "$log" ;;
   kdabench)
-    table=${KDA_BENCH_TABLE:-experiments/results/kda_prefill_h200_17/dispatch_all4.json}
+    table=${KDA_BENCH_TABLE:-experiments/seeds/kda_prefill_h200_17_all4.json}
     timeout "${KDA_BENCH_S:-400}" python3 -m evo.cli.main bench --op kda --dispatch "$table" --peer fla.chunk_kda \
       --timeout-s $((${KDA_BENCH_S:-400} - 10)) --out "$out/kda_bench" >> "$log" 2>&1
     echo "kda bench $table rc=$?" >> "$log" ;;

@@ -11,7 +11,7 @@ with the chunk reference; bf16 w, u with u stored as bf16; EMU_CELLS, VARIANT_CE
 are only those where the template offers it (not beta = 2 sigmoid: bf16_u_on_the_carry_split_k_recurrence); the refused
 cells' worst shares are reported apart.
 
-Run from the project root: PYTHONPATH=. python experiments/scripts/prep_emulation.py experiments/results/prep_emulation.json
+Run from the project root: PYTHONPATH=. python experiments/scripts/prep_emulation.py OUT_JSON
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ chunk's k-step, 8 steps in each of 2 warps of 16 each, 256, in place of the two 
 runs then and the estimate leaves out; prep_aoff two's two off-diagonal loops, 128 each). The
 decay's scan (no exponential) is counted as its body once a warp (K / prep_threads columns a thread: 1 at 128).
 
-Run: python experiments/scripts/prep_sass.py experiments/results/prep_sass.json
+Run: python experiments/scripts/prep_sass.py OUT_JSON
 With the H200 image's NVRTC 13.0 (pip install --no-deps --target /tmp/nvrtc130 "nvidia-cuda-nvrtc==13.0.*"):
-KF_NVRTC_ALT=/tmp/nvrtc130 python experiments/scripts/prep_sass.py experiments/results/prep_sass_nvrtc13_0.json
+KF_NVRTC_ALT=/tmp/nvrtc130 python experiments/scripts/prep_sass.py OUT_JSON
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def analyse(tdef, params: dict, r) -> dict:
 def main(out: str) -> None:
     tdef = load_templates("kda")["chunk"]
     cells = prefill_matrix()
-    table = json.loads((ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
+    table = json.loads((ROOT / "tests/fixtures/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
     base = table[cells[0].label()]["params"]
     points = [(name, pt, base | {"prep_threads": pt} | over) for pt in (128, 256) for name, over in VARIANTS.items()
               if pt == 128 or name not in ONLY_128]

@@ -4,9 +4,9 @@ is (recur_addr swz) and with carry where carry is legal (carry_on_the_lean_ldsm_
 recur_fuse, for which it is not written): registers, spill stores, loads and stack, and the chunk loop's instructions a
 warp (evo/build/sass.py, the innermost loop with the most mma).
 
-Run: python experiments/scripts/recur_carry_sweep.py experiments/results/recur_carry_sweep.json
+Run: python experiments/scripts/recur_carry_sweep.py OUT_JSON
 With the H200 image's NVRTC 13.0 (pip install --no-deps --target /tmp/nvrtc130 "nvidia-cuda-nvrtc==13.0.*"):
-KF_NVRTC_ALT=/tmp/nvrtc130 python experiments/scripts/recur_carry_sweep.py experiments/results/recur_carry_sweep_nvrtc13_0.json
+KF_NVRTC_ALT=/tmp/nvrtc130 python experiments/scripts/recur_carry_sweep.py OUT_JSON
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ work (HMMA) and its shared-memory operands (LDSM, LDS), the ring's refill (LDGST
 the refill's sources, u's words and o's address carried from chunk to chunk); a lean, ldmatrix-fed one-warp-a-column
 entry with carry (its items' slots carried a chunk at a time, each kind's source a call at a time).
 
-Run: python experiments/scripts/recur_sass.py experiments/results/kda_prefill_h200_15/dispatch.json \
-         experiments/results/recur_sass.json
+Run: python experiments/scripts/recur_sass.py tests/fixtures/results/kda_prefill_h200_15/dispatch.json \
+         OUT_JSON
 With the H200 image's NVRTC 13.0 (pip install --no-deps --target /tmp/nvrtc130 "nvidia-cuda-nvrtc==13.0.*"):
-KF_NVRTC_ALT=/tmp/nvrtc130 python experiments/scripts/recur_sass.py ... experiments/results/recur_sass_nvrtc13_0.json
+KF_NVRTC_ALT=/tmp/nvrtc130 python experiments/scripts/recur_sass.py ... OUT_JSON
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ count is of (genome, cell) evaluations until every cell's best is within 1% of t
 that cell (and, as a second number, until 90% of the cells are). Builds are skipped here: a
 strategy benchmark needs only the recorded answers. Deterministic for fixed seeds.
 
-Rerun: python experiments/scripts/replay_bench.py --out experiments/results/replay_ga_vs_random.json
+Rerun: python experiments/scripts/replay_bench.py --out build/replay_ga_vs_random.json
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> int:
     ap.add_argument("--config", type=Path, default=ROOT / "experiments" / "rmsnorm_replay.toml")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--cap", type=int, default=20000, help="give up after this many evaluations")
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "replay_ga_vs_random.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "replay_ga_vs_random.json")
     args = ap.parse_args()
     cfg = load_config(args.config)
     op = get_op(cfg.run.op)

@@ -15,7 +15,7 @@ A B cell whose every nearest A shape gives a large rank is out of reach of warm-
 fast genomes have to be found by search. The sweep covers the replay space near-exhaustively, so
 this is the best case for any transfer from half A.
 
-Rerun: python experiments/scripts/transfer_gap.py  (seconds; writes experiments/results/transfer_gap.json)
+Rerun: python experiments/scripts/transfer_gap.py  (seconds; writes build/transfer_gap.json)
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def report(sweep: pd.DataFrame) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", type=Path, default=SWEEP)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "transfer_gap.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "transfer_gap.json")
     args = ap.parse_args()
     doc = report(pd.read_parquet(args.sweep))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -199,7 +199,7 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="run on the GPU and write raw traces to --traces")
     ap.add_argument("--traces", type=Path, help="--gpu: where to write the raw traces (JSON)")
     ap.add_argument("--summarize", type=Path, nargs="+", help="GPU trace files to summarize into --out")
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "warm_vs_cold_replay.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "warm_vs_cold_replay.json")
     args = ap.parse_args()
     if args.gpu and not args.traces:
         ap.error("--gpu needs --traces")

@@ -40,7 +40,7 @@ POINTS = [{}, {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128}, {"chu
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split", "recur_lean": True},
           LDSM, LDSM | {"recur_fuse": True},
-          # the prep's tf32 by one add and 4 CTAs an SM (experiments/results/profile_h200: 35% of issue cycles idle)
+          # the prep's tf32 by one add and 4 CTAs an SM (profile_h200, in git history: 35% of issue cycles idle)
           LDSM | {"prep_round": "add"}, LDSM | {"prep_blocks": 4}, LDSM | {"prep_round": "add", "prep_blocks": 4},
           LDSM | {"prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"},
           # the GA's point (kda_prefill_h200_5) and the same with the elementwise outputs vectorized
@@ -180,7 +180,7 @@ def test_chunk_launches_timed_one_by_one(worker, c, params):
 # launch 2 started first on a second, higher-priority stream, then launch 1, unsynchronized
 # (evo.measure.launches.time_overlap: what an overlapped plan could save at most; the outputs still checked).
 # Run: KF_LAUNCH_TIMES_OUT=kda_overlap.json pytest -s tests/gpu/test_kda_launch_times.py -k beside
-OVERLAP_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_export_h200_3/prefill_run/dispatch.json"
+OVERLAP_TABLE = Path(__file__).resolve().parents[2] / "tests/fixtures/results/kda_export_h200_3/prefill_run/dispatch.json"
 
 
 @pytest.mark.gpu
@@ -271,7 +271,7 @@ def test_overlap_schedules(worker, c, order, carveout):
 # Compiled (NVRTC 13.5): kwarps 2 from 244 registers and a 64-byte stack to 214 and none; kwarps 4, 128 -> 133
 # registers, no stack either way.
 # Run: KF_LAUNCH_TIMES_OUT=kda_po.json pytest -s tests/gpu/test_kda_launch_times.py -k own_partials
-PO_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h200_13/dispatch.json"
+PO_TABLE = Path(__file__).resolve().parents[2] / "tests/fixtures/results/kda_prefill_h200_13/dispatch.json"
 SHARED_PO = "const float4 p = xo[(j * (C / 8) + n) * 32 + lane];"
 LOCAL_PO = ("const float4 p = j == kw ? make_float4(po[n][0], po[n][1], po[n][2], po[n][3]) : "
             "xo[(j * (C / 8) + n) * 32 + lane];")
@@ -343,7 +343,7 @@ def test_split_k_recurrence_own_partials_from_shared_against_local(worker, c):
 # The prep's exponentials and shared-memory offsets (2026-12-05): each prefill cell's dispatch genome of
 # kda_prefill_h200_13 as it was (prep_exp fast, prep_addr swz), with one ex2.approx.ftz an exponential on a base-2
 # decay (ex2), with the offsets from row and column apart (rowcol), and with both. Compiled (NVRTC 13.5, SASS in
-# experiments/results/prep_sass.json): both together ~24% fewer prep instructions a CTA, 93 -> 80 registers. A/B
+# prep_sass.json, in git history): both together ~24% fewer prep instructions a CTA, 93 -> 80 registers. A/B
 # in one process, launch by launch (time_launches checks the outputs against float64 first). Rows: test "prep_ex2".
 # Run: KF_LAUNCH_TIMES_OUT=kda_ex2.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_ex2
 PREP_VARIANTS = {"fast-swz": {"prep_exp": "fast", "prep_addr": "swz"},
@@ -365,10 +365,10 @@ def test_prep_ex2_and_rowcol_against_the_dispatch(worker, c):
 # carry; at the K-split entries (B1-T8192 kwarps 2, B1-T32768 kwarps 4) also hoist (the ring's and ldmatrix's shared
 # addresses as bases plus immediates; carry adds the refill's sources, u's words and o's address carried from chunk to
 # chunk), at the one-warp-a-column entries (B4, B8) carry only (its items' slots and each kind's source carried).
-# Compiled (NVRTC 13.0, experiments/results/recur_sass_nvrtc13_0.json): the chunk loop 501 -> 443 -> 364 instructions
+# Compiled (NVRTC 13.0, recur_sass_nvrtc13_0.json in git history): the chunk loop 501 -> 443 -> 364 instructions
 # a warp at B1-T8192, 417 -> 387 -> 325 at B1-T32768, 630 -> 522 at B4 and B8. A/B in one process, launch by launch.
 # Run: KF_LAUNCH_TIMES_OUT=kda_hoist.json pytest -s tests/gpu/test_kda_launch_times.py -k recur_hoist
-HOIST_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h200_15/dispatch.json"
+HOIST_TABLE = Path(__file__).resolve().parents[2] / "tests/fixtures/results/kda_prefill_h200_15/dispatch.json"
 
 
 def table_params(table: Path, c) -> dict:
@@ -436,7 +436,7 @@ def test_prep_v_against_the_bf16_dispatch(worker, c):
     ab(worker, c, "prep_v", table_params(BF16_TABLE, c), "prep_v", ("early", "late"), 0, "kda prep v staging")
 
 
-H100_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h100_2/dispatch.json"
+H100_TABLE = Path(__file__).resolve().parents[2] / "tests/fixtures/results/kda_prefill_h100_2/dispatch.json"
 # the K-split recurrence's shapes on the B = 1 cells, each 128-256 CTAs: value groups a CTA (warps), warps a group
 # (kwarps), ring depth (stages) and recur_early; the dispatch's own entry first
 RECUR_SHAPES = {"dispatch": {}, "k2w2s3": {"kwarps": 2, "warps": 2, "stages": 3},
@@ -470,7 +470,7 @@ def test_prep_aoff_against_the_h100_dispatch(worker, c):
 # timed for u as fp32 and as bf16, twice in the order fp32, bf16, fp32, bf16 (a row each; printed: the two medians'
 # mean a launch).
 # Run: KF_LAUNCH_TIMES_OUT=kda_u.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_u
-H100_5_TABLE = Path(__file__).resolve().parents[2] / "experiments/results/kda_prefill_h100_5/dispatch.json"
+H100_5_TABLE = Path(__file__).resolve().parents[2] / "tests/fixtures/results/kda_prefill_h100_5/dispatch.json"
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""The committed backward run of the H200 (experiments/results/rmsnorm_bwd_h200) for the export tests:
+"""The committed backward run of the H200 (rmsnorm_bwd_h200, frozen under tests/fixtures/results/) for the export tests:
 its store (committed gzipped) and published table copied to a tmp folder (the committed files are only
 read), and the NVRTC that built its cubins, for the export's byte-for-byte rebuild."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from evo.build.nvrtc import compiler_version
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "experiments" / "results" / "rmsnorm_bwd_h200"
+RESULTS = ROOT / "tests" / "fixtures" / "results" / "rmsnorm_bwd_h200"
 RUN = "rmsnorm-bwd-h200-20261203-082241-0ee0f3"
 NVRTC = "nvrtc-13.0"  # what the store's builds say built every cubin of the run
 # The H200 image's NVRTC (torch 2.11+cu130): it rebuilds the run's cubins byte for byte (test_export_bwd).

@@ -18,7 +18,7 @@ from evo.templates.template import load_templates
 from evo.core.registry import get_op
 
 ROOT = Path(__file__).resolve().parents[2]
-REGIMES = ROOT / "experiments/results/rmsnorm_h200_regimes/dispatch.json"
+REGIMES = ROOT / "tests/fixtures/results/rmsnorm_h200_regimes/dispatch.json"
 
 
 def test_dispatch_plan_rebuilds_every_entry_on_its_own_cell():
@@ -36,7 +36,7 @@ def test_dispatch_plan_rebuilds_every_entry_on_its_own_cell():
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
 
 
-KDA_13 = ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json"
+KDA_13 = ROOT / "tests/fixtures/results/kda_prefill_h200_13/dispatch.json"
 
 
 def test_dispatch_plan_runs_a_table_recorded_before_a_param_existed():

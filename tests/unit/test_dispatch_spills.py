@@ -10,7 +10,7 @@ from evo.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TABLE = ROOT / "experiments/results/rmsnorm_peers_h200/chain6_bwd_dispatch.json"
+TABLE = ROOT / "tests/fixtures/results/rmsnorm_peers_h200/chain6_bwd_dispatch.json"
 
 
 def test_spilling_and_clean_entries_are_told_apart(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""The GPU machine scripts name files that exist (a typo found on the GPU machine costs a call), and the package
-proof's wheels stage installs what it is given."""
+"""The GPU machine scripts name files that exist (a typo is otherwise found only on the GPU machine), and the
+package proof's wheels stage installs what it is given."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_the_lab_gpu_script_names_its_inputs():
     """The pattern finds what the script uses (so the test above checks something)."""
     found = set(PATH.findall((ROOT / "experiments" / "scripts" / "lab_gpu.sh").read_text()))
     assert {"experiments/rmsnorm_bwd_h200_all.toml", "experiments/rmsnorm_residual_h200.toml",
-            "tests/gpu/test_kda_device.py", "experiments/results/rmsnorm_bwd_h200/store.duckdb.gz"} <= found
+            "tests/gpu/test_kda_device.py", "tests/fixtures/results/rmsnorm_bwd_h200/store.duckdb.gz"} <= found
 
 
 @pytest.mark.parametrize("gpu, rc", [("NVIDIA H100 80GB HBM3", 3), ("NVIDIA H200", 0)])
@@ -50,7 +50,7 @@ def test_lab_gpu_script_runs_nothing_on_another_gpu_than_required(tmp_path, gpu,
 
 
 def test_lab_gpu_script_seeds_and_saves_the_triton_cache(tmp_path):
-    """A carried Triton cache ($KF_TRITON_SEED) is copied into TRITON_CACHE_DIR; KF_SAVE_TRITON_CACHE=1 packs that
+    """A Triton cache brought along ($KF_TRITON_SEED) is copied into TRITON_CACHE_DIR; KF_SAVE_TRITON_CACHE=1 packs that
     folder into $out/triton_cache.tgz when the script ends (here after the `stash` stage)."""
     import os
     import subprocess
@@ -76,8 +76,8 @@ def test_lab_gpu_script_seeds_and_saves_the_triton_cache(tmp_path):
 
 
 def test_lab_gpu_script_seeds_the_triton_cache_from_a_packed_one(tmp_path):
-    """A packed cache, $KF_TRITON_SEED.tgz (what KF_SAVE_TRITON_CACHE returned, carried as is: unpacked it is over a
-    call's carry), is unpacked into TRITON_CACHE_DIR."""
+    """A packed cache, $KF_TRITON_SEED.tgz (what KF_SAVE_TRITON_CACHE wrote: one file to copy instead of many), is
+    unpacked into TRITON_CACHE_DIR."""
     import os
     import subprocess
     import tarfile

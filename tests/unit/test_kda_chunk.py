@@ -123,7 +123,7 @@ def test_prefill_matrix_is_what_the_template_serves():
 # Spills the parser hid until 2026-12-04 (ptxas prints an out-of-line device function's properties inside its
 # caller's block, and their zeros overwrote the entry's), pinned where found rather than hidden: a template change
 # that spills more, or spills anywhere else, fails. Stores / loads / stack bytes under NVRTC 13.5
-# (experiments/results/chunk_spills.json, from experiments/scripts/chunk_spills.py):
+# (chunk_spills.json in git history, from experiments/scripts/chunk_spills.py):
 # - the prep at 256 threads under a register cap: at chunk 64 (128 registers: 88 / 84 / 64, and 108 / 136 / 88 with
 #   q, k normalized in the kernel), at prep_blocks 4 (64 registers: 140 / 160 / 120), and at chunk 32 with fla's
 #   variants in the kernel (80 registers: 64 / 72 under NVRTC 13.0, kda_varlen_h200's builds; none under 13.5);

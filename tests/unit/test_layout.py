@@ -128,3 +128,19 @@ def test_experiments_import_the_installed_packages_without_path_edits():
     found = [f"{p.relative_to(root.parent)}:{i}" for p in sorted(root.rglob("*")) if p.suffix in (".py", ".sh")
              for i, line in enumerate(p.read_text().splitlines(), 1) if "sys.path" in line]
     assert found == []
+
+
+def test_tests_read_frozen_fixtures_not_the_experiments_results():
+    """Tests read tests/fixtures/, never the experiments' results folder (its canonical folders change when a table
+    is published again); only the published tables' own test reads those folders."""
+    tests = EVO.parent / "tests"
+    allowed = {Path(__file__).resolve(), tests / "unit" / "test_results_tables.py"}
+    results = re.compile("experiments" + r"/results|\"experiments\"\s*/\s*\"results\"")  # split: grep finds no hit here
+    found = [f"{p.relative_to(tests.parent)}:{i}" for p in sorted(tests.rglob("*.py")) if p.resolve() not in allowed
+             for i, line in enumerate(p.read_text().splitlines(), 1) if results.search(line)]
+    assert found == []
+
+
+def test_experiments_results_holds_only_canonical_folders():
+    """The experiments' results folder keeps the published tables' folders and the few files the README cites."""
+    assert len(list((EVO.parent / "experiments" / "results").iterdir())) <= 20

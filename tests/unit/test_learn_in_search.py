@@ -143,7 +143,7 @@ def first_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _targeted(tmp_path: Path, first: Path, refine: str) -> tuple:
     """A run on N = 16384 (bf16 and fp32), then a warm run on N = 32768. There the bf16 N = 16384
-    champion is ~2.4x off the best (experiments/results/transfer_gap.json) while the fp32 champion comes
+    champion is ~2.4x off the best (transfer_gap.json, in git history) while the fp32 champion comes
     within 2%: the warm start's prediction for the bf16 cell misses."""
     store = tmp_path / f"s{refine}.duckdb"
     shutil.copy(first, store)

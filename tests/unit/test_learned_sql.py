@@ -13,7 +13,7 @@ from evo.tools import learned_sql
 
 ROOT = Path(__file__).resolve().parents[2]
 
-EVALS = ROOT / "experiments" / "results" / "kda_prefill_h200" / "evaluations.parquet"
+EVALS = ROOT / "tests" / "fixtures" / "results" / "kda_prefill_h200" / "evaluations.parquet"
 
 
 def test_param_effects_account_for_every_ok_evaluation(tmp_path):

@@ -60,7 +60,7 @@ def test_merged_committed_table_is_a_bench_plan(tmp_path):
     from evo.templates.template import load_templates
     from ops.rmsnorm.spec import SPEC
 
-    src = ROOT / "experiments" / "results" / "rmsnorm_h200_regimes" / "dispatch.json"
+    src = ROOT / "tests" / "fixtures" / "results" / "rmsnorm_h200_regimes" / "dispatch.json"
     t = json.loads(src.read_text())
     first = {"run_id": "part", "dispatch": dict(list(t["dispatch"].items())[:5])}
     (tmp_path / "part.json").write_text(json.dumps(first))

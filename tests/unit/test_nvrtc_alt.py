@@ -82,7 +82,7 @@ CHUNK_POINTS = [  # (cell, params over the defaults)
     (PREFILL, LEAN_H200 | {"recur_ldsm": True, "recur_addr": "carry"}),  # carry: the items' slots, sources carried
     (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry"}),
     # recur_early: the refill without a branch, u and exp(G_last) read first (at kwarps 4 and a 6-deep ring, carry
-    # without it spills 8 B under 13.0: experiments/results/recur_sass_nvrtc13_0.json)
+    # without it spills 8 B under 13.0: recur_sass_nvrtc13_0.json, in git history)
     (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry",
                "recur_early": "mid"}),
     (PREFILL, {"chunk": 32, "warps": 1, "stages": 6, "stage_in": True, "kwarps": 4, "recur_addr": "carry",

@@ -32,7 +32,7 @@ def test_committed_targets_plan_and_build():
 
 
 def test_the_kda_carry_targets_take_the_carry_table_and_build_spill_free():
-    """experiments/profile_kda_carry.toml: the carry dispatch on the two cells its estimate left short of 2x fla."""
+    """experiments/profile_kda_carry.toml: the carry dispatch on two prefill cells (B1-T8192, B8-T2048)."""
     ts = P.load_targets(ROOT / "experiments" / "profile_kda_carry.toml")
     table = json.loads((ROOT / "experiments/seeds/kda_prefill_carry.json").read_text())["dispatch"]
     assert {t.cell.split()[1].split("-K")[0] for t in ts} == {"B1-H32-HV32", "B8-H16-HV16"}
@@ -46,7 +46,7 @@ def test_the_kda_carry_targets_take_the_carry_table_and_build_spill_free():
 
 def test_a_dispatch_target_takes_the_entry_of_its_cell():
     t = next(t for t in P.load_targets(TARGETS) if t.name == "rmsnorm_bwd_bf16_M32768N4096")
-    entry = json.loads((ROOT / "experiments/results/rmsnorm_bwd_h200_all3/dispatch.json").read_text())["dispatch"][t.cell]
+    entry = json.loads((ROOT / "tests/fixtures/results/rmsnorm_bwd_h200_all3/dispatch.json").read_text())["dispatch"][t.cell]
     assert (t.template, t.params) == (entry["template"], entry["params"])
 
 

@@ -24,7 +24,7 @@ from tests.unit.template_points import build_point
 ROOT = Path(__file__).resolve().parents[2]
 BWD_T = load_templates("rmsnorm_bwd")["cluster_rows"]
 FWD_T = load_templates("rmsnorm")["cluster_row"]
-BWD_DISPATCH = json.loads((ROOT / "experiments/results/rmsnorm_bwd_h200/dispatch.json").read_text())["dispatch"]
+BWD_DISPATCH = json.loads((ROOT / "tests/fixtures/results/rmsnorm_bwd_h200/dispatch.json").read_text())["dispatch"]
 
 
 def _build(op: str, tdef, params: dict, cell: Cell):
@@ -91,7 +91,7 @@ def _regs_model(params: dict, n: int) -> int:
     """Registers of the rows kernel, measured with ptxas over this template's legal points (fp32 and
     bf16, N 16384..65536): about 4 per element a thread owns (its fp32 dw sums, plus x, dout and w)
     plus 40. Points over the block's cap spill; the template's register_budget estimate admitted some of
-    them, which thread_elements_fit_registers now refuses (experiments/results/rmsnorm_bwd_register_budget.json)."""
+    them, which thread_elements_fit_registers now refuses (tests/fixtures/results/rmsnorm_bwd_register_budget.json)."""
     ept = -(-(n // params["cluster"]) // (params["threads"] * params["vec"])) * params["vec"]
     return 4 * ept + 40
 
@@ -188,13 +188,13 @@ def test_rows_pipelined_builds_without_spills(cell):
 
 
 def test_backward_register_calibration_rebuilds_and_its_constraint_refuses_the_spills():
-    """The committed calibration (experiments/results/rmsnorm_bwd_register_budget.{json,csv}) against today's template
+    """The committed calibration (tests/fixtures/results/rmsnorm_bwd_register_budget.{json,csv}) against today's template
     and NVRTC: its refused column is what thread_elements_fit_registers says; refused points spill or have no registers to
     spare, and the legal ones that spill are the few it names (16 B at most); a sample of rows, refused and legal at
     32 and 64 elements a thread, rebuild with the file's registers and spills."""
     from evo.build.nvrtc import compiler_version
 
-    path = ROOT / "experiments/results/rmsnorm_bwd_register_budget.json"
+    path = ROOT / "tests/fixtures/results/rmsnorm_bwd_register_budget.json"
     doc, rows = json.loads(path.read_text()), BUDGET.read_rows(str(path))
     assert len(rows) == doc["points"] and doc["rows_csv"] == path.with_suffix(".csv").name
     cells = {(c.dtype("x").value, c.dim("N")): c for c in BWD.matrix()}

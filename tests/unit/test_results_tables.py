@@ -76,3 +76,12 @@ def test_a_table_says_its_card_peers_speedups_and_what_was_not_timed(tmp_path):
     (folder.parent / "h200" / "rmsnorm_bench_a.json").write_text(json.dumps(_doc(cells)))
     with pytest.raises(ValueError, match="measured on NVIDIA H100 80GB HBM3, not a h200"):
         rt.load_tables(tmp_path)
+
+
+def test_the_warm_rerun_the_readme_cites_is_consistent() -> None:
+    """experiments/results/warm_rerun_replay.json (experiments/scripts/warm_rerun.py), the README's run times."""
+    r = json.loads((SCRIPT.parents[1] / "results" / "warm_rerun_replay.json").read_text())
+    assert r["warm_faster"] and r["warm"]["wall_s"] < r["cold"]["wall_s"]
+    assert r["warm"]["compiles"] == 0 and r["warm"]["builds_reused"] == r["cold"]["compiles"]
+    assert r["warm"]["evaluations_measured"] + r["warm"]["evaluations_reused"] == r["warm"]["evaluations"]
+    assert r["best_per_cell"]["cells"] == 36 and r["best_per_cell"]["cells_worse_after"] == []

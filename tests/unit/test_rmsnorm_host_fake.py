@@ -1,5 +1,5 @@
 """experiments/scripts/rmsnorm_host_fake.py without torch: the ratios it keeps per process (its child needs an
-exported package and torch, as experiments/results/rmsnorm_host_fake_cpu.json records)."""
+exported package and torch, as rmsnorm_host_fake_cpu.json, in git history, records)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ found and counted; and the KDA prep's claim read from its SASS (experiments/scri
 drops __expf's subnormal guard, and with prep_addr = rowcol every hot loop the estimate counts gets shorter and
 prep_vec's 16-byte stores become STG.E.128 (four 32-bit stores each without it); and the K-split recurrence's chunk loop
 with recur_addr = hoist or carry (experiments/scripts/recur_sass.py) keeps its mma and copies and loses integer instructions;
-the scheduling bits ptxas writes (evo.build.sass.scheduled) and the one-warp issue model built on them
-(experiments/scripts/recur_issue_model.py)."""
+and the scheduling bits ptxas writes (evo.build.sass.scheduled)."""
 
 from __future__ import annotations
 
@@ -81,7 +80,7 @@ def test_prep_ex2_and_rowcol_shorten_every_hot_loop():
 
     tdef = load_templates("kda")["chunk"]
     c = prefill_matrix()[0]
-    table = json.loads((ROOT / "experiments/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
+    table = json.loads((ROOT / "tests/fixtures/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
     base = table[c.label()]["params"]
     got = {name: P.build(tdef, c, base | over) for name, over in P.VARIANTS.items()}
     elementwise = {"qg", "kgT", "X", "scan"}
@@ -134,13 +133,13 @@ def test_recur_addr_hoist_and_carry_shorten_the_split_k_chunk_loop():
     chunk loop keeps its mma, ldmatrix and cp.async counts and loses integer instructions (hoist: no chunk % NS, no
     per-address swizzle; carry: no 64-bit source address or o address built a chunk, no select of a warp's own
     partial), without spills and with no more registers. NVRTC 13.5 when written: 525 -> 439 -> 366 instructions at
-    kwarps 2, 450 -> 395 -> 311 at kwarps 4 (experiments/results/recur_sass.json)."""
+    kwarps 2, 450 -> 395 -> 311 at kwarps 4 (recur_sass.json, in git history)."""
     from evo.build.nvrtc import build_point
     from evo.templates.template import load_templates
     from evo.core.registry import get_op
 
     tdef = load_templates("kda")["chunk"]
-    table = json.loads((ROOT / "experiments/results/kda_prefill_h200_15/dispatch.json").read_text())["dispatch"]
+    table = json.loads((ROOT / "tests/fixtures/results/kda_prefill_h200_15/dispatch.json").read_text())["dispatch"]
     cells = {c.label(): c for c in get_op("kda").all_cells()}
     ksplit = {label: e["params"] for label, e in table.items() if e["params"]["kwarps"] > 1}
     assert len(ksplit) == 2
@@ -167,13 +166,13 @@ def test_recur_addr_carry_shortens_the_one_warp_chunk_loop():
     """recur_addr = carry on kda_prefill_h200_15's one-warp-a-column dispatch point (B4-T4096 and B8-T2048: recur_lean,
     recur_ldsm, u_prefetch, warps 2, stages 6): the same mma, ldmatrix, cp.async and barrier counts a chunk, at least
     40% fewer integer instructions (no item % NS in any address, no 64-bit source built a refill), no spill. NVRTC 13.5
-    when written: 624 -> 518 instructions a warp, 220 -> 109 integer (experiments/results/recur_sass.json)."""
+    when written: 624 -> 518 instructions a warp, 220 -> 109 integer (recur_sass.json, in git history)."""
     from evo.build.nvrtc import build_point
     from evo.templates.template import load_templates
     from evo.core.registry import get_op
 
     tdef = load_templates("kda")["chunk"]
-    table = json.loads((ROOT / "experiments/results/kda_prefill_h200_15/dispatch.json").read_text())["dispatch"]
+    table = json.loads((ROOT / "tests/fixtures/results/kda_prefill_h200_15/dispatch.json").read_text())["dispatch"]
     cells = {c.label(): c for c in get_op("kda").all_cells()}
     one = {label: e["params"] for label, e in table.items() if e["params"]["kwarps"] == 1}
     assert len(one) == 2 and all(p["recur_lean"] and p["recur_ldsm"] for p in one.values())
@@ -224,23 +223,3 @@ def test_scheduled_is_disassemble_with_bits_that_hang_together():
         assert all(b in set_anywhere for b in range(6) if mask >> b & 1), (i, sched[i])
     assert all((c.stall <= 15 and c.wait < 64) for _, c in sched if c is not None)
 
-
-_mspec = importlib.util.spec_from_file_location("recur_issue_model",
-                                                ROOT / "experiments" / "scripts" / "recur_issue_model.py")
-M = importlib.util.module_from_spec(_mspec)
-_mspec.loader.exec_module(M)
-
-
-def test_issue_model_waits_for_scoreboards_and_stalls():
-    """A shared load, an add that waits for it, a barrier: the add issues LATENCY['LDS'] cycles after the load (not
-    its 1-cycle stall), the barrier costs BARRIER, and the counts add up."""
-    from evo.build.sass import Control
-
-    body = [("LDS R0, [R1]", Control(1, True, 0, None, 0, 0)),
-            ("FADD R2, R0, R0", Control(4, True, None, None, 0b1, 0)),
-            ("BAR.SYNC.DEFER_BLOCKING 0x0", Control(1, True, None, None, 0, 0))]
-    got = M.simulate(body)
-    assert got == {"cycles": M.LATENCY["LDS"] + 4 + M.BARRIER + 1, "stall": 1 + 4 + 1,
-                   "scoreboard": M.LATENCY["LDS"] - 1, "barrier": M.BARRIER}
-    nowait = [body[0], ("FADD R2, R3, R3", Control(4, True, None, None, 0, 0)), body[2]]
-    assert M.simulate(nowait)["cycles"] == 1 + 4 + M.BARRIER + 1  # the same code without the dependence

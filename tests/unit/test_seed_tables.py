@@ -19,7 +19,7 @@ from ops.rmsnorm import SPEC
 from tests.unit.test_search_replay import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
-LONG = ROOT / "experiments/results/rmsnorm_h200_long/dispatch.json"  # cta_row and cta_row_async entries
+LONG = ROOT / "tests/fixtures/results/rmsnorm_h200_long/dispatch.json"  # cta_row and cta_row_async entries
 
 
 def _cells():
@@ -120,8 +120,7 @@ def test_every_cells_measured_best_comes_before_any_prediction(tmp_path):
 
 def test_the_kda_prefill_configs_first_generation_holds_every_cells_measured_best():
     """The committed prefill config's tables (measured and predicted): all of each cell's fastest measured
-    entries are within the first population. On 2026-12-05 the B4 and B8 winners of kda_prefill_h100_2
-    were not, and a 140 s GA never timed them."""
+    entries are within the first population (a winner left out of it may never be timed by a short GA)."""
     from evo.core.config import load_config
     from evo.loop.pipeline import Session
 
@@ -210,8 +209,7 @@ def test_every_committed_config_with_seed_tables_resolves_them():
 
 def test_refining_round_a_table_seed_credits_only_the_lessons_behind_warm_seeds():
     """A cell's refine targets hold a warm seed (a lesson behind it) and a table seed (none): a neighbour
-    polled there credits the lesson and nothing for the table seed (it raised KeyError on the H200,
-    2026-12-03, when a seeded run started warm)."""
+    polled there credits the lesson and nothing for the table seed (no KeyError when a seeded run starts warm)."""
     from types import SimpleNamespace
 
     from evo.loop.learn import Learner

@@ -73,7 +73,7 @@ def test_a_table_of_an_unknown_kind_is_a_config_error(tmp_path):
 
 def test_the_committed_seed_table_is_what_the_command_writes_from_its_sources(tmp_path, capsys):
     seeds = json.loads((ROOT / "experiments/seeds/rmsnorm_bytes_per_row.json").read_text())
-    R = ROOT / "experiments/results"
+    R = ROOT / "tests/fixtures/results"
     srcs = [R / "rmsnorm_peers_h200/fwd_hold_fp16_fp32_dispatch.json", R / "rmsnorm_h200_long2/dispatch.json",
             R / "rmsnorm_h200_long/dispatch.json", R / "rmsnorm_h200_regimes/dispatch.json"]
     assert seeds["dispatch"] == translate([json.loads(p.read_text()) for p in srcs])["dispatch"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,10 +25,3 @@ def test_summary_line_is_read_from_a_run() -> None:
     m = W._SUMMARY.search("x\n" + lines + "\ny")
     assert (m["measured"], m["reused"], m["compiled"], m["builds_reused"]) == ("510", "4499", "0", "1584")
 
-
-def test_committed_result_is_consistent() -> None:
-    r = json.loads((ROOT / "experiments" / "results" / "warm_rerun_replay.json").read_text())
-    assert r["warm_faster"] and r["warm"]["wall_s"] < r["cold"]["wall_s"]
-    assert r["warm"]["compiles"] == 0 and r["warm"]["builds_reused"] == r["cold"]["compiles"]
-    assert r["warm"]["evaluations_measured"] + r["warm"]["evaluations_reused"] == r["warm"]["evaluations"]
-    assert r["best_per_cell"]["cells"] == 36 and r["best_per_cell"]["cells_worse_after"] == []

@@ -3,7 +3,7 @@
 builds for sm_90a (cubins in the store, as a run leaves them), evaluations with planted times.
 
 VAR_RUN's table (best per cell), with the genomes the committed H200 residual run picked
-(experiments/results/rmsnorm_residual_h200/dispatch.json) at N = 1024 and 4096:
+(experiments/seeds/rmsnorm_residual_h200.json) at N = 1024 and 4096:
 - residual bf16, bf16 M32768 N1024          -> cta_row_fused(threads=128, vec=8)  (threads=256, vec=4 slower)
 - residual bf16, bf16 M32768 N4096          -> cta_row_fused(threads=512, vec=4, min_blocks=2, ...)
 - residual fp16, fp16 M32768 N1024          -> cta_row_fused(threads=128, vec=8)
