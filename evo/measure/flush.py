@@ -1,9 +1,9 @@
 """How the L2 is flushed before each timed sample ($KF_L2_FLUSH; the worker, evo/measure/worker.py, does it).
 
-"read" (the default since 2026-12-04): a kernel reads 256 MiB, leaving only clean lines, so the timed span holds
-the call's own traffic. "write": a 256 MiB memset (every measurement before that date), which leaves an L2 of
+"read" (the default): a kernel reads 256 MiB, leaving only clean lines, so the timed span holds
+the call's own traffic. "write": a 256 MiB memset (the earlier default), which leaves an L2 of
 dirty lines whose write-back falls inside the timed call. On the H200 that tax was ~3.5 us: a copy of 2 x 134 MB
-took 66.9 us after the memset and 63.4 us after the reads (experiments/results/kda_decode_h200_8), large against
+took 66.9 us after the memset and 63.4 us after the reads (in a KDA decode run), large against
 a kernel moving a few hundred MB and nothing against the 2 GiB copy ceiling. Measurements of the two modes are not
 compared: the mode is in the worker's fingerprint and, when not "write", in its class (evo/loop/record.py).
 """

@@ -50,22 +50,22 @@ import numpy as np
 
 from evo.measure.jobs import BufferDecl, CheckStats, DecodeLoop, EvalJob, Guard, JobResult, LaunchJob
 
-# In every GPU fingerprint: results of an older gate are never reused. "3" (2026-12-03): the peer check, the
+# In every GPU fingerprint: results of an older gate are never reused. "3": the peer check, the
 # timing hold before each timed call when peers are timed, and rmsnorm_bwd's rstd no longer perturbed (the
 # "2" gate rejected correct fp16/fp32 backward kernels: a store holding those rejections must not serve them).
-# "4" (2026-12-06): an element-wise error scale for reduction outputs (rmsnorm_bwd's dw: atol in units of the
+# "4": an element-wise error scale for reduction outputs (rmsnorm_bwd's dw: atol in units of the
 # rms of the column's terms); the "3" gate rejected correct fp32 dw sums on its perturbed "large" set.
-# "5" (2026-12-06): the reference is recomputed before every comparison: "4" and earlier reused it across launches
+# "5": the reference is recomputed before every comparison: "4" and earlier reused it across launches
 # of the same set, so a kernel that overwrote it with its own answer passed those checks.
-# "6" (2026-12-06): the reference is computed once per set again, and audited instead: each comparison also takes
+# "6": the reference is computed once per set again, and audited instead: each comparison also takes
 # a keyed checksum of the reference (and its error scale); a reused reference whose checksum moved since the
 # comparison right after its computation is a fault. Same verdicts as "5" for every kernel but the forger (now
 # INPUT_MODIFIED, was WRONG_ANSWER), without "5"'s recomputations (+39% to +66% wall time per KDA prefill
 # evaluation on an H100: experiments/results/gate5_cost_h100.json).
-# "7" (2026-12-06): rmsnorm_bwd's dx gets an error scale too (max(1, |x| |rstd|^3 sum|dout w x| / N)): the "6" gate
+# "7": rmsnorm_bwd's dx gets an error scale too (max(1, |x| |rstd|^3 sum|dout w x| / N)): the "6" gate
 # and earlier rejected right cluster kernels' fp32 dx where its two terms cancel on the perturbed "normal" set
 # (two H100 rejections, max abs err 3.8e-5 against atol 1e-5; experiments/scripts/dx_rounding.py).
-# "8" (2026-12-07): a job's shapes and scalars drawn from a secret drawn per job (gate cells at M, T, head groupings
+# "8": a job's shapes and scalars drawn from a secret drawn per job (gate cells at M, T, head groupings
 # and varlen lengths at residues of the template's tile, eps, scale and lower_bound from declared ranges), guard zones
 # (sizes, offsets, bytes) and fills drawn from it too; a plan missing a tensor of its cell's variant INVALID; KDA's
 # fp32 final state of a decode cell held to fp32's tolerance, and a decode loop of 48 to 80 calls chaining the state
@@ -101,7 +101,7 @@ PEER_TOL_FACTOR = 2.0
 # Launch by launch, with peers: before each timed call the stream is held busy this long (a spin
 # kernel), so the host's work to launch it (a Python peer's dispatch: torch.compile's guards, a DSL's
 # call path, up to ~150 us) is done while the GPU spins and falls outside the timed interval. The L2
-# flush before it covers ~60 us; the H200 peers bench of 2026-12-03 timed QuACK at 47 us on a cell
+# flush before it covers ~60 us; an H200 peers bench timed QuACK at 47 us on a cell
 # where it runs 14 us.
 HOLD_US = 300.0
 PRECISION = {"bfloat16": 8, "float16": 11, "float32": 24}  # significand bits: a peer's output may be finer, not coarser

@@ -103,7 +103,7 @@ out=$(cd "$out" && pwd)  # absolute: stages run commands from other folders
 for d in .kfw*/; do [ -d "$d" ] && cp "$d"* /tmp/kfw/; done
 # fla's Triton kernels compile for ~90 s on a fresh machine (kda_prefill_h200_16; 12 s in the next process with the
 # disk cache warm, kda_prefill_h200_17). A cache from an earlier call (any sm_90 GPU, the same triton), unpacked into
-# .triton_cache/ ($KF_TRITON_SEED) and carried, seeds TRITON_CACHE_DIR, and so does a packed one, $KF_TRITON_SEED.tgz
+# .triton_cache/ ($KF_TRITON_SEED) and brought beside the tree, seeds TRITON_CACHE_DIR, and so does a packed one, $KF_TRITON_SEED.tgz
 # (.triton_cache.tgz: fla's cache unpacked can exceed a call's transfer limit beside .whl/); KF_SAVE_TRITON_CACHE=1 packs
 # the cache into $out/triton_cache.tgz when the script ends (to bring next time: cp .../triton_cache.tgz .triton_cache.tgz).
 export TRITON_CACHE_DIR=${KF_TRITON_DIR:-/tmp/kf_triton}
