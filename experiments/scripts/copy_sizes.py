@@ -1,6 +1,6 @@
 """Device-to-device copy bandwidth at the sizes of the KDA decode cells' state traffic and at the 2 GiB of the
 gate's copy ceiling (which the gate measures with cuMemcpyDtoDAsync), with one timer, in one process: what share of the 2 GiB ceiling a copy of a decode cell's
-bytes reaches (issue 15's decode target is >= 90% of the ceiling at B >= 64).
+bytes reaches (the decode target is >= 90% of the ceiling at B >= 64).
 
 Each size: two buffers of `n` bytes (the cell's fp32 state read and written: n = N HV K V 4), the source filled
 with ones (never zeros), torch's copy_ (a device-to-device copy) timed by CUDA events, the L2 flushed before every

@@ -25,7 +25,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "ga_h200")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="the run's time budget in place of the config's budget.max_seconds (a shorter run on a "
-                         "GPU lent by the minute: at least its seeded first generation)")
+                         "GPU paid by the minute: at least its seeded first generation)")
     args = ap.parse_args()
     config = load_config(args.config)
     if args.max_seconds is not None:  # the run records the budget it ran under (its config text), not the file's
