@@ -81,9 +81,13 @@ def op_document(run: RunTable, kernels: Sequence[Kernel], cell_kernel: dict[str,
 
 def matrix_doc(spec: Any) -> list[dict[str, Any]]:
     """The op's published cells (its matrix and named matrices, not its edge cells): what the package's benchmark
-    measures, whether the search covered a cell or not."""
-    cells = [*spec.matrix(), *(c for f in spec.matrices.values() for c in f())]
-    return [{"cell": c.label(), "dtypes": c.dtypes_dict(), "dims": c.dims_dict()} for c in dict.fromkeys(cells)]
+    measures, whether the search covered a cell or not; each names its matrix ("" for the op's own, else the named
+    matrix that lists it first)."""
+    named: dict[Any, str] = {}
+    for name, cells in (("", spec.matrix()), *((n, f()) for n, f in spec.matrices.items())):
+        for c in cells:
+            named.setdefault(c, name)
+    return [{"cell": c.label(), "dtypes": c.dtypes_dict(), "dims": c.dims_dict(), "matrix": m} for c, m in named.items()]
 
 
 def dispatch_document(name: str, ops: dict[str, dict[str, Any]]) -> dict[str, Any]:

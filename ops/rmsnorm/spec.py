@@ -217,6 +217,20 @@ def matrix_bias_rstd() -> list[Cell]:
             for n in BIAS_RSTD_N]
 
 
+SERVING_M = (1, 8, 64, 140, 512, 2048)  # a decode step's tokens to a prefill chunk's
+SERVING_N = (2048, 4096, 8192)
+
+
+def matrix_serving() -> list[Cell]:
+    """Serving shapes (few rows, the host's share large): bf16 and fp16, the weight in x's dtype."""
+    return [cell(d, m, n) for d in (DType.BF16, DType.FP16) for m in SERVING_M for n in SERVING_N]
+
+
+def matrix_serving_residual() -> list[Cell]:
+    """The serving shapes with the fused residual add (prenorm), the residual in x's dtype."""
+    return [cell(d, m, n, residual=True) for d in (DType.BF16, DType.FP16) for m in SERVING_M for n in SERVING_N]
+
+
 def edge_cells() -> list[Cell]:
     """Shapes that catch tail and bounds bugs: M=1, odd M, N off the vector width, fp32 weight."""
     cells = []
@@ -328,6 +342,7 @@ VARIANT_SPEC = OpSpec(**{
         TensorSpec("rstd", ("M",), DType.FP32, role=Role.OUT, optional=True, used_when=stores_rstd),
     ),
     "fills": {k: {**FILLS[k], **VARIANT_FILLS[k]} for k in FILLS},
-    "matrices": {"residual": matrix_residual, "bias_rstd": matrix_bias_rstd},
+    "matrices": {"residual": matrix_residual, "bias_rstd": matrix_bias_rstd, "serving": matrix_serving,
+                 "serving_residual": matrix_serving_residual},
     "dim_defaults": {d: 0 for d in VARIANT_DIMS},
 })

@@ -56,10 +56,12 @@ def test_files_agree_with_the_store(exported, store):
     winners = {fx.cell(dt, m, n).label(): fx.genome(*rows[0][0]).key() for (dt, m, n), rows in fx.PLAN.items()}
     assert {e["cell"]: e["genome_key"] for e in doc["entries"]} == winners
     assert len(doc["builds"]) == 3  # the two bf16 N=8192 cells share a build, and so do the fp32 cells
-    # the op's published cells, searched or not, for the package's benchmark: the matrix and its named matrices
+    # the op's published cells, searched or not, for the package's benchmark: the matrix and its named matrices,
+    # each cell naming the matrix it belongs to ("" the op's own)
     spec = get_op("rmsnorm")
-    published = [*spec.matrix(), *(c for f in spec.matrices.values() for c in f())]
-    assert [c["cell"] for c in doc["matrix"]] == [c.label() for c in published]
+    published = [*(("", c) for c in spec.matrix()), *((n, c) for n, f in spec.matrices.items() for c in f())]
+    assert [(c["matrix"], c["cell"]) for c in doc["matrix"]] == [(n, c.label()) for n, c in published]
+    assert {c["matrix"] for c in doc["matrix"]} == {"", "residual", "bias_rstd", "serving", "serving_residual"}
     with Store.open(store, read_only=True) as s:
         measured = s.sql("SELECT e.cell, b.cubin FROM evaluations e JOIN builds b USING (build_key) "
                          "WHERE e.run_id = ? AND e.status = 'OK'", [fx.RUN])

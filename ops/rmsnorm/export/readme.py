@@ -125,8 +125,9 @@ def readme(name: str, runs: Sequence[Any], cell_kernel: dict[str, dict[str, str]
         *tests_and_bench(name, "torch eager, torch.compile, Liger, QuACK (heuristic and autotuned), FlashInfer and "
                                "cuDNN frontend"),
         "Its tables: `forward` (`rmsnorm`), `residual` (`rmsnorm_fwd` with a residual: y and residual_out),",
-        "`backward` (`rmsnorm_bwd` given rstd) and `train` (forward and backward through autograd, as a model",
-        "calls it). The GPU tests compare every searched cell, off-table shapes (M = 1, odd M and N, mixed",
+        "`backward` (`rmsnorm_bwd` given rstd), `train` (forward and backward through autograd, as a model",
+        "calls it), and `serving` and `serving_residual` (M from 1 to 2048 rows, where call time is what counts).",
+        "The GPU tests compare every searched cell, off-table shapes (M = 1, odd M and N, mixed",
         "weight dtype, long rows), every API variant, autograd and torch.compile with a float64 reference.",
         "",
         "## Provenance",

@@ -133,11 +133,13 @@ class Entry:
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell of the op's matrix: its label, dtypes and dims."""
+    """One cell of the op's matrix: its label, dtypes, dims and the matrix that lists it ("" for the op's own,
+    else a named matrix such as "residual" or "serving")."""
 
     label: str
     dtypes: tuple[tuple[str, str], ...]
     dims: tuple[tuple[str, int], ...]
+    matrix: str = ""
 
 
 @dataclass(frozen=True)
@@ -213,7 +215,8 @@ def _op_table(op: str, d: Mapping[str, Any]) -> OpTable:
                    tuple((s["name"], s["type"]) for s in d["scalars"]),
                    {tid: _template(tid, t, defaults) for tid, t in d["templates"].items()}, builds, entries,
                    defaults, tuple(d.get("run_ids", [d["run_id"]])),
-                   tuple(Cell(c["cell"], _items(c["dtypes"]), _items(c["dims"])) for c in d.get("matrix", [])))
+                   tuple(Cell(c["cell"], _items(c["dtypes"]), _items(c["dims"]), c.get("matrix", ""))
+                         for c in d.get("matrix", [])))
 
 
 @lru_cache(maxsize=1)

@@ -26,25 +26,36 @@ from .choose import explain
 from .sides import PACKAGE_SIDE, compare
 from .table import Cell, tables
 
-TABLES = ("forward", "residual", "backward", "train")
+TABLES = ("forward", "residual", "backward", "train", "serving", "serving_residual")
+# the serving tables: the serving matrices' cells (few rows), measured as forward and residual cells are
+SERVING = {"serving": "forward", "serving_residual": "residual"}
 EPS = 1e-6
 CHECK_ROWS = 256  # rows drawn at random, beside the first, middle and last ones, that every side's output is checked on
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def kind(table: str) -> str:
+    """How a table's cells are measured: forward, residual, backward or train."""
+    return SERVING.get(table, table)
+
+
 def table_cells(table: str) -> list[Cell]:
     """The op matrix's cells of one table (forward, train: the plain ones; residual: residual without bias or
-    rstd; backward: the backward op's)."""
-    op = "rmsnorm_bwd" if table == "backward" else "rmsnorm"
-    if op not in tables() or (table == "train" and "rmsnorm_bwd" not in tables()):
+    rstd; backward: the backward op's; serving, serving_residual: their named matrices' cells, which no other table
+    takes)."""
+    k = kind(table)
+    op = "rmsnorm_bwd" if k == "backward" else "rmsnorm"
+    if op not in tables() or (k == "train" and "rmsnorm_bwd" not in tables()):
         return []
     out = []
     for c in tables()[op].cells:
+        if (c.matrix != table) if table in SERVING else (c.matrix in SERVING):
+            continue
         dt, dims = dict(c.dtypes), dict(c.dims)
-        extra = {k for k, v in dims.items() if k not in ("M", "N") and v}
-        if table == "residual" and "residual" in dt and not extra:
+        extra = {d for d, v in dims.items() if d not in ("M", "N") and v}
+        if k == "residual" and "residual" in dt and not extra:
             out.append(c)
-        elif table != "residual" and "residual" not in dt and not extra:
+        elif k != "residual" and "residual" not in dt and not extra:
             out.append(c)
     return out
 
@@ -125,11 +136,12 @@ def path(table: str, c: Cell) -> str:
 
 
 def row(table: str, c: Cell, names: tuple[str, ...], samples: int, ceiling: float | None) -> dict[str, Any]:
-    op = "rmsnorm_bwd" if table == "backward" else "rmsnorm"
+    k = kind(table)
+    op = "rmsnorm_bwd" if k == "backward" else "rmsnorm"
     e = tables()[op].entry(c)
-    out = {"table": table, "cell": c.label, "dtypes": dict(c.dtypes), "dims": dict(c.dims), "path": path(table, c),
+    out = {"table": table, "cell": c.label, "dtypes": dict(c.dtypes), "dims": dict(c.dims), "path": path(k, c),
            "searched": e is not None, "searched_median_us": e.median_us if e else None,
-           **_CELL[table](c, names, samples, ceiling)}
+           **_CELL[k](c, names, samples, ceiling)}
     torch.cuda.empty_cache()
     return out
 

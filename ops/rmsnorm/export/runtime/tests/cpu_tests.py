@@ -285,15 +285,18 @@ def test_eager_calls_take_the_autograd_function():
 
 def test_the_bench_tables_are_the_exported_matrix_cells():
     """bench's tables: forward and train the matrix's plain cells, residual its residual cells without bias or rstd,
-    backward the backward op's cells; a cell's searched entry found by its dtypes and dims."""
+    backward the backward op's cells, serving and serving_residual their named matrices' cells (in no other table);
+    a cell's searched entry found by its dtypes and dims."""
     pytest.importorskip("torch")
-    from kf_pkg.bench import table_cells
+    from kf_pkg.bench import SERVING, table_cells
 
     fwd = TABLES.get("rmsnorm")
     if fwd is not None:
-        plain = [c for c in fwd.cells if set(dict(c.dtypes)) == {"x", "w"} and not any(
+        plain = [c for c in fwd.cells if set(dict(c.dtypes)) == {"x", "w"} and c.matrix not in SERVING and not any(
             v for k, v in c.dims if k not in ("M", "N"))]
         assert table_cells("forward") == plain and plain
+        for t in SERVING:
+            assert table_cells(t) == [c for c in fwd.cells if c.matrix == t]
         assert all("residual" in dict(c.dtypes) for c in table_cells("residual"))
         assert table_cells("train") == (plain if "rmsnorm_bwd" in TABLES else [])
         for e in fwd.entries:
