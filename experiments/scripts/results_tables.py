@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"
 TARGETS = {"summary": ROOT / "README.md", "details": ROOT / "docs" / "results.md"}
 OPS = {"rmsnorm": "RMSNorm", "kda": "KDA"}  # the published ops, in the order they are shown
-ORDER = ("forward", "residual", "backward", "train", "serving", "serving_residual", "prefill", "varlen", "decode")  # tables of an op, in order
+# the tables of an op, in the order they are shown
+ORDER = ("forward", "residual", "backward", "train", "serving", "serving_residual", "prefill", "varlen", "decode")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colours some peers put in their error messages
 BLOCK = re.compile(r"(<!-- results_tables:(\w+) -->\n)(.*?)(<!-- /results_tables -->)", re.S)
 PACKAGE = "package"
@@ -109,7 +110,8 @@ def where(t: Table) -> str:
     driver = smi.get("driver_version") or "?"
     date = (t.doc.get("measured_at") or "")[:10] or "undated"
     return (f"{env['card']['name']} ({env['card']['sms']} SMs), {date}, driver {driver} "
-            f"(CUDA {env.get('driver_cuda')}), torch {env.get('torch')}, triton {env.get('triton')}, NVRTC {env.get('nvrtc')}")
+            f"(CUDA {env.get('driver_cuda')}), torch {env.get('torch')}, triton {env.get('triton')}, "
+            f"NVRTC {env.get('nvrtc')}")
 
 
 def peers_line(t: Table) -> str:
@@ -151,6 +153,19 @@ def _not_timed(t: Table) -> list[str]:
             for (n, status, why), k in sorted(seen.items())]
 
 
+def short_labels(labels: list[str]) -> tuple[str, list[str]]:
+    """What every label shares ("g=fp32,state=fp32,x=bf16 K128-V128") and each label without it ("B1-H32-T8192"):
+    a label is "DTYPES DIM-DIM-..."."""
+    parts = [(lab.split(" ", 1) + [""])[:2] for lab in labels]
+    dts = {d for d, _ in parts}
+    tokens = [dims.split("-") if dims else [] for _, dims in parts]
+    common = [tok for tok in tokens[0] if all(tok in ts for ts in tokens)] if len(labels) > 1 else []
+    shared = " ".join(x for x in (next(iter(dts)) if len(dts) == 1 and len(labels) > 1 else "", "-".join(common)) if x)
+    short = [" ".join(x for x in (d if len(dts) > 1 else "", "-".join(tok for tok in ts if tok not in common)) if x)
+             for (d, _), ts in zip(parts, tokens)]
+    return shared, [x or lab for x, lab in zip(short, labels)]
+
+
 def details_table(t: Table) -> str:
     doc = t.doc
     rel = t.path
@@ -159,17 +174,19 @@ def details_table(t: Table) -> str:
         asked.append("the run was stopped before its last cell (its time limit)")
     ceiling = (doc.get("copy_ceiling") or {}).get("gbps")
     samples = f", {doc['samples']} samples per side and column" if doc.get("samples") else ""
+    shared, labels = short_labels([r["cell"] for r in t.rows])
     head = [f"### {label(t)}, {t.card.upper()}", "",
             f"{where(t)}. Peers: {peers_line(t)}. Copy ceiling {ceiling:.0f} GB/s." if ceiling else
             f"{where(t)}. Peers: {peers_line(t)}.",
             f"From [`{rel}`]({Path('..') / rel}){samples}"
             f"{'; ' + '; '.join(asked) if asked else ''}. Geomean over the cells: "
             f"{_x(geomean(speedups(t, 'kernel')))} by kernel time, {_x(geomean(speedups(t, 'call')))} by call time.",
+            *([f"Every cell: `{shared}`."] if shared else []),
             "", "| cell | package path | package kernel µs | best peer (kernel) | × | package call µs | "
             "best peer (call) | × | % of copy ceiling |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in t.rows:
+    for r, short in zip(t.rows, labels):
         me = r["sides"].get(PACKAGE, {})
-        cells = [r["cell"], r.get("path", "–")]
+        cells = [short, r.get("path", "–")]
         for col in ("kernel", "call"):
             best = r.get(f"best_peer_{col}")
             peer_us = r["sides"][best][f"{col}_us"] if best else None

@@ -67,6 +67,9 @@ def test_a_table_says_its_card_peers_speedups_and_what_was_not_timed(tmp_path):
     assert "| M3-N4096 | table | **wrong** |" in d
     assert "- flashinfer: absent on 3/3 cells (not installed: No module named 'flashinfer')" in d
     assert "- package: wrong on 1/3 cells (max err 1)" in d
+    # long labels lose what every cell of the table shares, which the table says once
+    assert rt.short_labels(["x=bf16 B1-K128-T64", "x=bf16 B4-K128-T64"]) == ("x=bf16 K128-T64", ["B1", "B4"])
+    assert rt.short_labels(["x=bf16 M1-N8", "x=fp16 M1-N8"]) == ("M1-N8", ["x=bf16", "x=fp16"])
     # a table is one process: the same table twice in one folder, or a file in another card's folder, is refused
     (folder / "rmsnorm_bench_c.json").write_text(json.dumps(_doc(cells)))
     with pytest.raises(ValueError, match="is in both rmsnorm_bench_a.json and rmsnorm_bench_c.json"):
