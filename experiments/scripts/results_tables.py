@@ -115,7 +115,7 @@ def where(t: Table) -> str:
 
 
 def peers_line(t: Table) -> str:
-    got = {d: v for d, v in (t.doc["environment"].get("peers") or {}).items()}
+    got = t.doc["environment"].get("peers") or {}
     return ", ".join(f"{d} {v or 'not installed'}" for d, v in sorted(got.items()))
 
 

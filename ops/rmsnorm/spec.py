@@ -33,19 +33,8 @@ from typing import Callable
 import numpy as np
 
 from ops.rmsnorm.reference import rmsnorm_fwd
-from evo.core.spec import (
-    Cell,
-    DType,
-    FillSpec,
-    OpSpec,
-    Role,
-    ScalarSpec,
-    TensorSpec,
-    Tolerance,
-    draw_lengths,
-    log_uniform,
-    quantize,
-)
+from evo.core.spec import (Cell, DType, FillSpec, OpSpec, Role, ScalarSpec, TensorSpec, Tolerance, draw_lengths,
+                           log_uniform, quantize)
 
 DTYPES = (DType.BF16, DType.FP16, DType.FP32)
 MATRIX_M = (4096, 32768)
