@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 
 # torch.compile with Dynamo's recompile limit raised and hitting it an error (never a silent eager fallback): the
 # exported benchmarks' own, shared with the gate's peers
-from evo.export.runtime.package.sides import RECOMPILE_LIMIT, compiled
+from evo.core.torch_compile import RECOMPILE_LIMIT, compiled
 
 __all__ = ["RECOMPILE_LIMIT", "absent_unless", "compiled"]
 

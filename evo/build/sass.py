@@ -1,7 +1,7 @@
 """A cubin's SASS without a GPU: one kernel's instructions in order, from nvdisasm (the CUDA toolkit's binary,
 `pip install 'cuda-toolkit[nvdisasm]'`, found by cuda.pathfinder), and its innermost loops (the bodies of backward
 branches that hold no other loop) with their instructions counted by opcode. What a template change does to a hot
-loop can be read here before any GPU times it (experiments/scripts/prep_sass.py)."""
+loop can be read here before any GPU times it."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-from evo.core.config import Backend, Config, Runner, load_config, parse_config
+from evo.core.config import Backend, Config, Runner, load_config, parse_config, with_max_seconds
 from evo.core.extras import check_extras
 from evo.loop.build_summary import built_only_message
 from evo.loop.pipeline import NoGpuError, Session, new_run_id, run_build_stage
@@ -71,12 +71,13 @@ def cmd_resume(run_id: str, store_path: Path) -> int:
     return run_config(parse_config(stored.toml, f"run {run_id}", stored.path), store_path, run_id)
 
 
-def cmd_run(config_path: Path, store_path: Path, run_id: str = "") -> int:
-    return run_config(load_config(config_path), store_path, run_id)
+def cmd_run(config_path: Path, store_path: Path, run_id: str = "", max_seconds: float | None = None) -> int:
+    config = load_config(config_path)
+    return run_config(config if max_seconds is None else with_max_seconds(config, max_seconds), store_path, run_id)
 
 
 def run_config(config: Config, store_path: Path, run_id: str) -> int:
-    """Run a loaded config (a script may adjust it first: experiments/scripts/ga_h200.py --max-seconds)."""
+    """Run a loaded config."""
     from evo.cli.errors import DEFAULT_STORE
 
     check_extras(config)  # before the store is opened: a refused run leaves no file

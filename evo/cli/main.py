@@ -43,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("config", type=Path, help="experiment TOML, e.g. experiments/rmsnorm_h200.toml")
     p.add_argument("--run-id", default="", help="run id (default: a new id; an existing id resumes that run, "
                                                 "if it was started with the same config)")
+    p.add_argument("--max-seconds", type=float, default=None, metavar="S",
+                   help="the run's time budget in place of the config's budget.max_seconds (recorded with the run)")
     _store_arg(p)
 
     p = sub.add_parser("resume", help="continue a stopped run with its stored config, re-evaluating nothing",
@@ -140,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "run":
             from evo.cli.commands import cmd_run
 
-            return cmd_run(args.config, args.store, args.run_id)
+            return cmd_run(args.config, args.store, args.run_id, args.max_seconds)
         if args.cmd == "resume":
             from evo.cli.commands import cmd_resume
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from evo.cli.args import positive_int
+from evo.cli.errors import DEFAULT_STORE
 
 COMMANDS = ("dispatch", "evals", "profile", "regate")  # what add_parsers adds
 TARGETS_FILE = ("A [[target]] has name, op, cell (one of the op's cell labels) and either template + params (over the "
@@ -47,10 +48,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # noqa: SLF001
     a.add_argument("--nvrtc", default=None, metavar="DIR",
                    help="a folder with another NVRTC to build with (default: this process's)")
 
-    p = sub.add_parser("evals", help="tables from a run's exported evaluations.parquet",
+    p = sub.add_parser("evals", help="a run's evaluations.parquet from the store, and tables over it",
                        description="Same-run tables over a run's exported evaluations (the store's evaluations "
                                    "joined with their candidates).")
     acts = p.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=type(p))
+    a = acts.add_parser("export", help="write a run's evaluations file from the store (what the other actions read)",
+                        description="A run's evaluations, every column, joined with their candidate's template and "
+                                    "params, by cell then generation, as a parquet file; an existing file is refused.")
+    a.add_argument("run_id", help="the run ('latest': the newest in the store)")
+    a.add_argument("out", type=Path, help="the evaluations.parquet to write")
+    a.add_argument("--store", type=Path, default=DEFAULT_STORE,
+                   help=f"DuckDB lesson store (default: {DEFAULT_STORE} in the working directory)")
     a = _evals_action(acts, "templates", help="fastest OK time per cell and template, ratios to the cell's winner",
                         description="Per cell, each template's fastest OK time and its ratio to the winner's; the "
                                     "failures per template and status. Writes OUT.json and OUT.md.")

@@ -42,9 +42,33 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_evaluations(store_path: Path, run_id: str, out: Path) -> tuple[int, str]:
+    """Write run `run_id`'s evaluations (every column, with template and params; 'latest': the newest run) from the
+    store at `store_path` to the parquet file `out`, which must not exist; the rows written and the run id."""
+    from evo.cli.report import resolve_run_id
+    from evo.tools.errors import ToolInputError
+    from memory.results import run_evaluations_by_cell
+    from memory.store import Store
+
+    if not store_path.is_file():
+        raise ToolInputError(f"no store at {store_path}")
+    if out.exists():
+        raise ToolInputError(f"{out} exists; the evaluations file is written only where nothing is")
+    with Store.open(store_path, read_only=True) as store:
+        run_id = resolve_run_id(store, run_id)
+        ev = run_evaluations_by_cell(store, run_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ev.to_parquet(out, index=False)
+    return len(ev), run_id
+
+
 def _evals(args: argparse.Namespace) -> int:
     from evo.tools.errors import read_json, require_file
 
+    if args.action == "export":
+        n, run_id = _export_evaluations(args.store, args.run_id, args.out)
+        print(f"wrote {n} evaluations of run {run_id} to {args.out}")
+        return 0
     if args.action == "learned":
         from evo.tools.learned_sql import markdown, tables
 

@@ -322,3 +322,27 @@ def load_config(path: str | Path) -> Config:
     except OSError as e:
         raise ConfigError(f"config {p}: cannot be read: {e.strerror}") from None
     return parse_config(text, str(p), p)
+
+
+def with_max_seconds(config: Config, seconds: float) -> Config:
+    """`config` with budget.max_seconds set to `seconds`, in its text too: the run records (and a resume reads) the
+    budget it ran under, not the file's. The edited text is parsed again and must give the same config but for it."""
+    if not seconds > 0 or math.isinf(seconds):
+        raise ConfigError(f"--max-seconds: must be a positive number of seconds, got {seconds:g}")
+    lines = config.source_text.splitlines()
+    line = f"max_seconds = {seconds!r}  # set by --max-seconds"
+    header = next((i for i, s in enumerate(lines) if re.fullmatch(r"\s*\[\s*budget\s*\]\s*(#.*)?", s)), None)
+    if header is None:
+        lines += ["", "[budget]", line]
+    else:
+        end = next((i for i in range(header + 1, len(lines)) if re.match(r"\s*\[", lines[i])), len(lines))
+        at = next((i for i in range(header + 1, end) if re.match(r"\s*max_seconds\s*=", lines[i])), None)
+        if at is None:
+            lines.insert(header + 1, line)
+        else:
+            lines[at] = line
+    text = "\n".join(lines) + "\n"
+    out = parse_config(text, config.path or "<string>", config.path)
+    if out.budget.max_seconds != seconds or dataclasses.replace(out, budget=config.budget) != config:
+        raise ConfigError(f"--max-seconds: the config's text could not be given budget.max_seconds = {seconds:g}")
+    return out

@@ -61,10 +61,10 @@ from evo.measure.jobs import BufferDecl, CheckStats, DecodeLoop, EvalJob, Guard,
 # a keyed checksum of the reference (and its error scale); a reused reference whose checksum moved since the
 # comparison right after its computation is a fault. Same verdicts as "5" for every kernel but the forger (now
 # INPUT_MODIFIED, was WRONG_ANSWER), without "5"'s recomputations (+39% to +66% wall time per KDA prefill
-# evaluation on an H100: experiments/results/gate5_cost_h100.json).
+# evaluation on an H100).
 # "7": rmsnorm_bwd's dx gets an error scale too (max(1, |x| |rstd|^3 sum|dout w x| / N)): the "6" gate
 # and earlier rejected right cluster kernels' fp32 dx where its two terms cancel on the perturbed "normal" set
-# (two H100 rejections, max abs err 3.8e-5 against atol 1e-5; experiments/scripts/dx_rounding.py).
+# (two H100 rejections, max abs err 3.8e-5 against atol 1e-5).
 # "8": a job's shapes and scalars drawn from a secret drawn per job (gate cells at M, T, head groupings
 # and varlen lengths at residues of the template's tile, eps, scale and lower_bound from declared ranges), guard zones
 # (sizes, offsets, bytes) and fills drawn from it too; a plan missing a tensor of its cell's variant INVALID; KDA's

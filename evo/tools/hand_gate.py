@@ -1,5 +1,5 @@
 """A genome's gate job built as the search's evaluator builds it, for running the gate by hand (`kfactory regate`,
-experiments/scripts/gate_reference_cost.py, gate_overhead.py): the genome built by NVRTC for one cell, its job
+experiments/scripts/gate_overhead.py): the genome built by NVRTC for one cell, its job
 (the search's timing protocol, its gate cells, a baseline or none), a gate of any class over it, and the verdict."""
 
 from __future__ import annotations

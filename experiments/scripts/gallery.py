@@ -37,11 +37,7 @@ CONTROL_CELLS = ("w=bf16,x=bf16 M4096-N1024", "w=bf16,x=bf16 M4096-N2048", "w=bf
 
 def honest_controls(baseline: Path | None = None, timing_s: float = 30.0) -> list[dict]:
     """cta_row at its default point (repaired per cell) through the new gate, beside a baseline bench's medians."""
-    from evo.cli.bench import bench
-    from evo.measure.jobs import Timing
-    from evo.measure.run import GpuRunner
-    from evo.templates.template import load_templates
-    from evo.core.registry import get_op
+    from evo import bench, get_op, GpuRunner, load_templates, Timing
 
     op = get_op("rmsnorm")
     old = {} if baseline is None else {r["cell"]: r for r in csv.DictReader(open(baseline))

@@ -21,7 +21,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from evo.measure.gate import Gate
+from evo import Gate
 
 CELLS = ("w=bf16,x=bf16 M4096-N1024", "w=bf16,x=bf16 M4096-N2048", "w=bf16,x=bf16 M32768-N4096",
          "w=fp16,x=fp16 M32768-N32768", "w=fp32,x=fp32 M4096-N8192", "w=fp32,x=fp32 M32768-N16384")
@@ -71,12 +71,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "gate_overhead_h200.json")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    from evo.build.nvrtc import Builder
-    from evo.cli.bench import default_for_cell
-    from evo.measure.worker import Worker
-    from evo.templates.template import load_templates
-    from evo.tools.hand_gate import fresh_rng, hand_job
-    from evo.core.registry import get_op
+    from evo import Builder, default_for_cell, fresh_rng, get_op, hand_job, load_templates, Worker
 
     op = get_op("rmsnorm")
     tdef = load_templates("rmsnorm")["cta_row"]

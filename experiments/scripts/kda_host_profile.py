@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from evo.tools.host_profile import host_times_us, profile_rows
+from evo import host_times_us, profile_rows
 
 
 def _call_fn(pkg: Any, entry: Any) -> tuple[str, Any]:

@@ -27,7 +27,7 @@
 #               (fla-core from experiments/fla_wheels.txt in .whl/)
 #   export OUT  the chain's fwdlong, residual (when run) and bwdall runs (one store) as one package (kfactory export), installed
 #               with pip into a folder of its own, its tests run on this GPU (export/tests.log)
-#   kdaflush OUT  KDA: both L2 flushes (read, then write) compared: copy_sizes.py under each, then the decode table
+#   kdaflush OUT  KDA: both L2 flushes (read, then write) compared: the decode table
 #               ($KDA_FLUSH_TABLE, default: the fastest per cell of this call's kdafocus run, if any, and
 #               kda_decode_h200_5's) timed beside fla's fused_recurrent_kda under each (KF_L2_FLUSH), kdaflush/
 #               (kda_decode_h200_8 is its output after kdafocus)
@@ -139,9 +139,12 @@ log="$out/log.txt"
 # ga SECONDS CONFIG STORE_DIR NAME: a GA run under a time limit, its exports in $out/NAME with its store
 ga() {
   mkdir -p "$3"
-  timeout "$1" python3 experiments/scripts/ga_h200.py --config "$2" --store "$3/store.duckdb" --out "$out/$4" \
-    ${GA_MAX_S:+--max-seconds "$GA_MAX_S"} >> "$log" 2>&1
+  timeout "$1" python3 -m evo.cli.main run "$2" --store "$3/store.duckdb" ${GA_MAX_S:+--max-seconds "$GA_MAX_S"} \
+    >> "$log" 2>&1
   echo "GA $4 ($2) rc=$?" >> "$log"
+  mkdir -p "$out/$4"
+  python3 -m evo.cli.main evals export latest "$out/$4/evaluations.parquet" --store "$3/store.duckdb" >> "$log" 2>&1
+  cp "$(ls -t "$3"/runs/*/dispatch.json 2>/dev/null | head -1)" "$out/$4/dispatch.json" 2>/dev/null
   cp "$3/store.duckdb" "$out/$4/store.duckdb" 2>/dev/null
 }
 # kda_ga_bench GA_SECONDS CONFIG STORE_DIR NAME BENCH_SECONDS: a KDA chunk GA, then its dispatch timed beside
@@ -271,7 +274,6 @@ case "$stage" in
     ga 200 experiments/kda_decode_h200_focus.toml /tmp/kf_kdaf kda_decode_focus ;;
   kdaflush)
     mkdir -p "$out/kdaflush"
-    python3 experiments/scripts/copy_sizes.py "$out/kdaflush/copy_sizes.json" > "$out/kdaflush/copy_sizes.log" 2>&1
     table=${KDA_FLUSH_TABLE:-$out/kdaflush/dispatch_bench.json}
     if [ -z "${KDA_FLUSH_TABLE:-}" ]; then
       python3 -m evo.cli.main dispatch merge --fastest "$table" $(ls -t /tmp/kf_kdaf/runs/*/dispatch.json 2>/dev/null | head -1) \

@@ -21,11 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from evo.build.nvrtc import Builder, BuildInput, compiler_version, prepare
-from evo.core.genome import Genome
-from evo.measure.ray_backend import RayBuilder, init_ray
-from evo.search.space import sample
-from evo.templates.template import load_templates
+from evo import Builder, BuildInput, compiler_version, Genome, init_ray, load_templates, prepare, RayBuilder, sample
 
 
 def distinct_inputs(n: int, seed: int) -> list[BuildInput]:

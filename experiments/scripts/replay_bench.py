@@ -24,11 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 import pandas as pd
 
-from evo.core.config import load_config
-from evo.loop.pipeline import cells_for, dtype_sets
-from evo.search.strategy import GeneticSearch, Observation, RandomSearch
-from evo.templates.template import load_templates
-from evo.core.registry import get_op
+from evo import cells_for, dtype_sets, GeneticSearch, get_op, load_config, load_templates, Observation, RandomSearch
 
 
 def evals_to_target(strategy, cells, tdefs, arch, table, best, batch, cap):

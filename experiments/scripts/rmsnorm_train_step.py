@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from evo.tools.host_profile import host_times_us, profile_rows
+from evo import host_times_us, profile_rows
 
 EPS = 1e-6
 PROFILE_TOP = 15

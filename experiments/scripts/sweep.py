@@ -22,16 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 import pandas as pd
 
-from evo.build.nvrtc import Builder, prepare
-from evo.core.config import load_config
-from evo.measure.evaluators import EvalItem, GpuEvaluator
-from evo.core.genome import Genome
-from evo.measure.jobs import Timing
-from evo.measure.run import GpuRunner
-from evo.search.space import enumerate_space
-from evo.templates.template import load_templates
-from evo.core.registry import get_op
-from evo.core.spec import gbps
+from evo import (
+    Builder, enumerate_space, EvalItem, gbps, Genome, get_op, GpuEvaluator, GpuRunner, load_config, load_templates, prepare, Timing,
+)
 
 
 

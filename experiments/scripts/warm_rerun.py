@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from memory.store import Store
+from evo import Store
 
 CONFIG = ROOT / "experiments" / "rmsnorm_replay.toml"
 OUT = ROOT / "experiments" / "results" / "warm_rerun_replay.json"

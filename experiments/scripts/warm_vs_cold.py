@@ -35,8 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 import pandas as pd
 
-from evo.cli.commands import cmd_run
-from memory.store import Store
+from evo import load_config, run_config, Store
 
 HALF_A = [1024, 4096, 16384]
 HALF_B = [2048, 8192, 32768]
@@ -112,7 +111,7 @@ def measure(t: dict, best: dict[str, float]) -> dict:
 
 
 def run(config: Path, store: Path, run_id: str) -> None:
-    code = cmd_run(config, store, run_id)
+    code = run_config(load_config(config), store, run_id)
     if code != 0:
         raise SystemExit(f"run {run_id} exited {code}; stopping the experiment")
 

@@ -7,7 +7,7 @@ Launch 2 (emulate_recur): S fp32, every mma operand bf16. A varlen batch by the 
 prep_exp = fast and ex2 take their documented error bound, spent in one direction (exp_sign).
 
 Used by tests/unit/test_kda_chunk.py (the emulation against the reference on every fill kind, and the fake device's
-kernels) and experiments/scripts/prep_emulation.py (the tolerance shares it commits)."""
+kernels) and to estimate the tolerance share a template change would spend before it is built."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ __device__ __forceinline__ double to_double(__nv_bfloat16 v) { return __bfloat16
 
 // dx one CTA per row; beside it dx's error scale: max(1, |x| |r|^3 sum|dy w x| / N), the bound of the term
 // a x (a = r^3 sum(dy w x) / N) that carries the rounding of the row's dot product into every element, and of
-// r dy w wherever the two cancel (experiments/scripts/dx_rounding.py).
+// r dy w wherever the two cancel.
 template <typename X, typename W>
 __device__ void dx_ref(const X* x, const W* w, const X* dy, const float* rstd, double* dx, double* scale, int N) {
   __shared__ double part[32], apart[32];

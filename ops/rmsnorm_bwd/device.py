@@ -14,7 +14,7 @@ SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # dx's too ('scale:dx'): max(1, |x| |rstd|^3 sum|dout w x| / N), the bound of its term a x, which carries the
 # rounding of the row's dot product (an ulp of a ~4600 term on the perturbed "normal" set) into every element,
 # and of rstd dout w wherever the two cancel: there a right fp32 dx misses atol + rtol |dx| by up to 1.9x
-# (experiments/scripts/dx_rounding.py; two such rejections of cluster kernels on H100 fp32 runs, 3.8e-5).
+# (two such rejections of cluster kernels on H100 fp32 runs, 3.8e-5).
 SCALED = ("dw", "dx")
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import importlib.util
 import json
 from pathlib import Path
 
@@ -104,49 +102,6 @@ def test_matrix_filtered_by_dtype(tmp_path):
     cells = cells_for(load_config(cfg), get_op("rmsnorm_bwd"))
     assert len(cells) == 7 and {c.dtype("x").short for c in cells} == {"bf16"}
     assert cells == [c for c in get_op("rmsnorm_bwd").matrix() if c.dtype("x").short == "bf16"]
-
-
-def _peers_table():
-    spec = importlib.util.spec_from_file_location("peers_table", ROOT / "experiments/scripts/peers_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _bench_file(path: Path, rows: list[dict], ceiling: float = 4000.0) -> Path:
-    fields = ["cell", "genome_key", "template", "status", "median_us", "gbps", "peers", "absent"]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in fields})
-    path.with_suffix(".json").write_text(json.dumps({"fingerprint": {"gpu": "test"}, "copy_ceiling_gbps": ceiling}))
-    return path
-
-
-def test_peers_table_keeps_each_ratio_in_its_own_process(tmp_path):
-    """Two bench calls of one dispatch table: each peer's ratio uses the entry's median of the call that
-    timed that peer; the best peer is the smallest ratio; a peer absent in one call but timed in another is present."""
-    base = {"genome_key": "k" * 64, "template": "t", "status": "OK"}
-    a = _bench_file(tmp_path / "a.csv", [
-        dict(base, cell="c1", median_us=100.0, gbps=2000.0, peers=json.dumps({"torch": 150.0}),
-             absent=json.dumps({"quack": "not installed"})),
-        dict(base, cell="c2", median_us=50.0, gbps=1000.0, peers=json.dumps({"torch": 40.0}), absent="{}")])
-    b = _bench_file(tmp_path / "b.csv", [
-        dict(base, cell="c1", median_us=110.0, gbps=1800.0, peers=json.dumps({"quack": 121.0}), absent="{}"),
-        dict(base, cell="c2", median_us=52.0, gbps=960.0, peers="{}", absent=json.dumps({"quack": "boom"}))])
-    t = _peers_table().combine([a, b])
-    c1, c2 = t["cells"]
-    assert c1["peers"]["torch"]["ratio"] == pytest.approx(1.5) and c1["peers"]["quack"]["ratio"] == pytest.approx(1.1)
-    assert c1["best_peer"] == "quack" and c1["vs_best_peer"] == pytest.approx(1.1)  # not 121/100
-    assert c2["best_peer"] == "torch" and c2["vs_best_peer"] == pytest.approx(0.8)
-    s = t["summary"]
-    assert s["cells_at_or_above_best_peer"] == 1 and s["worst_vs_best_peer"] == pytest.approx(0.8)
-    assert s["geomean_vs_best_peer"] == pytest.approx((1.1 * 0.8) ** 0.5)
-    assert "quack" in s["absent_on_some_cells"] and "quack" not in s["absent"]
-    # the best peer's share of the copy ceiling: c2's bytes (1000 GB/s x 50 us) at torch's 40 us
-    assert c2["best_peer_pct_ceiling"] == pytest.approx(100 * (1000 * 50 / 40) / 4000.0)
-    assert c2["ours_pct_ceiling"] == pytest.approx(100 * 1000 / 4000.0)
 
 
 class _CapturingRunner:
@@ -265,24 +220,3 @@ def test_gate_cells_run_once_per_build():
     assert ob.status.value == "OK" and not ran[0] & ran[1]
     one_row = (("M", 1), ("N", 4096))  # drawn for every job: run for a, not again for b
     assert one_row in ran[0] and one_row not in ran[1]
-
-
-def test_peers_table_latest_takes_each_cell_whole_from_the_last_file_that_timed_it(tmp_path):
-    """--latest: a cell timed again in a later call (another genome after a new search) is that call's alone;
-    a cell the later call failed or left out keeps the earlier call's row."""
-    base = {"template": "t", "status": "OK", "absent": "{}"}
-    a = _bench_file(tmp_path / "a.csv", [
-        dict(base, genome_key="a" * 64, cell="c1", median_us=100.0, gbps=2000.0, peers=json.dumps({"torch": 90.0})),
-        dict(base, genome_key="a" * 64, cell="c2", median_us=50.0, gbps=1000.0, peers=json.dumps({"torch": 60.0})),
-        dict(base, genome_key="a" * 64, cell="c3", median_us=20.0, gbps=1000.0, peers=json.dumps({"torch": 21.0}))])
-    b = _bench_file(tmp_path / "b.csv", [
-        dict(base, genome_key="b" * 64, cell="c1", median_us=80.0, gbps=2500.0, peers=json.dumps({"quack": 84.0})),
-        dict(base, genome_key="b" * 64, cell="c2", median_us=0.0, gbps=0.0, peers="{}", status="WRONG")])
-    pt = _peers_table()
-    t = pt.combine([a, b], latest=True)
-    c1, c2, c3 = t["cells"]
-    assert c1["genome"] == "b" * 12 and set(c1["peers"]) == {"quack"} and c1["vs_best_peer"] == pytest.approx(1.05)
-    assert c2["genome"] == "a" * 12 and c2["vs_best_peer"] == pytest.approx(1.2) and c2["file"] == "a.csv"
-    assert c3["vs_best_peer"] == pytest.approx(1.05)
-    mixed = pt.combine([a, b])  # without --latest c1 mixes both calls' peers (one table benched twice)
-    assert set(mixed["cells"][0]["peers"]) == {"torch", "quack"}

@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,19 @@ def test_config_is_frozen():
 def test_compile_runner_and_its_old_name_none_parse_alike(spelling):
     c = parse_config(f'[run]\nop = "rmsnorm"\nrunner = "{spelling}"')
     assert c.run.runner is Runner.COMPILE and c.run.runner.value == "compile"  # what ran is said as 'compile'
+
+
+@pytest.mark.parametrize("text", ['[run]\nop = "rmsnorm"\n', '[run]\nop = "rmsnorm"\n[budget]\nmax_evals = 5\n[cells]\n',
+                                  '[run]\nop = "rmsnorm"\n[budget]  # b\nmax_seconds = 60 # x\n'])
+def test_max_seconds_is_set_in_the_config_and_its_text(text):
+    """--max-seconds: without a [budget] table, with one lacking the key, with one holding it; the text parses to
+    the config it came with (nothing else changed); no positive finite number of seconds is refused by name."""
+    from evo.core.config import with_max_seconds
+
+    c = parse_config(text)
+    d = with_max_seconds(c, 12.5)
+    assert d.budget.max_seconds == 12.5 and parse_config(d.source_text) == d
+    assert dataclasses.replace(d, budget=c.budget) == c and d.config_hash != c.config_hash
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="--max-seconds"):
+            with_max_seconds(c, bad)

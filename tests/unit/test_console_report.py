@@ -30,7 +30,7 @@ def test_console_and_report_agree_on_counts_and_geomean(tmp_path: Path, capsys: 
     cfg = tmp_path / "small.toml"
     cfg.write_text(SMALL.replace("{gens}", "2"))  # its second generation asks for a pair replay never measured
     store = tmp_path / "s.duckdb"
-    assert main(["run", str(cfg), "--store", str(store), "--run-id", "r"]) == 0
+    assert main(["run", str(cfg), "--store", str(store), "--run-id", "r", "--max-seconds", "900"]) == 0
     out = capsys.readouterr().out
     assert main(["report", "r", "--store", str(store), "--out", str(tmp_path / "report")]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
@@ -55,3 +55,16 @@ def test_console_and_report_agree_on_counts_and_geomean(tmp_path: Path, capsys: 
     with Store.open(store, read_only=True) as s:
         curve = best_so_far(run_evaluations(s, "r"))
     assert f"{curve[-1]:.3f}" == gm.split()[0] and gm.endswith("over 2 of 2 cells")
+
+    # the run recorded the budget it ran under (a resume reads it), and its evaluations export to what `evals` reads
+    with Store.open(store, read_only=True) as s:
+        (toml,) = s.sql("SELECT config_toml FROM runs WHERE run_id = 'r'").config_toml
+        n = len(run_evaluations(s, "r"))
+    assert "max_seconds = 900.0  # set by --max-seconds" in toml
+    ev = tmp_path / "ev" / "evaluations.parquet"
+    assert main(["evals", "export", "latest", str(ev), "--store", str(store)]) == 0
+    assert capsys.readouterr().out.endswith(f"wrote {n} evaluations of run r to {ev}\n")
+    assert main(["evals", "templates", str(ev), str(tmp_path / "t")]) == 0
+    assert '"evaluations": %d' % n in (tmp_path / "t.json").read_text()
+    assert main(["evals", "export", "r", str(ev), "--store", str(store)]) == 2  # nothing overwritten
+    assert capsys.readouterr().err.count("\n") == 1

@@ -4,7 +4,6 @@ flush is a class of its own), and the read-flush kernel in the worker's support 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -53,12 +52,3 @@ def test_the_worker_records_its_flush_in_the_fingerprint_and_launches_a_kernel_t
     assert '"kf_read_flush"' in src  # test_support_kernels checks every named kernel is in the cubin
     cu = (ROOT / "evo" / "measure" / "cuda" / "support.cu").read_text()
     assert "kf_read_flush(uint4* p, long long n)" in cu
-
-
-def test_copy_sizes_refuses_an_unknown_flush():
-    spec = importlib.util.spec_from_file_location("copy_sizes", ROOT / "experiments" / "scripts" / "copy_sizes.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.FLUSHES == worker.L2_FLUSHES  # the script's modes are the worker's
-    with pytest.raises(ValueError, match="flush 'fill'"):
-        mod.measure(1 << 20, None, "fill")

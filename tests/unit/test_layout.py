@@ -103,9 +103,6 @@ def test_the_sql_check_finds_queries(tmp_path):
         "'SELECT 1 AS n FROM runs'", "'WHERE run_id = ?'", ".sql(", "imports duckdb"]
 
 
-# the one arrow from ops/ into evo/ beyond evo.core that remains: the gate's torch.compile peer shares the exported
-# packages' compile rule (the runtime is shipped standalone, so the rule lives there)
-UPWARD_ALLOWED = {("ops.baselines", "evo.export.runtime.package.sides")}
 
 
 def test_ops_import_nothing_from_evo_beyond_core():
@@ -119,7 +116,7 @@ def test_ops_import_nothing_from_evo_beyond_core():
             mods = [n.module] if isinstance(n, ast.ImportFrom) and n.module else \
                 [a.name for a in n.names] if isinstance(n, ast.Import) else []
             upward |= {(name, m) for m in mods if m.startswith("evo") and not m.startswith("evo.core")}
-    assert upward == UPWARD_ALLOWED, sorted(upward - UPWARD_ALLOWED)
+    assert upward == set(), sorted(upward)
 
 
 def test_experiments_import_the_installed_packages_without_path_edits():
@@ -127,6 +124,24 @@ def test_experiments_import_the_installed_packages_without_path_edits():
     root = EVO.parent / "experiments"
     found = [f"{p.relative_to(root.parent)}:{i}" for p in sorted(root.rglob("*")) if p.suffix in (".py", ".sh")
              for i, line in enumerate(p.read_text().splitlines(), 1) if "sys.path" in line]
+    assert found == []
+
+
+def test_experiments_reach_the_engine_through_its_public_api():
+    """Scripts under experiments/ import the names `evo` exports (its public API, evo/__init__.py) and nothing else
+    of the project's packages (the CLI is the other way in)."""
+    import evo
+
+    root = EVO.parent / "experiments"
+    found = []
+    for p in sorted(root.rglob("*.py")):
+        for n in ast.walk(ast.parse(p.read_text())):
+            mods = [(n.module, [a.name for a in n.names])] if isinstance(n, ast.ImportFrom) and n.module else \
+                [(a.name, []) for a in n.names] if isinstance(n, ast.Import) else []
+            for m, names in mods:
+                if m.split(".")[0] in ("evo", "ops", "memory", "templates") and \
+                        (m != "evo" or not set(names) <= set(evo.__all__)):
+                    found.append(f"{p.relative_to(root.parent)}:{n.lineno}: {m} {names}")
     assert found == []
 
 

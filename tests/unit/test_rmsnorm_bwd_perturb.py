@@ -3,8 +3,7 @@ fp32 arithmetic in its order: the gate's round C must pass it on every dtype, an
 
 dw's atol is element-wise in units of the column's rms term (the op's SCALED output, 'scale:dw'): a right
 fp32 sum of terms of ~400 that cancel misses the unit-term atol by >10x (test_dw_rounding_grows_...), as
-nine correct candidates of an H100 fp32 run did on the perturbed "large" set (2026-12-06;
-experiments/scripts/dw_rounding.py measures both bounds on that set and on the cancelling columns).
+nine correct candidates of an H100 fp32 run did on the perturbed "large" set.
 
 Why rstd is never moved far (ops/rmsnorm_bwd/spec.py, FillSpec.perturb): moved to |r| ~ 20 while x
 stays put, a row's term r * xhat * mean(g * xhat) grows as r^3, the exact dx leaves fp16's range and a

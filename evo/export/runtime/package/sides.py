@@ -30,25 +30,6 @@ def side(make: Callable[[], Callable[[], Any]]) -> Side:
         return f"could not load: {first_line(e)}"
 
 
-# Dynamo keeps this many compiled versions of one function and then, by default, silently runs it eagerly: a
-# benchmark over more shapes than that would time "torch.compile" as torch eager. Raised, and hitting it an error.
-RECOMPILE_LIMIT = 4096
-
-
-def compiled(torch: Any, fn: Callable) -> Callable:
-    """torch.compile of fn (inductor, static shapes; it compiles on its first call, the check's, outside timing): a
-    graph per shape up to RECOMPILE_LIMIT, past which the call raises (reported failed, never a silent eager run)."""
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(RECOMPILE_LIMIT, getattr(cfg, name)))
-    if hasattr(cfg, "accumulated_recompile_limit"):
-        cfg.accumulated_recompile_limit = max(RECOMPILE_LIMIT, cfg.accumulated_recompile_limit)
-    if hasattr(cfg, "fail_on_recompile_limit_hit"):
-        cfg.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, dynamic=False)
-
-
 def spread(v: list[float]) -> list[float]:
     """The 10th and 90th percentiles."""
     if len(v) < 2:

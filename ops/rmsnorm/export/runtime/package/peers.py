@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .sides import compiled as _compiled, side
+from .sides import side
+from .torch_compile import compiled as _compiled
 
 FORWARD = ("torch.eager", "torch.compile", "liger", "quack", "quack.autotuned", "flashinfer", "cudnn")
 # the distributions whose versions a benchmark file records

@@ -1,0 +1,1 @@
+../../../core/torch_compile.py
