@@ -34,7 +34,7 @@
 #   kdaexport OUT  KDA: a decode run and a prefill run exported as one package (kfactory export, MERGE): a prefill run
 #               ($KDA_EXPORT_CONFIG, default kda_prefill_h200_best.toml: the best table's genomes measured again, one
 #               generation; $KDA_EXPORT_GA_S seconds, 150) into a copy of a decode GA's store ($KDA_DECODE_STORE, default
-#               build/kda_decode_store.duckdb, carried in build/) or, without one, beside a decode run of
+#               build/kda_decode_store.duckdb, copied into build/) or, without one, beside a decode run of
 #               $KDA_EXPORT_DECODE_CONFIG (default kda_decode_h200_best.toml, the same for decode's best table), or
 #               $KDA_EXPORT_STORE holding both runs already; the
 #               latest run of each exported, installed with pip into a folder of its own, its tests (kdaexport/tests.log;

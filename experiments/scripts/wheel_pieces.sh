@@ -2,9 +2,9 @@
 # For the peer stages (peers, fwdpeers, bwdpeers, respeers, quack: they install every wheel the folders bring;
 # other stages carry .whl/ alone). Pack the GPU machine's wheels (.whl/ and the peers' .whl_peers/:
 # experiments/scripts/gpu_wheels.sh) into
-# folders .kfw_a/, .kfw_b/, ... that each travel with one device call: a call carries the working tree
-# (tracked and untracked-not-ignored files: ~31 MB on 2026-12-04, ~15 MB since the committed stores are gzipped) plus what it names in
-# carry, 64 MiB in all. Wheels over a folder's room are split (cat joins the pieces in name order:
+# folders .kfw_a/, .kfw_b/, ... that each fit one transfer to an offline GPU machine with the working tree
+# (tracked and untracked-not-ignored files, ~15 MB), 64 MiB in all. Wheels over a folder's room are split (cat joins
+# the pieces in name order:
 # lab_gpu.sh joins nvidia_cutlass_dsl_libs_cu13's cu13.part.*). Prints the calls to send back to back
 # (the machine keeps /tmp for 30 s after a command): every folder but the last with stage `stash`, the last
 # with the stages that need the wheels.

@@ -10,7 +10,7 @@ SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # dw's reference comes with an element-wise error scale ('scale:dw'): the rms of the column's terms, at least 1.
 # A sum's rounding grows with its terms, not its value: where the gate's perturbed "large" set puts terms of
 # ~400 in a column whose sum may cancel, a correct fp32 sum over 32768 rows misses the unit-term atol
-# (1e-5 sqrt(M)) by 1.1-1.6x (nine such rejections in an H100 fp32 run, 2026-12-06, rel. norm err 4e-7).
+# (1e-5 sqrt(M)) by 1.1-1.6x (nine such rejections in an H100 fp32 run, rel. norm err 4e-7).
 # dx's too ('scale:dx'): max(1, |x| |rstd|^3 sum|dout w x| / N), the bound of its term a x, which carries the
 # rounding of the row's dot product (an ulp of a ~4600 term on the perturbed "normal" set) into every element,
 # and of rstd dout w wherever the two cancel: there a right fp32 dx misses atol + rtol |dx| by up to 1.9x

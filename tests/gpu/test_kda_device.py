@@ -140,7 +140,7 @@ def test_recurrent_bulk_template_passes_the_gate_on_every_decode_cell(worker, c,
 @pytest.mark.parametrize("b", [b for b in DECODE_B if b >= 64])
 def test_recurrent_decode_timed_beside_fla(worker, b, template):
     """Timed with fla's fused_recurrent_kda in the same process (or fla reported absent): prints the
-    state traffic's share of the copy ceiling, the issue's decode target (>= 90% at B >= 64)."""
+    state traffic's share of the copy ceiling (the decode target: >= 90% at B >= 64)."""
     from evo.core.status import Status
     from evo.measure.jobs import Timing
     from evo.measure.verify import judge
@@ -245,7 +245,7 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
 def test_chunk_template_passes_the_gate_on_every_prefill_cell_beside_fla(worker, c, params):
     """The chunked prefill through the real gate (its gate cells and the cell itself, every input set),
     then timed with fla's chunk_kda in the same process (or fla reported absent): prints the ratio, the
-    issue's prefill target (>= 2x fla)."""
+    prefill target (>= 2x fla)."""
     _chunk_beside_fla(worker, c, params, "kda chunk")
 
 

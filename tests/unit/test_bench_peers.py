@@ -39,7 +39,7 @@ KDA_13 = ROOT / "tests/fixtures/results/kda_prefill_h200_13/dispatch.json"
 
 def test_dispatch_plan_runs_a_table_recorded_before_a_param_existed():
     """kda_prefill_h200_13's entries predate prep_addr and overlap: they run with those at their defaults (the
-    code as it was), legal on their cells; on 2026-12-05 the bench refused all four ("no legal point")."""
+    code as it was), legal on their cells (a bench that checked the current space alone refused all four: "no legal point")."""
     op, tdefs = get_op("kda"), load_templates("kda")
     table = json.loads(KDA_13.read_text())["dispatch"]
     t = tdefs["chunk"]

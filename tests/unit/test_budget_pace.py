@@ -1,6 +1,6 @@
 """budget.max_seconds holds within a generation: the last generation is sized to the time left at the
 run's pace (evo.loop.search.fit_in_time), so a run no longer overruns its budget by a whole generation
-(the H200 KDA prefill GA of 2026-12-03: 230 s of a 180 s budget)."""
+(an H200 KDA prefill GA once took 230 s of a 180 s budget)."""
 
 from __future__ import annotations
 

@@ -199,8 +199,8 @@ BF16_U = {"chunk": 32, "kwarps": 2, "warps": 2, "recur_addr": "carry", "prep_u":
 
 def test_a_prefill_only_package_passes_its_own_tests(tmp_path):
     """A package of a prefill run alone (no decode cell): its own tests start from the prefill cell and call
-    chunk_kda. They indexed the first decode cell and failed four ways on the GPU (2026-12-05, the export of
-    kda_prefill_h100_4's run); the CPU one among them is checked here. With u as bf16 the package's plan sizes u's
+    chunk_kda. They indexed the first decode cell and failed four ways on the GPU (the export of
+    a prefill run alone); the CPU one among them is checked here. With u as bf16 the package's plan sizes u's
     workspace at 2 bytes an element (the template's expression, evaluated by the package's own evaluator). (A
     prefill winner at the default point is exported, installed and its package tested with the decode run:
     test_a_decode_run_and_a_prefill_run_export_into_one_package.)"""

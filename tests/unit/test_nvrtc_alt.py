@@ -126,7 +126,7 @@ def test_kda_chunk_points_compile_clean_with_the_alt_nvrtc(alt_version: str):
     """The handful of chunk points (recur_lean, recur_ldsm, recur_fuse, recur_addr carry among them, a varlen cell)
     build with KF_NVRTC_ALT's NVRTC, OK, without static smem, at most 255 registers, and with no spill or stack but in
     a prep of 256 threads (at most 160 B, pinned_spill's bound under 13.5). NVRTC 13.0 spills there where 13.5 does
-    not (2026-12-05: 64-72 B in the split prep at chunk 32, held at 80 registers for 3 CTAs an SM, 84-88 B at chunk
+    not (64-72 B in the split prep at chunk 32, held at 80 registers for 3 CTAs an SM, 84-88 B at chunk
     64); every recurrence builds spill-free."""
     jobs = [("chunk", c, CHUNK.default_params() | p) for c, p in CHUNK_POINTS]
     for (_, c, p), r in zip(jobs, build_alt(jobs)):
