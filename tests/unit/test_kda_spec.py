@@ -514,7 +514,7 @@ def test_state_dtype_rounds_the_initial_state_and_sets_the_final_tolerance() -> 
 # ---- the spec's data ----
 
 
-def test_matrix_is_issue_15s() -> None:
+def test_matrix_is_k_v_128_bf16_with_an_fp32_state() -> None:
     cells = SPEC.matrix()
     assert all(c.dim("K") == c.dim("V") == 128 and c.dtype("x") is BF and c.dtype("state") is FP32 for c in cells)
     fla_default = [c for c in cells if variant_of(c) == Variant()]

@@ -57,7 +57,7 @@ def test_dw_tolerance_grows_with_the_rows_it_sums():
     assert SPEC.tolerance(big, "dx") == SPEC.tolerance(small, "dx")
 
 
-def test_matrix_is_the_issue_matrix():
+def test_matrix_is_the_seven_m_n_pairs_in_three_dtypes():
     dims = {(c.dim("M"), c.dim("N")) for c in SPEC.matrix()}
     assert dims == {(32768, n) for n in (4096, 8192, 16384, 32768, 65536)} | {(16384, 131072), (8192, 262144)}
     by_dtype = {d: {(c.dim("M"), c.dim("N")) for c in SPEC.matrix() if c.dtype("x") is d} for d in DTYPES}

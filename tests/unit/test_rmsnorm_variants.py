@@ -190,7 +190,7 @@ def test_device_reference_of_a_plain_cell_is_todays_launch():
 
 # ---- the variant cells ------------------------------------------------------------------------------
 
-def test_residual_matrix_is_issue_14s():
+def test_residual_matrix_is_13_cells_at_m_32768():
     cells = matrix_residual()
     assert len(cells) == len(set(cells)) == 13 and {c.dim("M") for c in cells} == {32768}
     same = [c for c in cells if residual_dtype(c) is c.dtype("x")]
