@@ -1,9 +1,10 @@
-"""What every family's runtime does around a kernel launch (torch): the first-use check of a kernel the
-factory's gate never ran, the kernels found bad (not used again in this process, with one warning), the
+"""What every family's runtime does around a kernel launch (torch): the first-use check of every kernel per shape
+class (firstuse.py says the rules), the kernels found bad (not used again in this process, with one warning), the
 path counts (`stats()`), 16-byte aligned operands and the arch of a tensor's device."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import warnings
@@ -15,11 +16,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .firstuse import Step, first_use, selfcheck_on
 from .launch import Launcher
 from .loader import PACKAGE, CompileError, PlanError
+from .table import tables
 
-SELFCHECK_ENV = f"{PACKAGE.upper()}_SELFCHECK"  # "0" turns the first-use check off
+_MAX_BY_ID = 4096  # choices whose keys are kept by id (cleared past it)
 _ALIGN = 16  # bytes: the kernels use 16-byte vector loads and stores
+
+
+def probe_generator(device: torch.device) -> torch.Generator:
+    """A generator on `device` seeded from the OS's entropy: a probe's inputs differ in every process."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+    return g
 
 
 def aligned(t: Tensor) -> Tensor:
@@ -52,6 +62,7 @@ class Guarded:
         self.checked: set[tuple] = set()
         self.counts: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
+        self._keys: dict[int, tuple[Any, tuple, tuple | None, tuple]] = {}  # id(choice) -> (it, key, shape, mark)
 
     def count(self, name: str, path: str) -> None:
         with self._lock:
@@ -64,30 +75,76 @@ class Guarded:
             out.setdefault(name, {})[path] = n
         return out
 
+    def probe_dims(self, c: Any) -> tuple[tuple[str, int], ...] | None:
+        """The small shape standing for the call's shape class (the family's rule, firstuse.reduced); None: the
+        call's shape is its own class, checked on its own data."""
+        return None
+
+    def probe(self, c: Any, device: torch.device) -> str:
+        """Launch the kernel of `c` (at its probe shape) on `device` on fresh random inputs and compare every output
+        with the float64 reference: '' when right, else what is wrong. Families with probe_dims implement it."""
+        raise NotImplementedError
+
+    def _probe_shape(self, c: Any) -> tuple[tuple[str, int], ...] | None:
+        """probe_dims where the template admits that shape (its constraints read the dims), else None."""
+        dims = self.probe_dims(c)
+        if dims is None:
+            return None
+        t = tables()[c.op].templates.get(c.template)
+        return dims if t is not None and not t.violations(dict(c.params), c.arch, dict(c.dtypes), dict(dims)) else None
+
+    def _keys_of(self, c: Any) -> tuple[tuple, tuple | None, tuple]:
+        """The kernel's key, its probe shape and its shape class's mark, kept by the choice's id (a choice is made
+        once per call signature and reused: a decode step's host time is most of it)."""
+        held = self._keys.get(id(c))
+        if held is not None and held[0] is c:
+            return held[1], held[2], held[3]
+        key = (c.op, c.template, c.params, c.dtypes, c.consts, c.arch, c.build)
+        shape = self._probe_shape(c)
+        mark = (key, shape if shape is not None else c.dims)
+        with self._lock:
+            if len(self._keys) >= _MAX_BY_ID:
+                self._keys.clear()
+            self._keys[id(c)] = (c, key, shape, mark)  # c held: its id is no other choice's while kept
+        return key, shape, mark
+
     def run_kernel(self, c: Any, name: str, tensors: Mapping[str, Tensor], scalars: Mapping[str, float],
                    check: Callable[[], str]) -> bool:
         """Run the choice's kernel, counted under `name`; False when the caller must take the torch path."""
-        key = (c.op, c.template, c.params, c.dtypes, c.consts, c.arch, c.build)
+        key, shape, mark = self._keys_of(c)
         if key in self.bad:
             self.count(name, "torch")
             return False
-        must_check = (not c.checked_by_factory and key not in self.checked
-                      and os.environ.get(SELFCHECK_ENV, "1") != "0")
-        if must_check and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        selfcheck = selfcheck_on(PACKAGE)
+        checked = mark in self.checked
+        capturing = (selfcheck and not checked and torch.cuda.is_available()
+                     and torch.cuda.is_current_stream_capturing())
+        step = first_use(selfcheck, checked, capturing, shape is not None)
+        if step is Step.TORCH:
             self.count(name, "torch")
             return False
+        if step is Step.PROBE:
+            try:
+                problem = self.probe(dataclasses.replace(c, dims=shape), next(iter(tensors.values())).device)
+            except (CompileError, PlanError) as e:
+                problem = str(e)
+            if problem:
+                self._disable(key, c, name, f"its first-use check at {dict(shape)}: {problem}")
+                return False
+            with self._lock:
+                self.checked.add(mark)
         try:
             self.launcher.run(c, tensors, scalars)
         except (CompileError, PlanError) as e:
             self._disable(key, c, name, str(e))
             return False
-        if must_check:
+        if step is Step.CHECK_CALL:
             problem = check()
             if problem:
                 self._disable(key, c, name, problem)
                 return False
             with self._lock:
-                self.checked.add(key)
+                self.checked.add(mark)
         self.count(name, c.path)
         return True
 

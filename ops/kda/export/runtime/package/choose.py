@@ -30,6 +30,7 @@ from typing import Any
 
 from . import choice, expr
 from .choice import KERNEL_PATHS, device_arch
+from .firstuse import reduced
 from .ladder import nearest_first, refusal, walk
 from .table import OpTable, tables
 
@@ -38,6 +39,7 @@ PATHS = (*KERNEL_PATHS, "torch", "missing")
 # entry point -> (kind of templates it launches, the template name prefix of that kind)
 ENTRY_POINTS = {"fused_recurrent_kda": ("decode", "recurrent"), "chunk_kda": ("prefill", "chunk")}
 VARIANT_DIMS = ("gate", "beta_act", "qk_l2norm", "v_first")
+PROBE_SEQS = 3  # at most this many sequences in a first-use probe (a varlen batch's; an equal-length batch's 2)
 STATE_DTYPE = "float32"
 
 
@@ -84,6 +86,21 @@ def call_dims(q_shape: Sequence[int], v_shape: Sequence[int], n_seqs: int | None
     sr, sc = (v, k) if variant.get("v_first") else (k, v)
     dims = {"B": b, "T": t, "H": h, "HV": hv, "K": k, "V": v, "N": n, "Ncu": n + 1, "SR": sr, "SC": sc}
     return dims | {d: int(variant.get(d, 0)) for d in VARIANT_DIMS}
+
+
+def probe_dims(c: Choice) -> tuple[tuple[str, int], ...]:
+    """The shape standing for a call's shape class in the first-use check (firstuse.py): T by its class
+    (firstuse.reduced; a decode batch's B too), an equal-length prefill batch at most 2 sequences, a varlen batch at
+    most PROBE_SEQS; heads, K, V and the variant as the call's."""
+    d = dict(c.dims)
+    t = reduced(d["T"])
+    if d["N"] != d["B"]:  # varlen: B = 1, N sequences over T tokens
+        n = min(d["N"], PROBE_SEQS, t)
+        d |= {"T": t, "N": n, "Ncu": n + 1}
+    else:
+        b = reduced(d["B"]) if d["T"] == 1 else min(d["B"], 2)
+        d |= {"T": t, "B": b, "N": b, "Ncu": b + 1}
+    return tuple(sorted(d.items()))
 
 
 def kind_of(template_name: str) -> str:

@@ -1,15 +1,17 @@
-"""One call of an entry point: choose the path, launch the kernel (checking an unverified one on first
-use), or run the torch path, and count which path ran (`stats()`).
+"""One call of an entry point: choose the path, launch the kernel (checked on its first use in each shape class:
+a probe at a few sequences of the class's length on random inputs, firstuse.py), or run the torch path, and count
+which path ran (`stats()`).
 
 The kernels take contiguous q, k, v, g, beta and an fp32 initial state [N, HV, SR, SC]; a call without
 one binds zeros, and the final state is always written (dropped when not asked for). A kernel that
 fails to compile or its first-use check is not used again in this process; a warning says why, once,
-and its calls take the torch path. An unchecked kernel is not used inside CUDA graph capture (the
-check reads results back).
+and its calls take the torch path. A kernel is not used inside CUDA graph capture before its class has been
+checked (the check reads results back).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -22,16 +24,18 @@ from .choose import (
     ENTRY_POINTS,
     OP,
     STATE_DTYPE,
+    VARIANT_DIMS,
     Choice,
     MissingKernel,
     _torch,
     call_dims,
     choose,
+    probe_dims,
     templates_of,
     unsupported,
 )
 from .expr import dtype_name
-from .guard import Guarded, aligned, tensor_arch
+from .guard import Guarded, aligned, probe_generator, tensor_arch
 from .loader import PACKAGE
 from .table import tables
 
@@ -65,6 +69,45 @@ class Runtime(Guarded):
     def __init__(self) -> None:
         super().__init__()
         self._memo: dict[tuple, Choice] = {}
+
+    def probe_dims(self, c: Choice) -> tuple[tuple[str, int], ...]:
+        return probe_dims(c)
+
+    def probe(self, c: Choice, device: torch.device) -> str:
+        """The kernel at the probe shape on random inputs: q, k unit rows (raw where the kernel normalizes them),
+        v normal, a log decay in [-5, 0) (a raw gate with A_log and dt_bias where the kernel applies it), beta in
+        (0, 1) (logits where the kernel applies the sigmoid), a random initial state, a drawn scale and lower bound,
+        a varlen batch's lengths drawn; o and the final state checked against float64 on every sequence."""
+        d, dt = dict(c.dims), dict(c.dtypes)
+        b, t, h, hv, dk, dv, n = (d[k] for k in ("B", "T", "H", "HV", "K", "V", "N"))
+        xdt, gdt = getattr(torch, dt["x"]), getattr(torch, dt["g"])
+        gen, rng = probe_generator(device), random.SystemRandom()
+
+        def normal(*shape: int) -> Tensor:
+            return torch.randn(*shape, generator=gen, device=device)
+
+        q, k = normal(b, t, h, dk), normal(b, t, h, dk)
+        if not d["qk_l2norm"]:
+            q, k = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
+        tensors: dict[str, Tensor] = {"q": q.to(xdt), "k": k.to(xdt), "v": normal(b, t, hv, dv).to(xdt)}
+        if d["gate"]:
+            tensors["g"] = normal(b, t, hv, dk).to(gdt)
+            tensors["A_log"] = torch.empty(hv, device=device).uniform_(0.0, 2.7, generator=gen)
+            tensors["dt_bias"] = 0.1 * normal(hv * dk)
+        else:
+            tensors["g"] = torch.nn.functional.logsigmoid(normal(b, t, hv, dk)).clamp(min=-5.0).to(gdt)
+        logits = normal(b, t, hv)
+        tensors["beta"] = (logits if d["beta_act"] else torch.sigmoid(logits)).to(xdt)
+        tensors["initial_state"] = 0.1 * normal(n, hv, d["SR"], d["SC"])
+        if n != b:
+            cuts = sorted(rng.sample(range(1, t), n - 1))
+            tensors["cu_seqlens"] = torch.tensor([0, *cuts, t], dtype=torch.int32, device=device)
+        scalars: dict[str, Any] = {"scale": dk ** -0.5 * rng.uniform(0.5, 2.0), "lower_bound": rng.uniform(-5.0, -1.0),
+                                   **{v: d[v] for v in VARIANT_DIMS}}
+        o = torch.empty_like(tensors["v"])
+        final = torch.empty(n, hv, d["SR"], d["SC"], dtype=torch.float32, device=device)
+        self.launcher.run(c, tensors | {"o": o, "final_state": final}, scalars)
+        return verify.check(tensors, scalars, o, final)
 
     def choice(self, entry: str, t: Mapping[str, Tensor | None], variant: Mapping[str, int]) -> Choice:
         """The path of a call with tensors `t` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens), its

@@ -68,6 +68,74 @@ def test_every_searched_cell_takes_its_table_kernel(entry):
     assert all(32 <= ln.block[0] <= 1024 for ln in launches)
 
 
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.cell)
+def test_every_searched_cell_has_a_probe_shape_its_template_admits(entry):
+    """The first-use check's shape for the cell's class: T (a decode batch's B too) by its class, at most two
+    sequences of an equal-length prefill batch or three of a varlen one, the rest as the cell's; legal for the
+    template, so a table kernel is probed rather than checked on a caller's whole call."""
+    from kf_pkg.choose import PROBE_SEQS, probe_dims
+    from kf_pkg.firstuse import PROBE_TILE
+
+    c = choose(_entry_point(entry), entry.dims, entry.dtypes, ARCH)
+    d, p = dict(c.dims), dict(probe_dims(c))
+    assert set(p) == set(d) and all(p[k] == d[k] for k in d if k not in ("B", "T", "N", "Ncu"))
+    assert p["T"] == d["T"] if d["T"] <= PROBE_TILE else (PROBE_TILE <= p["T"] < 2 * PROBE_TILE
+                                                         and p["T"] % PROBE_TILE == d["T"] % PROBE_TILE)
+    assert p["Ncu"] == p["N"] + 1 and p["N"] <= (PROBE_SEQS if d["N"] != d["B"] else max(2, min(d["B"], 127)))
+    assert TABLE.templates[c.template].violations(dict(c.params), ARCH, dict(c.dtypes), p) == []
+
+
+@pytest.mark.parametrize("kernel", ["right", "wrong"])
+def test_a_table_kernel_is_probed_on_first_use_and_dropped_when_wrong(kernel):
+    """A table kernel's first call in a class runs the probe first (fresh inputs at the class's shape, checked
+    against float64): a right kernel then serves the call and the next without another probe; a wrong one is
+    dropped with one warning and never launched on the caller's data."""
+    torch = pytest.importorskip("torch")
+    from kf_pkg import reference, run
+    from kf_pkg.choose import VARIANT_DIMS
+
+    e = next(x for x in ENTRIES if dict(x.dims)["N"] == dict(x.dims)["B"])
+    entry = _entry_point(e)
+    d = dict(e.dims) | {"B": 2, "N": 2, "Ncu": 3, "T": 3 if dict(e.dims)["T"] > 1 else 1}
+    c = kf.Choice("kda", "table", tuple(sorted(d.items())), e.dtypes, ARCH, "test", e.template, e.params,
+                  entry=entry)
+    variant = {v: d[v] for v in VARIANT_DIMS}
+    launched = []
+
+    def fake_launch(choice, tensors, scalars):  # stands in for the GPU: writes what the kernel would
+        launched.append(dict(choice.dims)["T"])
+        o, s = reference.kda(*(tensors[n] for n in ("q", "k", "v", "g", "beta")), A_log=tensors.get("A_log"),
+                             dt_bias=tensors.get("dt_bias"), scale=scalars["scale"],
+                             initial_state=tensors["initial_state"], cu_seqlens=tensors.get("cu_seqlens"),
+                             gate=variant["gate"], beta_act=variant["beta_act"], qk_l2norm=bool(variant["qk_l2norm"]),
+                             v_first=bool(variant["v_first"]), lower_bound=scalars["lower_bound"],
+                             acc=torch.float64)
+        tensors["o"].copy_(o + (0 if kernel == "right" else 1))
+        tensors["final_state"].copy_(s)
+
+    rt = run.Runtime()
+    rt.launcher.run = fake_launch
+    rt.choice = lambda *a: c
+    xdt, gdt = getattr(torch, dict(e.dtypes)["x"]), getattr(torch, dict(e.dtypes)["g"])
+    b, t, h, hv, dk, dv = (d[k] for k in ("B", "T", "H", "HV", "K", "V"))
+    q = torch.nn.functional.normalize(torch.randn(b, t, h, dk), dim=-1).to(xdt)
+    k = torch.nn.functional.normalize(torch.randn(b, t, h, dk), dim=-1).to(xdt)
+    tensors = {"q": q, "k": k, "v": torch.randn(b, t, hv, dv).to(xdt), "beta": torch.rand(b, t, hv).to(xdt),
+               "g": (torch.randn(b, t, hv, dk) if variant["gate"] else -torch.rand(b, t, hv, dk)).to(gdt)}
+    if variant["gate"]:
+        tensors |= {"A_log": torch.zeros(hv), "dt_bias": torch.zeros(hv * dk)}
+    if kernel == "right":
+        o1, _ = rt.call(entry, tensors, None, None, variant)
+        o2, _ = rt.call(entry, tensors, None, None, variant)
+        assert launched == [t, t, t] and torch.equal(o1, o2)
+        assert rt.counts[(entry, "table")] == 2
+    else:
+        with pytest.warns(RuntimeWarning, match="first-use check at"):
+            rt.call(entry, tensors, None, None, variant)
+        rt.call(entry, tensors, None, None, variant)
+        assert launched == [t] and rt.counts[(entry, "torch")] == 2
+
+
 # The cell the calls below start from: the first decode cell, or in a package without one the first prefill cell
 # (its entry point, chunk_kda, then takes the calls)
 BASE = DECODE[0] if DECODE else ENTRIES[0]

@@ -32,6 +32,7 @@ from typing import Any
 
 from . import expr
 from .choice import KERNEL_PATHS, Choice, device_arch
+from .firstuse import reduced
 from .ladder import nearest_first, refusal, walk
 from .table import OpTable, tables
 
@@ -117,6 +118,12 @@ def shape_dims(shape: Sequence[int]) -> dict[str, int]:
     if len(shape) < 1:
         raise ValueError("rmsnorm needs at least one dim (the normalized one)")
     return {"M": math.prod(shape[:-1]), "N": int(shape[-1])}
+
+
+def probe_dims(c: Choice) -> tuple[tuple[str, int], ...]:
+    """The shape standing for a call's shape class in the first-use check (firstuse.py): M by its class
+    (firstuse.reduced); N and the variant's switches as the call's."""
+    return tuple((k, reduced(v) if k == "M" else v) for k, v in c.dims)
 
 
 def variant_call(shape: Sequence[int], dtype: str, weight_dtype: str, *, residual: str = "", bias: bool = False,

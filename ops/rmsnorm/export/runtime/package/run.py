@@ -1,13 +1,14 @@
-"""One call of the op: choose the path, launch the kernel (checking an unverified one on first use), or
-fall back to torch, and count which path ran (`stats()`).
+"""One call of the op: choose the path, launch the kernel (checked on its first use in each shape class: a probe
+of the class's M on random rows, firstuse.py), or fall back to torch, and count which path ran (`stats()`).
 
 A kernel that fails to compile or fails its first-use check is not used again in this process; a
-warning says why, once, and its calls take the torch path. A kernel the factory's gate never ran is
-not used inside CUDA graph capture before its check has run (the check reads results back).
+warning says why, once, and its calls take the torch path. A kernel is not used inside CUDA graph capture
+before its class has been checked (the check reads results back).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 
@@ -15,9 +16,11 @@ import torch
 from torch import Tensor
 
 from . import reference, verify
-from .choose import Choice, choose, variant_call
+from .choose import Choice, choose, probe_dims, variant_call
 from .expr import dtype_name
-from .guard import Guarded, aligned, tensor_arch
+from .guard import Guarded, aligned, probe_generator, tensor_arch
+
+EPS_RANGE = (1e-6, 1e-4)  # a probe's eps, drawn (log-uniform): a kernel that folds eps to a constant is caught
 
 
 class Runtime(Guarded):
@@ -48,6 +51,41 @@ class Runtime(Guarded):
         if not x.is_cuda:
             return Choice("rmsnorm", "torch", dims, dtypes, 0, "a CPU tensor")
         return choose("rmsnorm", dims, dtypes, tensor_arch(x.device))
+
+    def probe_dims(self, c: Choice) -> tuple[tuple[str, int], ...]:
+        return probe_dims(c)
+
+    def probe(self, c: Choice, device: torch.device) -> str:
+        """The kernel on random rows at the probe shape (x and dout normal, the weight near 1, a drawn eps), every
+        output checked against float64 (all rows)."""
+        d, dt = dict(c.dims), {k: getattr(torch, v) for k, v in c.dtypes}
+        m, n = d["M"], d["N"]
+        g = probe_generator(device)
+
+        def normal(*shape: int, dtype: torch.dtype, mean: float = 0.0) -> Tensor:
+            return (mean + torch.randn(*shape, generator=g, device=device)).to(dtype)
+
+        x, w = normal(m, n, dtype=dt["x"]), normal(n, dtype=dt["w"], mean=1.0)
+        if c.op == "rmsnorm_bwd":
+            dout = normal(m, n, dtype=dt["x"])
+            r = torch.rsqrt(x.float().square().mean(dim=-1) + 1e-6)
+            dx, dw = torch.empty_like(x), torch.empty_like(w)
+            self.launcher.run(c, {"x": x, "w": w, "dout": dout, "rstd": r, "dx": dx, "dw": dw}, {})
+            return verify.check_backward(x, w, dout, r, dx, dw, sample=m)
+        eps = EPS_RANGE[0] * (EPS_RANGE[1] / EPS_RANGE[0]) ** random.SystemRandom().random()
+        y = torch.empty_like(x)
+        residual = normal(m, n, dtype=dt["residual"]) if "residual" in dt else None
+        bias = normal(n, dtype=dt["w"]) if d.get("bias") else None
+        if residual is None and bias is None and not d.get("store_rstd"):
+            self.launcher.run(c, {"x": x, "w": w, "y": y}, {"eps": eps})
+            return verify.check_forward(x, w, eps, y, sample=m)
+        res_out = torch.empty_like(residual) if residual is not None else None
+        r = torch.empty(m, dtype=torch.float32, device=device) if d.get("store_rstd") else None
+        tensors = {"x": x, "w": w, "y": y}
+        tensors.update({k: v for k, v in (("residual", residual), ("residual_out", res_out), ("bias", bias),
+                                          ("rstd", r)) if v is not None})
+        self.launcher.run(c, tensors, {"eps": eps})
+        return verify.check_variant(x, w, residual, bias, eps, y, res_out, r, sample=m)
 
     def _count(self, c: Choice, path: str) -> None:
         self.count(c.op, path)

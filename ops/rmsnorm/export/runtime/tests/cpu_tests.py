@@ -346,8 +346,9 @@ def test_custom_op_schema_fake_and_autograd_registration():
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("kernel", ["right", "wrong", "no-compile"])
-def test_an_unchecked_kernel_is_checked_on_first_use_and_dropped_when_wrong(kernel, op):
+@pytest.mark.parametrize("path,kernel", [("rerender", "right"), ("rerender", "wrong"), ("rerender", "no-compile"),
+                                         ("table", "wrong")])
+def test_a_kernel_is_checked_on_first_use_and_dropped_when_wrong(path, kernel, op):
     torch = pytest.importorskip("torch")
     from kf_pkg import reference, run
     from kf_pkg.loader import CompileError
@@ -359,7 +360,7 @@ def test_an_unchecked_kernel_is_checked_on_first_use_and_dropped_when_wrong(kern
     dout = torch.randn_like(x)
     r = reference.rstd(x, 1e-6)
     dts = tuple((k, v) for k, v in e.dtypes if k in ("x", "w"))
-    c = kf.Choice(op, "rerender", (("M", 9), ("N", n)), dts, 90, "test", e.template, e.params)
+    c = kf.Choice(op, path, (("M", 9), ("N", n)), dts, 90, "test", e.template, e.params)
     calls = []
 
     def fake_launch(choice, tensors, scalars):  # stands in for the GPU: writes the outputs as a kernel would
@@ -382,15 +383,80 @@ def test_an_unchecked_kernel_is_checked_on_first_use_and_dropped_when_wrong(kern
         return (rt.forward(x, w, 1e-6),) if op == "rmsnorm" else rt.backward(x, w, dout, r)
 
     want = (reference.forward_2d(x, w, 1e-6),) if op == "rmsnorm" else reference.backward_2d(x, w, dout, r)
-    if kernel == "right":
+    if kernel == "right":  # the probe (its class's M is 9 itself, on fresh rows), then both calls
         assert all(torch.equal(a, b) for a, b in zip(call(), want))
         assert all(torch.equal(a, b) for a, b in zip(call(), want))
-        assert rt.counts[(op, "rerender")] == 2 and len(calls) == 2
-    else:
-        with pytest.warns(RuntimeWarning, match="takes the torch fp32 path"):
+        assert rt.counts[(op, path)] == 2 and len(calls) == 3 and calls[0].dims == c.dims
+    else:  # the probe fails: the call never launches
+        with pytest.warns(RuntimeWarning, match="first-use check at .*takes the torch fp32 path"):
             assert all(torch.equal(a, b) for a, b in zip(call(), want))
         assert all(torch.equal(a, b) for a, b in zip(call(), want))
         assert rt.counts[(op, "torch")] == 2 and len(calls) == 1  # not launched again
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_searched_cell_has_a_probe_shape_its_template_admits(op):
+    """The first-use check's shape for a cell's class: M by its class, the rest as the cell's; legal for the
+    template, so a table kernel is probed at a small M rather than checked on a caller's whole call."""
+    from kf_pkg.choose import probe_dims
+    from kf_pkg.firstuse import PROBE_TILE
+
+    for e in TABLES[op].entries:
+        c = choose(op, e.dims, e.dtypes, TABLES[op].arch_number)
+        d, p = dict(c.dims), dict(probe_dims(c))
+        assert {k: v for k, v in p.items() if k != "M"} == {k: v for k, v in d.items() if k != "M"}
+        assert p["M"] == d["M"] if d["M"] <= PROBE_TILE else PROBE_TILE <= p["M"] < 2 * PROBE_TILE
+        assert p["M"] % PROBE_TILE == d["M"] % PROBE_TILE
+        assert TABLES[op].templates[c.template].violations(dict(c.params), c.arch, dict(c.dtypes), p) == [], e.cell
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_each_shape_class_is_probed_once_at_its_own_small_m(op, monkeypatch):
+    """M 1000 and 1064 share a class (probed at M 104 = 64 + 1000 mod 64), M 1001 is another (105), M 9 its own;
+    the probe draws its inputs afresh and its eps from a range; <PACKAGE>_SELFCHECK=0 turns probing off."""
+    torch = pytest.importorskip("torch")
+    from kf_pkg import reference, run
+    from kf_pkg.firstuse import reduced
+
+    e = (PLAIN_ENTRIES[op] or TABLES[op].entries)[0]
+    n, dts = dict(e.dims)["N"], tuple((k, v) for k, v in e.dtypes if k in ("x", "w"))
+    xdt, wdt = getattr(torch, dict(e.dtypes)["x"]), getattr(torch, dict(e.dtypes)["w"])
+    launched, eps = [], set()
+
+    def fake_launch(choice, tensors, scalars):
+        launched.append(dict(choice.dims)["M"])
+        if op == "rmsnorm":
+            eps.add(scalars["eps"])
+            tensors["y"].copy_(reference.forward_2d(tensors["x"], tensors["w"], scalars["eps"]))
+        else:
+            dx, dw = reference.backward_2d(tensors["x"], tensors["w"], tensors["dout"], tensors["rstd"])
+            tensors["dx"].copy_(dx)
+            tensors["dw"].copy_(dw)
+
+    rt = run.Runtime()
+    rt.launcher.run = fake_launch
+    rt.choice = lambda op_, x_, w_: kf.Choice(op, "table", (("M", x_.shape[0]), ("N", n)), dts, 90, "test",
+                                               e.template, e.params)
+    w = (1 + 0.1 * torch.randn(n)).to(wdt)
+    for m in (1000, 1064, 1001, 9, 1000):
+        x = torch.randn(m, n).to(xdt)
+        if op == "rmsnorm":
+            rt.forward(x, w, 1e-6)
+        else:
+            rt.backward(x, w, torch.randn_like(x), reference.rstd(x, 1e-6))
+    assert [reduced(m) for m in (1000, 1001)] == [104, 105]
+    assert launched == [104, 1000, 1064, 105, 1001, 9, 9, 1000]
+    drawn = eps - {1e-6}  # the calls' own eps, and one drawn per probe
+    assert op != "rmsnorm" or (len(drawn) == 3 and all(1e-6 <= x <= 1e-4 for x in drawn))
+    monkeypatch.setenv(f"{kf.__name__.upper()}_SELFCHECK", "0")
+    rt2 = run.Runtime()
+    rt2.launcher.run, rt2.choice, launched[:] = fake_launch, rt.choice, []
+    x = torch.randn(1000, n).to(xdt)
+    if op == "rmsnorm":
+        rt2.forward(x, w, 1e-6)
+    else:
+        rt2.backward(x, w, torch.randn_like(x), reference.rstd(x, 1e-6))
+    assert launched == [1000]
 
 
 def test_provenance_names_the_runs():
@@ -534,9 +600,9 @@ def test_an_unchecked_variant_kernel_is_checked_on_first_use_and_dropped_when_wr
     want = reference.rmsnorm_fwd(x, w, b, res, None, None, 1e-6, bool(store_rstd))
     expected = {"x", "w", "y"} | ({"residual", "residual_out"} if residual else set()) | ({"bias"} if bias else set()) \
         | ({"rstd"} if store_rstd else set())
-    if kernel == "right":
+    if kernel == "right":  # the probe (M 9: its own class) binds what the call binds
         got = rt.forward_variant(x, w, res, b, 1e-6, bool(store_rstd))
-        assert torch.equal(got[0], want[0]) and calls == [sorted(expected)]
+        assert torch.equal(got[0], want[0]) and calls == [sorted(expected)] * 2
         assert rt.counts[("rmsnorm", "rerender")] == 1
     else:
         with pytest.warns(RuntimeWarning, match="takes the torch fp32 path"):

@@ -317,3 +317,35 @@ def test_variant_calls_no_kernel_serves_take_torch_and_are_right():
     out = kf.rmsnorm(x, w, b32, eps=EPS)
     assert _took("rmsnorm", before) == ["torch"]
     assert_close(out, ref_fwd(x, w, b32)[0], x.dtype)
+
+
+@pytest.mark.skipif(not FWD, reason="no plain forward cell exported")
+def test_a_table_kernel_is_probed_once_per_shape_class_and_a_failed_probe_drops_it(monkeypatch):
+    """On the GPU: a searched kernel's first call in a class runs the probe (launched at the class's M on its own
+    inputs), later calls of the class do not; a probe that reports a wrong output drops the kernel with one warning
+    and its calls take the torch path (right still)."""
+    from kf_pkg import run
+    from kf_pkg.firstuse import reduced
+
+    dt, dims = FWD[0]
+    rt = run.runtime()
+    monkeypatch.setattr(rt, "checked", set())  # as in a fresh process
+    monkeypatch.setattr(rt, "bad", {})
+    probes, real = [], rt.probe
+
+    def counted(c, device):
+        probes.append(dict(c.dims)["M"])
+        return real(c, device)
+
+    monkeypatch.setattr(rt, "probe", counted)
+    torch_calls = rt.counts[("rmsnorm", "torch")]
+    for m in (dims["M"], dims["M"] + 64, dims["M"] + 1):
+        x, w = inputs(dt["x"], dt["w"], (m, dims["N"]))
+        assert_close(kf.rmsnorm(x, w, eps=EPS), ref_fwd(x, w)[0], x.dtype)
+    assert probes == [reduced(dims["M"]), reduced(dims["M"] + 1)] and rt.counts[("rmsnorm", "torch")] == torch_calls
+    monkeypatch.setattr(rt, "checked", set())
+    monkeypatch.setattr(rt, "probe", lambda c, device: "y: planted")
+    x, w = inputs(dt["x"], dt["w"], (dims["M"], dims["N"]))
+    with pytest.warns(RuntimeWarning, match="planted"):
+        assert_close(kf.rmsnorm(x, w, eps=EPS), ref_fwd(x, w)[0], x.dtype)
+    assert rt.counts[("rmsnorm", "torch")] == torch_calls + 1
