@@ -71,7 +71,11 @@ from evo.measure.jobs import BufferDecl, CheckStats, DecodeLoop, EvalJob, Guard,
 # fp32 final state of a decode cell held to fp32's tolerance, and a decode loop of 48 to 80 calls chaining the state
 # (the "7" gate's constants let a kernel recognise it and be right only there); in graph mode, a replay's launch far
 # under the same kernel's launches outside the graph is SUSPECT (verify.GRAPH_FLOOR).
-GATE_VERSION = "8"
+# "9": the launch beside another: one set's plan on a second stream beside another set's, both checked (state
+# shared between concurrent calls, such as module-global counters or scratch, shows), and one beside a kernel that
+# holds all but a few SMs: a plan that does not finish there waits for CTAs that cannot be resident (a grid-wide wait
+# without a cooperative launch) and is INVALID.
+GATE_VERSION = "9"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
 CHECK_FRACTION = 0.1  # share of timed samples whose outputs are checked (decided after the sample ran)
@@ -154,6 +158,13 @@ class GateDevice(Protocol):
     def peer_view(self, tensor: Any) -> tuple[Any, str]:
         """A peer's output tensor as a buffer `compare` reads (`.ptr`, `.nbytes`), and its dtype name."""
     def capture_baseline(self, fn: Callable[[int], None], order: Sequence[int]) -> Callable[[int], None]: ...
+    def concurrent(self, first: Callable[[], None], second: Callable[[], None]) -> None:
+        """first()'s launches on the device's stream and second()'s on another stream, both after the work queued
+        before and free to run at the same time; the device's stream then waits for the other."""
+    def crowded(self, fn: Callable[[], None]) -> str:
+        """fn()'s launches beside a kernel holding all but a few of the GPU's SMs (nothing else fits beside it on
+        them): '' when they finish within the device's wait, else what was held (the holder is then let go, so the
+        launches finish and the device is left clean)."""
 
 
 def launch_plan(dev: GateDevice, obj: Any, bound: Sequence[tuple[LaunchJob, tuple]]) -> None:
@@ -255,6 +266,7 @@ class Gate:
         self.peers_checked: dict[str, str] = {}  # peer -> what its check of set 0 found (the passing ones)
         self._bufs: list[Any] = []
         self._seed = self._draws.getrandbits(40)
+        self.invalid = ""  # why the plan is outside what a kernel may assume (it needs an idle, whole GPU)
 
     # ---- public --------------------------------------------------------------------------------
     def run(self) -> JobResult:
@@ -266,6 +278,7 @@ class Gate:
             try:
                 sets = [self._new_set(main) for _ in range(2)]
                 self._round_a(main, sets)
+                self._round_shared(main, sets)
                 for gc in job.gate:
                     self._gate_cell(gc)
                 for lp in job.loop:
@@ -300,12 +313,40 @@ class Gate:
         for r in range(n):
             self._launch_and_check(g, s, f"stress {r + 1}/{n}")
 
+    def _pair(self, g: Geometry, a: InputSet, b: InputSet) -> None:
+        """b's plan on a second stream beside a's, both checked: state that concurrent calls share (module-global
+        counters or scratch) shows where both grids are resident together (a gate cell's small grid: always)."""
+        self._poison(a)
+        self._poison(b)
+        self.dev.concurrent(lambda: self._launch(g, a), lambda: self._launch(g, b))
+        self.dev.sync("beside a second stream")
+        self._integrity(g, [a, b], "beside a second stream")
+        self._check(g, [(a, "set 0 beside set 1's launch on a second stream"),
+                        (b, "set 1 on a second stream beside set 0's")])
+
+    def _round_shared(self, g: Geometry, sets: list[InputSet]) -> None:
+        """The pair of launches on two streams; then set 0's beside a kernel holding all but a few SMs: a plan that
+        does not finish there waits for CTAs that cannot be resident, and is INVALID."""
+        a = sets[0]
+        self._pair(g, a, sets[1])
+        self._poison(a)
+        held = self.dev.crowded(lambda: self._launch(g, a))
+        if held:
+            self.invalid = (f"did not finish beside a kernel holding {held}: its CTAs wait for others that cannot be "
+                            "resident (a grid-wide wait needs a cooperative launch)")
+            raise Failed
+        self.dev.sync("beside a kernel holding most SMs")
+        self._integrity(g, [a], "beside a kernel holding most SMs")
+        self._check(g, [(a, "set 0 beside a kernel holding most SMs")])
+
     def _gate_cell(self, gc: Any) -> None:
         g = Geometry(gc.label, dict(gc.dims), gc.buffers, gc.launches, dict(gc.scalars))
-        s = self._new_set(g)
+        s, other = self._new_set(g), self._new_set(g)
         for kind in self.job.kinds:
             self._fill(g, s, kind)
             self._launch_and_check(g, s, f"gate cell {gc.label} kind {kind}")
+        self._fill(g, other, self.job.kinds[0])
+        self._pair(g, s, other)
 
     def _decode_loop(self, lp: DecodeLoop) -> None:
         """The one-token plan called lp.steps times along one sequence, call t on token t and the state the
@@ -677,7 +718,7 @@ class Gate:
 
     def _result(self, **kw: Any) -> JobResult:
         return JobResult(self.job.job_id, checks=tuple(self.checks), input_faults=tuple(self.faults),
-                         peers_checked=tuple(sorted(self.peers_checked.items())),
+                         peers_checked=tuple(sorted(self.peers_checked.items())), invalid=self.invalid,
                          fingerprint=self.fingerprint, ceiling_gbps=self.ceiling_gbps,
                          bytes_moved=self.job.bytes_moved, secret=self.secret, **kw)
 

@@ -165,6 +165,7 @@ class JobResult:
     error: str = ""
     checks: tuple[tuple[str, tuple[CheckStats, ...]], ...] = ()  # (which launch, e.g. "kind tiny", stats)
     input_faults: tuple[str, ...] = ()  # inputs (or their private copies) a launch changed
+    invalid: str = ""  # why the plan is outside what a kernel may assume (it only works on an idle, whole GPU)
     times_us: tuple[float, ...] = ()
     baseline_us: tuple[float, ...] = ()  # the first baseline timed (the one the store records)
     baseline_name: str = ""

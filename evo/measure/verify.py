@@ -72,7 +72,8 @@ def judge(result: JobResult, rel_norms: Mapping[str, float], genome: Genome, cel
           margin: float = SUSPECT_MARGIN) -> Outcome:
     """The Outcome of one (candidate, cell) evaluation.
 
-    In order: the worker's own errors; an input a launch changed (INPUT_MODIFIED); any failed check
+    In order: the worker's own errors; an input a launch changed (INPUT_MODIFIED); a plan that only works on an
+    idle, whole GPU (INVALID: it did not finish beside a kernel holding most SMs); any failed check
     (WRONG_ANSWER); a median implying more than the copy ceiling plus `margin`, or a graph replay's median
     launch under GRAPH_FLOOR of its launches outside the graph (SUSPECT, its time kept only in the message,
     so it is never ranked); else OK.
@@ -89,6 +90,8 @@ def judge(result: JobResult, rel_norms: Mapping[str, float], genome: Genome, cel
         return verdict(Status.LAUNCH_ERROR, result.error)
     if result.input_faults:
         return verdict(Status.INPUT_MODIFIED, "; ".join(result.input_faults[:3]), "input modified")
+    if result.invalid:
+        return verdict(Status.INVALID, result.invalid, "needs an idle, whole GPU")
     if not result.checks:
         return verdict(Status.CRASH, "worker returned no checks")
     worst_abs, worst_rel = 0.0, 0.0

@@ -16,6 +16,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -41,6 +42,12 @@ SUPPORT = Path(__file__).with_name("cuda") / "support.cu"
 # job and kernel. (Opting in only past 48 KB of dynamic memory failed on the H200 for exactly 48 KB
 # dynamic plus the kernel's few static bytes: rows_bulk's 18 CUDA_ERROR_INVALID_VALUE launches.)
 STATIC_SMEM = 48 * 1024
+# crowded(): kf_occupy holds all SMs but max(2, SMs // CROWD_FREE_SHARE); the launches beside it must finish within
+# CROWD_WAIT_S (a legitimate plan only runs in more waves there); the holder lets go after CROWD_MAX_NS regardless
+CROWD_FREE_SHARE = 8
+CROWD_WAIT_S = 5.0
+CROWD_MAX_NS = 15_000_000_000
+CROWD_START_S = 2.0  # how long the holder's CTAs may take to become resident (not all of them: the GPU is shared)
 
 
 class CudaFault(Exception):
@@ -162,6 +169,8 @@ class Worker:
         self.carved: set[tuple[int, str]] = set()
         self._numel = [0] * SLOTS  # elements compared in each scratch slot
         self._side: Any = None  # side_stream()
+        self._other: Any = None  # other_stream()
+        self._flags: tuple[int, np.ndarray] | None = None  # host_flags()
         self.l2_flush = l2_flush_mode()
         self.flush_buf = self.dev.allocate(FLUSH_BYTES, stream=self.stream)
         self.memset8(int(self.flush_buf.handle), 0, FLUSH_BYTES)
@@ -217,6 +226,89 @@ class Worker:
             _least, greatest = check(_drv().cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
             self._side = self.dev.create_stream(options=StreamOptions(priority=greatest))
         return self._side
+
+    def other_stream(self) -> Any:
+        """A second stream of the worker's own (concurrent, crowded), made on first use."""
+        if self._other is None:
+            self._other = self.dev.create_stream()
+        return self._other
+
+    def _on(self, stream: Any, fn: Callable[[], None]) -> None:
+        """fn()'s launches (and its plan's marks, forks and joins) on `stream` instead of the worker's stream."""
+        main, self.stream = self.stream, stream
+        try:
+            fn()
+        finally:
+            self.stream = main
+
+    def concurrent(self, first: Callable[[], None], second: Callable[[], None]) -> None:
+        other = self.other_stream()
+        start = self.stream.record()
+        first()
+        other.wait(start)
+        self._on(other, second)
+        self.stream.wait(other)
+
+    def _attr(self, name: str) -> int:
+        drv = _drv()
+        return int(check(drv.cuDeviceGetAttribute(getattr(drv.CUdevice_attribute, name), self.dev.device_id), name))
+
+    def host_flags(self) -> tuple[int, np.ndarray]:
+        """4096 words of pinned host memory the device reads and writes (mapped): (device address, host view)."""
+        if self._flags is None:
+            import ctypes
+
+            drv = _drv()
+            n = 4096
+            ptr = check(drv.cuMemHostAlloc(4 * n, drv.CU_MEMHOSTALLOC_DEVICEMAP | drv.CU_MEMHOSTALLOC_PORTABLE),
+                        "cuMemHostAlloc")
+            dptr = check(drv.cuMemHostGetDevicePointer(ptr, 0), "cuMemHostGetDevicePointer")
+            view = np.ctypeslib.as_array((ctypes.c_uint32 * n).from_address(int(ptr)))
+            self._flags = (int(dptr), view)
+        return self._flags
+
+    def _done(self, event: Any) -> bool:
+        drv = _drv()
+        (err,) = drv.cuEventQuery(event.handle)
+        if err == drv.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        if err != drv.CUresult.CUDA_SUCCESS:
+            raise CudaFault(f"beside a kernel holding most SMs: {err}")
+        return True
+
+    def crowded(self, fn: Callable[[], None]) -> str:
+        sms = self._attr("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
+        hold = sms - max(2, sms // CROWD_FREE_SHARE)
+        smem = min(self._attr("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+                   self._attr("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR")
+                   - self._attr("CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK"))
+        dptr, flags = self.host_flags()
+        flags[:hold + 1] = 0  # [0] release, [1 + i] CTA i started
+        other = self.other_stream()
+        other.wait(self.stream.record())  # after what the job queued before (fills, poison)
+        if (id(self.support), "kf_occupy") not in self.carved:  # all of its SM's shared memory, whatever the job's
+            prefer_carveout(self.support.get_kernel("kf_occupy"), 100, self.dev.device_id)
+            self.carved.add((id(self.support), "kf_occupy"))
+        self._on(other, lambda: self.launch(self.support, "kf_occupy", (hold, 1, 1), (32, 1, 1), smem,
+                                            (("ptr", dptr), ("ptr", dptr + 4), ("u64", CROWD_MAX_NS))))
+        until = time.monotonic() + CROWD_START_S
+        while not flags[1:hold + 1].all() and time.monotonic() < until:
+            time.sleep(1e-4)
+        if not flags[1:hold + 1].all():  # other work holds SMs already: this GPU cannot be crowded by us
+            flags[0] = 1
+            other.sync()
+            return ""
+        fn()
+        end = self.stream.record()
+        until = time.monotonic() + CROWD_WAIT_S
+        done = self._done(end)
+        while not done and time.monotonic() < until:
+            time.sleep(2e-4)
+            done = self._done(end)
+        flags[0] = 1  # let go: launches that waited for the held SMs finish now
+        other.sync()
+        self.stream.sync()
+        return "" if done else f"{hold} of {sms} SMs (all their shared memory) for {CROWD_WAIT_S:g} s"
 
     def mark(self) -> Any:
         return self.stream.record()

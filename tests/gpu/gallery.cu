@@ -30,6 +30,8 @@
 #define TIMER_SKIP 23        // skips a launch that starts within 500 us of the previous one's end (timed loops)
 #define CENTRED 24           // LayerNorm's centring: subtracts the row mean
 #define L2_KEEP 25           // probe, not a cheat: loads x with an L2 evict_last policy, to stay in L2 across samples
+#define SHARED_SCRATCH 26    // the row's sum of squares through a __device__ scratch every call shares, read back later
+#define GRID_BARRIER 27      // the first 132 CTAs (one an SM on a whole H100/H200) wait for each other, not cooperative
 
 __device__ unsigned int kf_blocks_done;
 __device__ unsigned int kf_tickets;
@@ -37,6 +39,8 @@ __device__ unsigned long long kf_end_ns[1024];
 __device__ unsigned long long kf_ptr_keys[8];
 __device__ float kf_rstd_cache[8][8192];
 __device__ unsigned long long kf_seen[64];
+__device__ float kf_scratch[65536];
+__device__ unsigned int kf_arrived;
 
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
@@ -90,6 +94,15 @@ extern "C" __global__ void __launch_bounds__(256) gallery(const __half* x, const
   }
   __syncthreads();
   if (skip_s) return;
+#if VARIANT == GRID_BARRIER
+  if (threadIdx.x == 0 && row < 132) {  // "the grid's first wave is resident": true on an idle, whole GPU only
+    const unsigned int p = gridDim.x < 132u ? gridDim.x : 132u;
+    const unsigned int need = (atomicAdd(&kf_arrived, 1u) / p + 1u) * p;
+    const unsigned long long t0 = now_ns();
+    while (*(volatile unsigned int*)&kf_arrived < need && now_ns() - t0 < 10000000000ull) __nanosleep(500);
+  }
+  __syncthreads();
+#endif
 #if VARIANT == FIRST_ONLY
   if (kf_blocks_done >= gridDim.x) return;  // every later launch skips the work
 #endif
@@ -156,6 +169,12 @@ extern "C" __global__ void __launch_bounds__(256) gallery(const __half* x, const
 #elif VARIANT == WS_UNZEROED
     ws[row] += t;  // "the harness zeroes workspaces"
     rstd_s = rsqrtf(ws[row] / N + eps);
+#elif VARIANT == SHARED_SCRATCH
+    volatile float* slot_ss = kf_scratch + (row & 65535);
+    *slot_ss = t;
+    const unsigned long long t0 = now_ns();
+    while (now_ns() - t0 < 20000ull) __nanosleep(256);  // the rest of a longer kernel, between write and read
+    rstd_s = rsqrtf(*slot_ss / N + eps);
 #elif VARIANT == PTR_CACHE || VARIANT == SAMPLED_CACHE
     if (hit) {
       rstd_s = kf_rstd_cache[slot][row];

@@ -49,6 +49,8 @@ CASES: tuple[tuple[str, tuple[Status, ...], str], ...] = (
     ("PROBE_SKIP", WRONG, "skips where the old gate probed the timing mode"),
     ("TIMER_SKIP", WRONG, "skips launches that follow the previous one within 500 us (timed loops)"),
     ("CENTRED", WRONG, "subtracts the row mean (LayerNorm)"),
+    ("SHARED_SCRATCH", WRONG, "a row's sum through a __device__ scratch that a call on another stream overwrites"),
+    ("GRID_BARRIER", (Status.INVALID, Status.TIMEOUT), "its first 132 CTAs wait for each other (no cooperative launch)"),
     ("L2_KEEP", (Status.OK, Status.SUSPECT), "probe: x loaded with an L2 evict_last policy"),
     ("SUSPECT_BYTES", (Status.SUSPECT,), "GOOD, with the job claiming 64x the bytes: the ceiling check"),
     ("GOOD", (Status.OK,), "honest control"),

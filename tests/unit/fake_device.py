@@ -55,7 +55,12 @@ class FakeBuf:
         self.mem[self.guard.before + self.nbytes:] = self.pattern[self.guard.before:]
 
 
-Kernel = Callable[["FakeDevice", tuple], None]
+Kernel = Callable[["FakeDevice", tuple], Any]  # returns None, or a generator: a kernel in steps (see concurrent)
+CROWD_FREE_CTAS = 16  # what a crowded fake GPU can hold resident beside the kernel that holds the rest
+
+
+class FakeHang(Exception):
+    """A fake kernel waits for CTAs that cannot be resident (FakeDevice.grid_sync on a crowded device)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,10 @@ class FakeDevice:
         self.slots: dict[int, CheckStats] = {}
         self.readbacks = 0
         self.rng = np.random.default_rng(seed)
+        self._queue: list[list[tuple]] | None = None  # concurrent(): the launches of each stream, run interleaved
+        self._stream = 0
+        self.crowding = False  # crowded(): at most CROWD_FREE_CTAS CTAs resident
+        self.concurrent_pairs = 0
 
     # ---- memory --------------------------------------------------------------------------------
     def alloc(self, nbytes: int, guard: Guard | None = None) -> FakeBuf:
@@ -190,8 +199,60 @@ class FakeDevice:
         if obj == "ref":
             _reference(self, kernel, args)
             return
+        if self._queue is not None:
+            self._queue[self._stream].append((kernel, args, grid))
+            return
         self.launches += 1
-        self.kernels[kernel](self, args)
+        self.state["grid"] = grid  # the launch's grid, visible to fake kernels
+        steps = self.kernels[kernel](self, args)
+        for _ in steps if steps is not None else ():  # a kernel in steps runs them all, alone
+            pass
+
+    def concurrent(self, first: Callable[[], None], second: Callable[[], None]) -> None:
+        """Both plans' launches queued per stream, then run interleaved: a kernel written as a generator runs one
+        step of one stream's launch, then one of the other's, so state two calls share (a fake kernel's globals
+        in `state`) is seen mid-call by the other, as on two streams of a GPU."""
+        self.concurrent_pairs += 1
+        self._queue = [[], []]
+        try:
+            self._stream = 0
+            first()
+            self._stream = 1
+            second()
+        finally:
+            queues, self._queue, self._stream = self._queue, None, 0
+        running: list[Any] = [None, None]
+        while any(queues) or any(r is not None for r in running):
+            for i in (0, 1):
+                if running[i] is None and queues[i]:
+                    kernel, args, grid = queues[i].pop(0)
+                    self.launches += 1
+                    self.state["grid"] = grid
+                    gen = self.kernels[kernel](self, args)
+                    if gen is None:  # not in steps: ran whole
+                        continue
+                    running[i] = (gen, grid)
+                if running[i] is not None:
+                    self.state["grid"] = running[i][1]
+                    if next(running[i][0], StopIteration) is StopIteration:
+                        running[i] = None
+
+    def crowded(self, fn: Callable[[], None]) -> str:
+        """fn() with at most CROWD_FREE_CTAS CTAs resident; a kernel whose grid_sync cannot be met hangs: what was
+        held is returned."""
+        self.crowding = True
+        try:
+            fn()
+        except FakeHang:
+            return f"all but {CROWD_FREE_CTAS} CTA slots of the fake GPU"
+        finally:
+            self.crowding = False
+        return ""
+
+    def grid_sync(self, grid: tuple) -> None:
+        """A grid-wide wait inside a fake kernel: every CTA of `grid` must be resident at once."""
+        if self.crowding and grid[0] * grid[1] * grid[2] > CROWD_FREE_CTAS:
+            raise FakeHang
 
     def collect(self, n: int) -> list[CheckStats]:
         self.readbacks += 1

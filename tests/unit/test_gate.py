@@ -15,7 +15,7 @@ import pytest
 
 from evo.core.genome import Genome
 from evo.core.status import Status
-from evo.measure.gate import HOLD_US, Gate
+from evo.measure.gate import HOLD_US, Gate, failed
 from evo.measure.jobs import GateCell, LaunchJob, Timing
 from evo.measure.verify import judge
 from ops.rmsnorm import device as rms_device
@@ -173,7 +173,8 @@ def back_to_back(dev, args):
 def test_a_kernel_that_detects_graph_replay_is_wrong():
     v, res, _ = status_of(back_to_back)
     assert v.status is Status.WRONG_ANSWER, v
-    assert "graph replay" in v.error or "last timed launch" in v.error, v.error
+    # caught where two launches first follow each other with nothing in between: the pair on two streams
+    assert any(w in v.error for w in ("graph replay", "last timed launch", "second stream")), v.error
 
 
 def batch_every_set(dev, args):
@@ -349,6 +350,46 @@ def test_a_race_is_caught_by_repeated_launches():
     assert v.status is Status.WRONG_ANSWER
 
 
+# ---- beside other work: a second stream, a crowded GPU -------------------------------------------------------
+
+def shared_scratch(dev, args):
+    """Its rows' mean squares through a module-global scratch (a "__device__" array every call shares), read back
+    after a grid-wide step: right alone, wrong when another call writes the scratch in between."""
+    x, w, y, m, n, eps = unpack(dev, args)
+    xf = x.astype(np.float32)
+    dev.state["scratch"] = np.mean(xf * xf, axis=1, keepdims=True, dtype=np.float32)
+    yield  # the grid-wide step between the partial sums and their use
+    y[:] = (xf / np.sqrt(dev.state["scratch"] + np.float32(eps)) * w.astype(np.float32)).astype(y.dtype)
+    cost_us(dev, m, n)
+
+
+def grid_barrier(dev, args):
+    """A grid-wide spin barrier without a cooperative launch: one CTA a row, each waiting for every other."""
+    _, _, _, m, _, _ = unpack(dev, args)
+    dev.grid_sync((m, 1, 1))
+    honest(dev, args)
+
+
+def test_state_that_concurrent_calls_share_is_caught_beside_a_second_stream():
+    v, res, dev = status_of(shared_scratch)
+    assert v.status is Status.WRONG_ANSWER and dev.concurrent_pairs == 1, v
+    bad = [w for w, cs in res.checks if any(failed(c, REL["y"]) for c in cs)]
+    assert bad == ["set 0 beside set 1's launch on a second stream"], bad  # it read set 1's scratch
+    wheres = [w for w, _ in status_of(honest)[1].checks]
+    assert "set 1 on a second stream beside set 0's" in wheres and "set 0 beside a kernel holding most SMs" in wheres
+
+
+def test_a_plan_that_needs_every_cta_resident_is_invalid():
+    """37 CTAs wait for each other: beside a kernel holding all but 16 slots they never all run; a grid within the
+    free slots passes (M = 9 here, its gate cells smaller still)."""
+    v, _, _ = status_of(grid_barrier)
+    assert v.status is Status.INVALID and "cooperative launch" in v.error, v
+    small = cell("fp16", 9, 256)
+    job = rms_job(small)
+    dev = FakeDevice({"cand": grid_barrier})
+    assert judge(run_gate(dev, job), REL, G, small).status is Status.OK
+
+
 # ---- gate cells, timing mode, the ceiling --------------------------------------------------------------
 
 def test_gate_cells_run_with_the_same_cubin():
@@ -364,8 +405,11 @@ def test_gate_cells_run_with_the_same_cubin():
                   bufs, (("eps", 1e-6),))
     v, res, _ = status_of(wrong_at_m1, rms_job(CELL, gate=(gc,)))
     assert v.status is Status.WRONG_ANSWER and "gate cell" in v.error and "M1-" in v.error, v.error
-    v_ok, res_ok, _ = status_of(honest, rms_job(CELL, gate=(gc,)))
+    v_ok, res_ok, dev = status_of(honest, rms_job(CELL, gate=(gc,)))
     assert v_ok.status is Status.OK and any("gate cell" in w for w, _ in res_ok.checks)
+    # the gate cell's small grid runs a pair on two streams too (where both grids are resident together)
+    assert dev.concurrent_pairs == 2 and f"set 1 on a second stream beside set 0's on {g.label()}" in \
+        [w for w, _ in res_ok.checks]
 
 
 @pytest.mark.parametrize("ceiling, graph", [(4000.0, True), (0.1, False)], ids=["short-cell", "long-cell"])

@@ -217,6 +217,25 @@ extern "C" __global__ void kf_hold(unsigned long long ns) {
   } while (t - t0 < ns);
 }
 
+// Holds one SM while release[0] is 0 (host-mapped memory the worker writes), at most max_ns: launched with all of an
+// SM's shared memory (less the block's reserved share), so no other CTA fits beside it and a grid of them holds that
+// many SMs (evo/measure/worker.py crowded). started[i] = 1 once CTA i runs.
+extern "C" __global__ void kf_occupy(const volatile unsigned* release, volatile unsigned* started,
+                                     unsigned long long max_ns) {
+  extern __shared__ unsigned char held[];
+  if (threadIdx.x == 0) {
+    held[0] = 0;
+    started[blockIdx.x] = 1u;
+    __threadfence_system();
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+      __nanosleep(2000);
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (release[0] == 0u && t - t0 < max_ns);
+  }
+}
+
 // The L2 flush by reads (KF_L2_FLUSH=read, evo/measure/worker.py): n 16-byte words read once, so every line
 // the L2 held (dirty ones written back during this launch, not during the next) makes way for clean lines
 // of this buffer, which a later miss evicts without a write. The XOR feeds a store no real buffer matches
