@@ -179,6 +179,15 @@ TRANSFORMS = ("", "neg_exp", "sigmoid", "l2norm_rows")
 
 
 @dataclass(frozen=True)
+class Causal:
+    """An op whose outputs at a position along `dim` depend on inputs at that position and before only (KDA: the
+    token dim T). The gate launches a set, then the same inputs with everything from a drawn position on filled
+    afresh, and requires every output before that position to come out bit for bit the same."""
+
+    dim: str
+
+
+@dataclass(frozen=True)
 class FillSpec:
     """How the gate fills one input tensor for one input kind; the device fill and `sample` agree.
 
@@ -359,6 +368,8 @@ class OpSpec:
     # A recurrent op's state carried from call to call (a decode loop): the gate runs the one-token plan
     # that many times, each call reading the state the one before it wrote (Recurrence).
     recurrence: "Recurrence | None" = None
+    # A causal op's dim (Causal): outputs before a drawn position must not move when only later inputs change
+    causal: "Causal | None" = None
 
     def all_cells(self) -> list["Cell"]:
         """Every cell the op names: its matrix, its edge cells and its named matrices (no duplicates)."""

@@ -157,6 +157,8 @@ def make_job(
         baselines=tuple(op.baselines[:1] if baselines is None else baselines),
         left_out=tuple(t.name for t in op.tensors if t.name not in present),
         secret=secret,
+        causal=tuple((t.name, t.dims.index(op.causal.dim)) for t in op.tensors
+                     if op.causal and t.name in present and op.causal.dim in t.dims),
     )
 
 

@@ -74,7 +74,8 @@ from evo.measure.jobs import BufferDecl, CheckStats, DecodeLoop, EvalJob, Guard,
 # "9": the launch beside another: one set's plan on a second stream beside another set's, both checked (state
 # shared between concurrent calls, such as module-global counters or scratch, shows), and one beside a kernel that
 # holds all but a few SMs: a plan that does not finish there waits for CTAs that cannot be resident (a grid-wide wait
-# without a cooperative launch) and is INVALID.
+# without a cooperative launch) and is INVALID; a causal op's outputs before a drawn position must not move when only
+# later inputs change (bit for bit).
 GATE_VERSION = "9"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
@@ -267,6 +268,7 @@ class Gate:
         self._bufs: list[Any] = []
         self._seed = self._draws.getrandbits(40)
         self.invalid = ""  # why the plan is outside what a kernel may assume (it needs an idle, whole GPU)
+        self.wrong = ""  # a wrong answer no element-wise comparison shows (outputs that read later inputs)
 
     # ---- public --------------------------------------------------------------------------------
     def run(self) -> JobResult:
@@ -279,6 +281,7 @@ class Gate:
                 sets = [self._new_set(main) for _ in range(2)]
                 self._round_a(main, sets)
                 self._round_shared(main, sets)
+                self._causality(main, sets[0], sets[1])
                 for gc in job.gate:
                     self._gate_cell(gc)
                 for lp in job.loop:
@@ -338,6 +341,55 @@ class Gate:
         self.dev.sync("beside a kernel holding most SMs")
         self._integrity(g, [a], "beside a kernel holding most SMs")
         self._check(g, [(a, "set 0 beside a kernel holding most SMs")])
+
+    def _causality(self, g: Geometry, a: InputSet, b: InputSet) -> None:
+        """A causal op's outputs before a drawn position do not move when only later inputs change: set a launched
+        and checked; set b given a's inputs, every input along the causal dim then filled afresh from the position
+        on, launched and checked; each output's part before the position must be a's bit for bit (compared by
+        keyed checksums). A kernel whose run-to-run results differ fails here too."""
+        axes = dict(self.job.causal)
+        ins, outs = [x for x in g.ins if x.name in axes], [x for x in g.outs if x.name in axes]
+        if not ins or not outs:
+            return
+        n = ins[0].shape[axes[ins[0].name]]
+        if n < 2:
+            return
+        t = self.rng.randrange(1, n)
+        kind = self.job.timing_kinds[0]
+        self._fill(g, a, kind)
+        self._launch_and_check(g, a, f"set 0 before the causal check at position {t} of {n}")
+        self._fill(g, b, kind)  # fresh values, of which b keeps those from position t on
+        for x in g.ins:
+            if x.name not in axes:
+                self.dev.copy(b.ins[x.name], a.ins[x.name])
+                continue
+            for at, nbytes in self._spans(x, axes[x.name], n, t):
+                self.dev.copy_range(b.ins[x.name], at, a.ins[x.name], at, nbytes)
+        self._snapshot(g, b)
+        self._launch_and_check(g, b, f"set 0's inputs before position {t} of {n}, fresh ones from it on")
+        heads = []
+        for x in outs:
+            spans = self._spans(x, axes[x.name], n, t)
+            for s in (a, b):
+                head = self.dev.alloc(sum(nb for _, nb in spans), draw_guard(self._draws))
+                self._bufs.append(head)
+                done = 0
+                for at, nbytes in spans:
+                    self.dev.copy_range(head, done, s.outs[x.name], at, nbytes)
+                    done += nbytes
+                heads.append(head)
+        sums = [c for c, _ in self.dev.audit(heads, self.key)]
+        moved = [x.name for i, x in enumerate(outs) if sums[2 * i] != sums[2 * i + 1]]
+        if moved:
+            self.wrong = (f"{', '.join(moved)} before position {t} of {n} changed when only inputs from it on changed "
+                          "(outputs read later inputs, or differ from run to run)")
+            raise Failed
+
+    @staticmethod
+    def _spans(x: BufferDecl, axis: int, n: int, t: int) -> list[tuple[int, int]]:
+        """(byte offset, bytes) of each run of buffer x before position t along `axis` (of length n)."""
+        inner = math.prod(x.shape[axis + 1:]) * NBYTES[x.dtype]
+        return [(i * n * inner, t * inner) for i in range(math.prod(x.shape[:axis]))]
 
     def _gate_cell(self, gc: Any) -> None:
         g = Geometry(gc.label, dict(gc.dims), gc.buffers, gc.launches, dict(gc.scalars))
@@ -719,6 +771,7 @@ class Gate:
     def _result(self, **kw: Any) -> JobResult:
         return JobResult(self.job.job_id, checks=tuple(self.checks), input_faults=tuple(self.faults),
                          peers_checked=tuple(sorted(self.peers_checked.items())), invalid=self.invalid,
+                         wrong=self.wrong,
                          fingerprint=self.fingerprint, ceiling_gbps=self.ceiling_gbps,
                          bytes_moved=self.job.bytes_moved, secret=self.secret, **kw)
 

@@ -131,6 +131,8 @@ class EvalJob:
     # draws one from its own randomness.
     secret: int = 0
     loop: tuple[DecodeLoop, ...] = ()  # decode loops, run after the gate cells
+    # A causal op (OpSpec.causal): (buffer, axis) of every input and output along its causal dim
+    causal: tuple[tuple[str, int], ...] = ()
 
     def fill_of(self, kind: str) -> dict[str, FillSpec]:
         for k, specs in self.fills:
@@ -166,6 +168,7 @@ class JobResult:
     checks: tuple[tuple[str, tuple[CheckStats, ...]], ...] = ()  # (which launch, e.g. "kind tiny", stats)
     input_faults: tuple[str, ...] = ()  # inputs (or their private copies) a launch changed
     invalid: str = ""  # why the plan is outside what a kernel may assume (it only works on an idle, whole GPU)
+    wrong: str = ""  # a wrong answer no element-wise comparison shows (outputs that read later tokens)
     times_us: tuple[float, ...] = ()
     baseline_us: tuple[float, ...] = ()  # the first baseline timed (the one the store records)
     baseline_name: str = ""

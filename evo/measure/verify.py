@@ -92,6 +92,8 @@ def judge(result: JobResult, rel_norms: Mapping[str, float], genome: Genome, cel
         return verdict(Status.INPUT_MODIFIED, "; ".join(result.input_faults[:3]), "input modified")
     if result.invalid:
         return verdict(Status.INVALID, result.invalid, "needs an idle, whole GPU")
+    if result.wrong:
+        return verdict(Status.WRONG_ANSWER, result.wrong, "acausal")
     if not result.checks:
         return verdict(Status.CRASH, "worker returned no checks")
     worst_abs, worst_rel = 0.0, 0.0

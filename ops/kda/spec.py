@@ -38,6 +38,7 @@ import numpy as np
 
 from ops.kda.reference import BetaAct, Gate, Variant, kda_fwd, sigmoid
 from evo.core.spec import (
+    Causal,
     Cell,
     DType,
     FillSpec,
@@ -472,6 +473,7 @@ SPEC = OpSpec(
     # decays near 1: the state carries nearly all of every earlier token, so an error a call leaves in it
     # (below one call's tolerance) adds up over the loop
     recurrence=Recurrence("T", "initial_state", "final_state", decode_loop, kind="decay_near_one"),
+    causal=Causal("T"),
     # fla's decode kernel first (the peer a decode search times by default); chunk_kda for prefill
     baselines=("fla.fused_recurrent_kda", "fla.chunk_kda"),
     bucket_edges={"B": (4, 64), "T": (64, 4096)},
