@@ -72,9 +72,8 @@ def test_a_kernel_not_in_the_cubin_is_a_clear_error():
 def test_prep_ex2_and_rowcol_shorten_every_hot_loop():
     """kda_prefill_h200_13's dispatch prep at 128 threads: the fast build guards each __expf against a subnormal
     result (a compare with -126), the ex2 builds have no such compare; every role of the estimate is found in every
-    build (the A loops each build has: the chunk reference's one, or the off-diagonal block's two with prep_aoff two,
-    whose A phase's longest warp is then shorter), and ex2 with rowcol needs fewer instructions than fast with swz in
-    each of them."""
+    build (the diagonal and the off-diagonal A loops), and ex2 with rowcol needs fewer instructions than fast with swz
+    in each of them. (prep_sass.py's variants of prep options the template no longer has are left out.)"""
     from evo.templates.template import load_templates
     from ops.kda.spec import prefill_matrix
 
@@ -82,16 +81,12 @@ def test_prep_ex2_and_rowcol_shorten_every_hot_loop():
     c = prefill_matrix()[0]
     table = json.loads((ROOT / "tests/fixtures/results/kda_prefill_h200_13/dispatch.json").read_text())["dispatch"]
     base = table[c.label()]["params"]
-    got = {name: P.build(tdef, c, base | over) for name, over in P.VARIANTS.items()}
+    got = {name: P.build(tdef, c, base | over) for name, over in P.VARIANTS.items() if set(over) <= set(tdef.param_names)}
+    assert {"fast-swz", "ex2-swz", "ex2-rowcol", "ex2-rowcol-bf16wu-vlate"} <= set(got)
     elementwise = {"qg", "kgT", "X", "scan"}
-    a_loops = {"ex2-rowcol-bf16wu-arefchunk": {"chunk-reference k-step"},  # (the block loops: a wide chunk's only)
-               "ex2-rowcol-bf16wu-vlate-aofftwo": {"diagonal k-step", "off-diagonal A_kk k-step", "off-diagonal A_qk k-step"}}
     for name, r in got.items():
-        want = elementwise | a_loops.get(name, {"diagonal k-step", "off-diagonal k-step"})
-        assert set(r["roles"]) == want, (name, sorted(r["roles"]))
+        assert set(r["roles"]) == elementwise | {"diagonal k-step", "off-diagonal k-step"}, (name, sorted(r["roles"]))
         assert r["spill_stores"] == 0 and r["stack_bytes"] == 0, name
-    assert got["ex2-rowcol-bf16wu-vlate-aofftwo"]["a_phase_longest_warp_instructions"] < \
-        got["ex2-rowcol-bf16wu-vlate"]["a_phase_longest_warp_instructions"]
     fast, both = got["fast-swz"]["roles"], got["ex2-rowcol"]["roles"]
     for role in fast:
         assert both[role]["instructions"] / both[role].get("exponentials", 1) < \
