@@ -2,7 +2,7 @@
 and precision as its two launches, so that its numerics can be judged on the CPU against the float64 reference
 (ops/kda/reference.py). Launch 1 (emulate_prep): fla's variants formed on load (variant_prep), the fp32 cumulative decay
 (or base 2 by fmaf, prep_exp = ex2), exact fp32 diagonal blocks or tf32 mma factored at each block's first token
-(prep_diag = mma; at token 16 with prep_aref = chunk), fp32 forward substitution, w and u by tf32 or bf16 hi + lo mma.
+(prep_diag = mma), fp32 forward substitution, w and u by tf32 or bf16 hi + lo mma.
 Launch 2 (emulate_recur): S fp32, every mma operand bf16. A varlen batch by the kernel's slot map (varlen_slots).
 prep_exp = fast and ex2 take their documented error bound, spent in one direction (exp_sign).
 
@@ -110,12 +110,6 @@ def diag_is_wide(G: np.ndarray, bound: np.float32 = f32(DIAG_RANGE)) -> np.ndarr
     return (np.abs(blocks - blocks[..., :1, :]) > bound).any(axis=(-3, -2, -1))
 
 
-def chunk_is_wide(G: np.ndarray, bound: np.float32 = f32(DIAG_RANGE)) -> np.ndarray:
-    """prep_aref = chunk's per-chunk flag from G [..., 32, K]: some channel's |G_t - G_16| > bound (those chunks take
-    the exact diagonal blocks and the off-diagonal one factored at token 16, as prep_aref = block's wide chunks)."""
-    return (np.abs(G - G[..., 16:17, :]) > bound).any(axis=(-2, -1))
-
-
 def forward_substitution(akk: np.ndarray, beta: np.ndarray) -> np.ndarray:
     """(I + diag(beta) A)^-1 for A [..., n, n] strictly lower (its upper part ignored), row by row in fp32 sums."""
     n = akk.shape[-1]
@@ -134,7 +128,7 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
     """Launch 1: the workspace, [B * HV * NT] chunks in the kernel's layouts (qg [C, K], kgT [K, C],
     -w [C, K], A_qk [C, C] as bf16 values; u [C, V], gl [K] fp32). With prep_exp = fast every exponential
     errs by fast_exp's bound in the direction exp_sign. The cell's variant as variant_prep, then the same."""
-    B, T, H, HV, K = (c.dim(d) for d in ("B", "T", "H", "HV", "K"))
+    B, T, H, HV = (c.dim(d) for d in ("B", "T", "H", "HV"))
     C = p["chunk"]
     ex = (lambda x: fast_exp(x, exp_sign)) if p.get("prep_exp") == "fast" else np.exp
     base2 = p.get("prep_exp") == "ex2"  # G in base 2, every exponential one ex2 (ex2_model)
@@ -163,8 +157,6 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
     bound = f32(DIAG_RANGE) * LOG2E if base2 else f32(DIAG_RANGE)
     if p.get("prep_diag") == "mma":
         wide = diag_is_wide(G, bound) if base2 else diag_is_wide(G)
-        if p.get("prep_aref") == "chunk":  # the blocks below are then a wide chunk's path: exact diagonal blocks
-            wide = np.ones_like(wide)
     for blk in range(C // 16):
         rs = slice(16 * blk, 16 * blk + 16)
         gi = G[..., rs, :]
@@ -188,25 +180,8 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
             kr = np.swapaxes(tf(k[..., :r, :] * ex(G[..., r:r + 1, :] - G[..., :r, :])), -1, -2)
             akk[..., rs, :r] = mm(tf(k[..., rs, :] * fa), kr)
             aqk[..., rs, :r] = mm(tf(q[..., rs, :] * fa), kr)
-    if p.get("prep_aref") == "chunk":  # every block factored at token 16, each half of the channels summed apart
-        h, r = K // 2, slice(16, 17)
-        with np.errstate(over="ignore", invalid="ignore"):  # only a wide chunk's factors overflow: not taken
-            fa, kr = ex(G - G[..., r, :]), np.swapaxes(tf(k * ex(G[..., r, :] - G)), -1, -2)
-            mk, mq = ((mm(tf(x[..., :h] * fa[..., :h]), kr[..., :h, :]) + mm(tf(x[..., h:] * fa[..., h:]), kr[..., h:, :]))
-                      for x in (k, q))
-        w = chunk_is_wide(G, bound)[..., None, None]
-        akk = np.where(w, akk, np.where(np.tri(C, k=-1, dtype=bool), mk, 0)).astype(f32)
-        aqk = np.where(w, aqk, np.where(np.tri(C, dtype=bool), mq, 0)).astype(f32)
     ws["aqk"] = bf(s * aqk)
-    if p.get("prep_inv") == "blocked":  # the two diagonal 16x16 blocks, then -Tinv_22 (beta_2 A_21) Tinv_11
-        assert C == 32
-        tinv = np.zeros_like(akk)
-        for b in (slice(0, 16), slice(16, 32)):
-            tinv[..., b, b] = forward_substitution(akk[..., b, b], beta[..., b])
-        pm = (beta[..., 16:, None] * mm(akk[..., 16:, :16], tinv[..., :16, :16])).astype(f32)
-        tinv[..., 16:, :16] = -mm(tinv[..., 16:, 16:], pm)
-    else:
-        tinv = forward_substitution(akk, beta)
+    tinv = forward_substitution(akk, beta)
     if p.get("prep_wu") == "bf16":  # bf16 mma: Tinv diag(beta) as hi + lo bf16, k exp(G) rounded to bf16, v as staged
         tb = (tinv * beta[..., None, :]).astype(f32)
         hi = bf(tb)
@@ -218,8 +193,6 @@ def emulate_prep(inputs: dict, c: Cell, p: dict, scale: float, exp_sign: int = 1
         t32 = tf(tinv)
         ws["w"] = bf(-mm(t32, tf(beta[..., None] * k * ex(G))))
         ws["u"] = mm(t32, tf(beta[..., None] * v))
-    if p.get("prep_u") == "bf16":  # u written to the workspace as bf16 (round to nearest), widened back by launch 2
-        ws["u"] = bf(ws["u"])
     return {n: a.reshape(B * HV * NT, *a.shape[3:]) for n, a in ws.items()}
 
 

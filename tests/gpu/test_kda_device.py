@@ -161,9 +161,10 @@ def test_recurrent_decode_timed_beside_fla(worker, b, template):
 
 PREFILL = [c for c in SPEC.matrix() if c.dim("T") > 1 and not is_varlen(c)]
 # the first run's best (chunk 32, 4 warps, 128 prep threads), then the data-movement options on and off
-# kda_prefill_h200_4's fastest point (split prep, recur_lean + recur_ldsm), which the later prep options vary
+# kda_prefill_h200_4's fastest point (recur_lean + recur_ldsm; its split diagonal, a prep option since removed, as
+# warp_row's), which the later prep options vary
 LDSM = {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
-        "prep_diag": "split", "recur_lean": True, "recur_ldsm": True}
+        "recur_lean": True, "recur_ldsm": True}
 # the GA's point (kda_prefill_h200_5) with the elementwise outputs vectorized
 VEC = LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast", "prep_vec": True}
 # that point's prep with launch 2's K split across a value group's warps (kwarps; the one-warp-a-column
@@ -186,19 +187,15 @@ CARRY_K2 = MMA_K2 | EX2_ROWCOL | {"recur_addr": "carry"}
 CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 {"chunk": 32, "warps": 4, "prep_threads": 128, "stage_in": True, "u_prefetch": True, "prep_exp": "fast"},
                 {"chunk": 64, "warps": 2, "stage_in": True},
-                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "folded"},
-                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
-                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-                 "recur_lean": True},
+                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True},
+                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "recur_lean": True},
                 LDSM,  # ldmatrix B fragments: bit-identical
                 LDSM | {"recur_fuse": True},  # items 0, 1 fused
-                LDSM | {"prep_round": "add", "prep_blocks": 4},
-                LDSM | {"prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"},  # tf32 by one add, 64 registers, fast exp
+                LDSM | {"prep_round": "add", "prep_exp": "fast"},  # tf32 by one add, fast exp
                 VEC,
                 # K split: one warp, 4 warps a group, 3- and 4-deep rings; two groups, 3-deep
                 K4, K4 | {"stages": 4}, K4 | {"warps": 2},
                 MMA_W2, MMA_K2,
-                MMA_K2 | {"prep_inv": "blocked"},  # (I + beta A_kk)^-1 by 16x16 blocks (prep_inv = blocked)
                 MMA_W2 | EX2_ROWCOL, MMA_K2 | EX2_ROWCOL, MMA_K2 | {"prep_exp": "ex2"},  # both options; ex2 alone
                 # the K-split recurrence's shared addresses as bases plus immediates (recur_addr = hoist): kwarps 2
                 # (ex2, rowcol) and kwarps 4
@@ -217,26 +214,12 @@ CHUNK_POINTS = [{"chunk": 32, "warps": 4, "prep_threads": 128},
                 # again)
                 CARRY_K2 | {"recur_early": "mid"}, CARRY_K2 | {"recur_early": "late"},
                 K4 | {"recur_addr": "carry", "recur_early": "mid"},
-                # chunk 32's A factored once at token 16, channels split over two warps (prep_aref = chunk; the gate's
-                # decay_near_zero chunks take the exact path): with tf32 and bf16 w, u
-                CARRY_W2 | {"prep_aref": "chunk"}, CARRY_K2 | {"prep_wu": "bf16", "prep_aref": "chunk"},
                 # v staged over q after the A phase (prep_v = late: 6 prep CTAs an SM) under the two carry
                 # recurrences, the K-split one with recur_early late (experiments/seeds/kda_prefill_vlate.json)
                 CARRY_W2 | {"prep_wu": "bf16", "prep_v": "late"},
                 CARRY_K2 | {"prep_wu": "bf16", "prep_v": "late", "recur_early": "late"},
-                # the off-diagonal block's A_kk and A_qk on two warps (prep_aoff = two), with v staged late and early
-                CARRY_W2 | {"prep_wu": "bf16", "prep_v": "late", "prep_aoff": "two"},
-                CARRY_K2 | {"prep_aoff": "two"},
-                # u written as bf16 and widened by the K-split carry recurrence (prep_u = bf16): kda_prefill_h100_5's
-                # B1-T8192 point, and kwarps 4 with two value groups and a 6-deep ring under the tf32 w, u prep
-                CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "stages": 4, "prep_u": "bf16"},
-                K4 | {"warps": 2, "stages": 6, "recur_addr": "carry", "prep_u": "bf16"},
-                # launch 2 as a programmatic dependent launch (pdl): under the K-split carry recurrence with bf16 u and
-                # under the one-warp-a-column lean recurrence
-                CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "stages": 4, "prep_u": "bf16",
-                            "pdl": True},
-                {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "recur_lean": True,
-                 "recur_ldsm": True, "pdl": True}]
+                # kda_prefill_h100_5's B1-T8192 point: two value groups of two warps, a 4-deep ring
+                CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "stages": 4}]
 
 
 @pytest.mark.gpu
@@ -287,12 +270,11 @@ def test_chunk_recurrence_beside_the_prep_passes_the_gate_beside_fla(worker, c, 
 
 # fla's default call on variable-length batches (B = 1, cu_seqlens): uneven sequences packed along T
 VARLEN = [cell(DType.BF16, 1, 8192, 32, n=8), cell(DType.BF16, 1, 1000, 16, n=5)]
-VARLEN_POINTS = [{"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
+VARLEN_POINTS = [{"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True},
                  {"chunk": 64, "warps": 2, "stage_in": True},
                  {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "mma",
                   "prep_vec": True, "prep_round": "add", "prep_exp": "fast", "prep_threads": 128},
-                 CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "prep_u": "bf16"},
-                 CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late", "pdl": True}]
+                 CARRY_K2 | {"warps": 2, "prep_wu": "bf16", "prep_v": "late", "recur_early": "late"}]
 
 
 @pytest.mark.gpu

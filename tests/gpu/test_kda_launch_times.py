@@ -30,19 +30,17 @@ from ops.kda.spec import prefill_matrix
 
 TEMPLATE = "chunk"
 KERNELS = ("kda_chunk_prep", "kda_chunk_recur")
-# kda_prefill_h200_4's fastest point (split prep, recur_lean + recur_ldsm), which the later prep options vary
-LDSM = {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
+# kda_prefill_h200_4's fastest point (recur_lean + recur_ldsm; its split diagonal, a prep option since removed, as
+# warp_row's), which the later prep options vary
+LDSM = {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True, "u_prefetch": True,
         "recur_lean": True, "recur_ldsm": True}
 POINTS = [{}, {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128}, {"chunk": 32, "warps": 1},
           {"chunk": 32, "warps": 4, "stages": 3, "prep_threads": 128, "stage_in": True, "u_prefetch": True},
           {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True},
-          {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "folded"},
-          {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split"},
-          {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split", "recur_lean": True},
+          {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "recur_lean": True},
           LDSM, LDSM | {"recur_fuse": True},
-          # the prep's tf32 by one add and 4 CTAs an SM (profile_h200, in git history: 35% of issue cycles idle)
-          LDSM | {"prep_round": "add"}, LDSM | {"prep_blocks": 4}, LDSM | {"prep_round": "add", "prep_blocks": 4},
-          LDSM | {"prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"},
+          # the prep's tf32 by one add
+          LDSM | {"prep_round": "add"}, LDSM | {"prep_round": "add", "prep_exp": "fast"},
           # the GA's point (kda_prefill_h200_5) and the same with the elementwise outputs vectorized
           LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast"},
           LDSM | {"prep_threads": 128, "prep_round": "add", "prep_exp": "fast", "prep_vec": True}]
@@ -53,20 +51,20 @@ POINTS += [KSPLIT | {"warps": w, "kwarps": kw, "stages": s}
            for w, kw, s in [(1, 4, 3), (1, 4, 4), (1, 4, 6), (1, 2, 3), (1, 2, 4), (2, 4, 3), (2, 2, 3), (2, 4, 6),
                             (4, 4, 3), (4, 2, 3), (8, 2, 3)]]
 # chunk 64 with the split K (half the recurrence's serial steps; a one-warp group legal there): 128 and 256 prep threads
-# (its kwarps-2 points spill and are refused since 2026-12-05: ksplit_2_spills_at_chunk_64)
+# (its kwarps-2 points spill and are refused: ksplit_2_spills_at_chunk_64)
 POINTS += [KSPLIT | {"chunk": 64, "warps": w, "kwarps": kw, "stages": 3, "prep_threads": pt}
            for w, kw, pt in [(1, 4, 128), (1, 4, 256)]]
-# kda_prefill_h200_10's dispatch genomes (kwarps 2 and 4 at B = 1, the one-warp recurrence at B = 4, 8) with the
-# split diagonal and with the diagonal blocks by tf32 mma (prep_diag = mma): ids start "chunk32-kwarps" (-k)
-GA10 = {"chunk": 32, "kwarps": 1, "prep_blocks": 3, "prep_diag": "split", "prep_exp": "fast", "prep_round": "add",
+# kda_prefill_h200_10's dispatch genomes (kwarps 2 and 4 at B = 1, the one-warp recurrence at B = 4, 8; their split
+# diagonal, a prep option since removed, as warp_row's) and with the diagonal blocks by tf32 mma (prep_diag = mma):
+# ids start "chunk32-kwarps" (-k)
+GA10 = {"chunk": 32, "kwarps": 1, "prep_diag": "warp_row", "prep_exp": "fast", "prep_round": "add",
         "prep_threads": 128, "prep_vec": True, "recur_fuse": False, "recur_ldsm": True, "recur_lean": True,
         "stage_in": True, "stages": 6, "state_split": False, "u_prefetch": True, "warps": 2}
 GA10_KSPLIT = {"kwarps": 2, "recur_ldsm": False, "recur_lean": False, "stages": 3, "u_prefetch": False, "warps": 1}
 POINTS += [GA10 | over | {"prep_diag": d} for over in ({}, GA10_KSPLIT, GA10_KSPLIT | {"kwarps": 4, "stages": 6})
-           for d in ("split", "mma")]
-# and with (I + beta A_kk)^-1 by 16x16 blocks (prep_inv = blocked) on the mma prep, at 128 and 256 prep threads
-POINTS += [GA10 | over | {"prep_diag": "mma", "prep_inv": "blocked", "prep_threads": pt}
-           for over in ({}, GA10_KSPLIT) for pt in (128, 256)] + [GA10 | GA10_KSPLIT | {"prep_diag": "mma", "prep_threads": 256}]
+           for d in ("warp_row", "mma")]
+# and the mma prep at 256 prep threads
+POINTS += [GA10 | over | {"prep_diag": "mma", "prep_threads": 256} for over in ({}, GA10_KSPLIT)]
 ARCH = 90
 REPS = 50
 WARMUP = 5
@@ -416,17 +414,9 @@ def test_recur_early_against_the_carry_dispatch(worker, c):
     ab(worker, c, "recur_early", params, "recur_early", ("none", "mid", "late"), 1, "kda recurrence early")
 
 
-# prep_aref = chunk (2026-12-05): the carry dispatch with w, u by bf16 mma (experiments/seeds/kda_prefill_carry_bf16wu.json)
-# and A_kk, A_qk factored at each block's first token (block, as it is) or once at token 16 for the whole chunk
-# (chunk: each fragment formed once, the channels split over two warps). A/B of the prep launch in one process.
-# Run: KF_LAUNCH_TIMES_OUT=kda_aref.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_aref
+# the carry dispatch with w, u by bf16 mma (experiments/seeds/kda_prefill_carry_bf16wu.json). A/B of the prep launch
+# in one process. Run: KF_LAUNCH_TIMES_OUT=kda_v.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_v
 BF16_TABLE = Path(__file__).resolve().parents[2] / "experiments/seeds/kda_prefill_carry_bf16wu.json"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
-def test_prep_aref_against_the_bf16_dispatch(worker, c):
-    ab(worker, c, "prep_aref", table_params(BF16_TABLE, c), "prep_aref", ("block", "chunk"), 0, "kda prep A reference")
 
 
 @pytest.mark.gpu
@@ -454,66 +444,3 @@ def test_recur_shape_on_the_h100_dispatch(worker, c, early):
     out = time_overrides(worker, c, f"recur_shape_{early}", params, RECUR_SHAPES, launch=1)
     print(f"\nkda recurrence shape, recur_early {early}, {c.label()}: "
           + ", ".join(f"{v} {t:.1f} us ({t / out['dispatch']:.3f}x)" for v, t in out.items()))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
-def test_prep_aoff_against_the_h100_dispatch(worker, c):
-    """The prep launch of kda_prefill_h100_2's entries (bf16 w, u, v staged late) with the off-diagonal block on one
-    warp and on two (prep_aoff = two: A_kk on warp 0, A_qk on warp 3)."""
-    ab(worker, c, "prep_aoff", table_params(H100_TABLE, c), "prep_aoff", ("one", "two"), 0, "kda prep off-diagonal warps")
-
-
-# prep_u = bf16 (2026-12-05, twenty-first session): u written to the workspace as bf16 by the prep and widened by the
-# K-split carry recurrence (8 KB less written and read a chunk and head). The B = 1 entries of kda_prefill_h100_5's
-# table (B1-T8192) and kda_prefill_h100_4's (B1-T32768, at warps 2: bf16 u needs 2 warps a value group), each launch
-# timed for u as fp32 and as bf16, twice in the order fp32, bf16, fp32, bf16 (a row each; printed: the two medians'
-# mean a launch).
-# Run: KF_LAUNCH_TIMES_OUT=kda_u.json pytest -s tests/gpu/test_kda_launch_times.py -k prep_u
-H100_5_TABLE = Path(__file__).resolve().parents[2] / "tests/fixtures/results/kda_prefill_h100_5/dispatch.json"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
-def test_prep_u_against_the_h100_dispatch(worker, c):
-    table = H100_5_TABLE if c.label() in json.loads(H100_5_TABLE.read_text())["dispatch"] else H100_TABLE
-    params = table_params(table, c) | {"warps": 2}
-    mod, ref_obj = worker._op("kda")
-    times: dict[str, list[list[float]]] = {"fp32": [], "bf16": []}
-    for u in ("fp32", "bf16", "fp32", "bf16"):
-        p = params | {"prep_u": u}
-        build = build_for(c, p)
-        g, job = plan_job(c, p, build)
-        res = time_variant(worker, c, "prep_u", u, p, g, build, job, mod, ref_obj)
-        times[u].append([ln["median_us"] for ln in res["launches"]])
-    mean = {u: [sum(x) / len(t) for x in zip(*t)] for u, t in times.items()}  # each launch's two medians, averaged
-    assert all(math.isfinite(x) and x > 0 for m in mean.values() for x in m), mean
-    print(f"\nkda prep_u {c.label()}: " + ", ".join(
-        f"{u} prep {m[0]:.1f} recur {m[1]:.1f} total {sum(m):.1f} us" for u, m in mean.items())
-          + f"; bf16 / fp32 total {sum(mean['bf16']) / sum(mean['fp32']):.3f}")
-
-
-# pdl (2026-12-06, twenty-second session): launch 2 as a programmatic dependent launch of launch 1 (launch 1's CTAs
-# trigger first, launch 2 waits by griddepcontrol.wait before its first workspace copy). Only the plan together can
-# show it (each launch alone runs after the hold, pdl or not): each cell's entry of kda_prefill_h100_5's table where it
-# has one, else kda_prefill_h100_2's, the plan timed with pdl off and on, twice in the order off, on, off, on (a row
-# each; printed: the two medians' mean of the plan together).
-# Run: KF_LAUNCH_TIMES_OUT=kda_pdl.json pytest -s tests/gpu/test_kda_launch_times.py -k pdl
-@pytest.mark.gpu
-@pytest.mark.parametrize("c", PREFILL, ids=lambda c: c.label())
-def test_pdl_against_the_h100_dispatch(worker, c):
-    table = H100_5_TABLE if c.label() in json.loads(H100_5_TABLE.read_text())["dispatch"] else H100_TABLE
-    params = table_params(table, c)
-    mod, ref_obj = worker._op("kda")
-    together: dict[bool, list[float]] = {False: [], True: []}
-    for pdl in (False, True, False, True):
-        p = params | {"pdl": pdl}
-        build = build_for(c, p)
-        g, job = plan_job(c, p, build)
-        assert [ln.pdl for ln in job.launches] == [False, pdl]
-        res = time_variant(worker, c, "pdl", "on" if pdl else "off", p, g, build, job, mod, ref_obj)
-        together[pdl].append(res["together"]["median_us"])
-    mean = {k: sum(v) / len(v) for k, v in together.items()}
-    assert all(math.isfinite(x) and x > 0 for x in mean.values()), mean
-    print(f"\nkda pdl {c.label()}: off {mean[False]:.1f} us, on {mean[True]:.1f} us together; "
-          f"on / off {mean[True] / mean[False]:.4f}")

@@ -193,18 +193,18 @@ def test_the_readme_says_which_entry_points_have_kernels(exported):
     assert Path(exported / "pyproject.toml").read_text().count("kf-kda-test") == 1
 
 
-# u written to the workspace as bf16 (prep_u = bf16) on the K-split carry recurrence, as kda_prefill_h100_5's winner
-BF16_U = {"chunk": 32, "kwarps": 2, "warps": 2, "recur_addr": "carry", "prep_u": "bf16"}
+# the K-split carry recurrence, as kda_prefill_h100_5's winner
+KSPLIT_CARRY = {"chunk": 32, "kwarps": 2, "warps": 2, "recur_addr": "carry"}
 
 
 def test_a_prefill_only_package_passes_its_own_tests(tmp_path):
     """A package of a prefill run alone (no decode cell): its own tests start from the prefill cell and call
-    chunk_kda. They indexed the first decode cell and failed four ways on the GPU (the export of
-    a prefill run alone); the CPU one among them is checked here. With u as bf16 the package's plan sizes u's
-    workspace at 2 bytes an element (the template's expression, evaluated by the package's own evaluator). (A
+    chunk_kda. They indexed the first decode cell and failed four ways on the GPU (the export of a prefill run
+    alone); the CPU one among them is checked here. The package's plan sizes u's workspace by the template's
+    expression (4 bytes an element), evaluated by the package's own evaluator. (A
     prefill winner at the default point is exported, installed and its package tested with the decode run:
     test_a_decode_run_and_a_prefill_run_export_into_one_package.)"""
-    params = BF16_U
+    params = KSPLIT_CARRY
     path = tmp_path / "s.duckdb"
     with Store.open(path) as s:
         g = kx.write_prefill_run(s, params=params)
@@ -224,7 +224,7 @@ def test_a_prefill_only_package_passes_its_own_tests(tmp_path):
                        env={**CHILD_ENV, "PYTHONPATH": str(site)})
     assert r.returncode == 0, r.stderr
     chunks = d["B"] * d["HV"] * -(-d["T"] // g.params_dict()["chunk"])
-    assert int(r.stdout) == 2 * chunks * g.params_dict()["chunk"] * d["V"]
+    assert int(r.stdout) == 4 * chunks * g.params_dict()["chunk"] * d["V"]
     r = run_package_tests(out, site, tmp_path)
     assert r.returncode == 0 and " passed" in r.stdout and " failed" not in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
     assert "no decode cell exported" in r.stdout  # the decode-only checks skip, naming why

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import random
 import re
-import difflib
 import gzip
 import hashlib
 import json
@@ -38,9 +37,8 @@ from ops.kda.reference import BetaAct, Gate, Variant
 from ops.kda.spec import FILLS, LOWER_BOUND, MODEL, PREFILL, cell, gate_cells, is_varlen, raw_gate, variant_of
 from evo.core.spec import Cell, DType, Tolerance
 from ops.kda import emulate_chunk
-from ops.kda.emulate_chunk import (DIAG_RANGE, LOG2E, bf, diag_is_wide, emulate, emulate_cell, emulate_prep,
-                                   emulate_recur, emulate_varlen, fast_exp, forward_substitution, mm, variant_prep,
-                                   varlen_slots)
+from ops.kda.emulate_chunk import (DIAG_RANGE, LOG2E, diag_is_wide, emulate, emulate_cell, emulate_prep, emulate_recur,
+                                   emulate_varlen, variant_prep, varlen_slots)
 from tests.unit.test_kda_recurrent import KdaFakeDevice, emulation_inputs, gate_on_fake, passes
 
 BF, FP16, FP32 = DType.BF16, DType.FP16, DType.FP32
@@ -120,24 +118,20 @@ def test_prefill_matrix_is_what_the_template_serves():
             assert TDEF.is_valid(TDEF.default_params(), ARCH, gc.dtypes_dict(), gc.dims_dict()), gc.label()
 
 
-# Spills the parser hid until 2026-12-04 (ptxas prints an out-of-line device function's properties inside its
-# caller's block, and their zeros overwrote the entry's), pinned where found rather than hidden: a template change
-# that spills more, or spills anywhere else, fails. Stores / loads / stack bytes under NVRTC 13.5
-# (chunk_spills.json in git history, from experiments/scripts/chunk_spills.py):
+# The builds that spill, pinned where found rather than hidden (ptxas prints an out-of-line device function's
+# properties inside its caller's block; the parser keeps the entry's): a template change that spills more, or spills
+# anywhere else, fails. Stores / loads / stack bytes under NVRTC 13.5 (chunk_spills.json in git history):
 # - the prep at 256 threads under a register cap: at chunk 64 (128 registers: 88 / 84 / 64, and 108 / 136 / 88 with
-#   q, k normalized in the kernel), at prep_blocks 4 (64 registers: 140 / 160 / 120), and at chunk 32 with fla's
-#   variants in the kernel (80 registers: 64 / 72 under NVRTC 13.0, kda_varlen_h200's builds; none under 13.5);
+#   q, k normalized in the kernel), and at chunk 32 with fla's variants in the kernel (80 registers: 64 / 72 under
+#   NVRTC 13.0; none under 13.5);
 # - the split-K recurrence (kwarps > 1) at 512 threads (128 registers: 72 / 72 / 72 at warps 8, kwarps 2) and at
 #   chunk 64 (255 registers: 76 / 76 / 80);
 # - the lean one-warp recurrence with the split state at stages 4 (255 registers: 24 / 24 / 24).
-# (The split-K recurrence's 64-byte stack frame at chunk 32, its own partials indexed at run time, is gone.)
 def pinned_spill(c: Cell, p: dict, kernel: str) -> int:
     """The most spill bytes (stores, loads and stack, each) a kernel of point p on cell c may have."""
     if kernel == "kda_chunk_prep":
         if p["prep_threads"] != 256:
             return 0
-        if p.get("prep_blocks") == 4:
-            return 192
         variants = any(c.dim(d) for d in ("gate", "beta_act", "qk_l2norm"))
         return 160 if p["chunk"] == 64 or variants else 0
     if p.get("kwarps", 1) > 1:
@@ -211,11 +205,9 @@ def test_unimplemented_variants_are_refused_by_constraints(c: Cell, why: str):
 # ---- the options: stage_in and prep_exp (launch 1), u_prefetch (launch 2) -----------------------------
 
 OPTIONS = {"u_prefetch": False, "stage_in": False, "prep_exp": "expf", "prep_diag": "warp_row", "recur_lean": False,
-           "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False,
-           "kwarps": 1, "prep_inv": "rows", "overlap": False,
-           "prep_addr": "swz", "recur_addr": "swz", "prep_wu": "tf32", "recur_early": "none",
-           "prep_aref": "block", "prep_v": "early", "prep_aoff": "one", "prep_u": "fp32",
-           "pdl": False}  # each option's off value: the code before it
+           "recur_ldsm": False, "recur_fuse": False, "prep_round": "cvt", "prep_vec": False, "kwarps": 1,
+           "overlap": False, "prep_addr": "swz", "recur_addr": "swz", "prep_wu": "tf32", "recur_early": "none",
+           "prep_v": "early"}  # each option's off value: the code without it
 
 
 # The space before the options (its 96 points with every option off: the "options" pin of the golden table).
@@ -251,16 +243,8 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
             fixed = [f | {"prep_wu": "tf32"} for f in fixed]
         if "recur_early" in names:  # the K-split recurrence's loads and refill as before (test_recur_early_legality)
             fixed = [f | {"recur_early": "none"} for f in fixed]
-        if "prep_aref" in names:  # A's blocks factored at their own tokens as before (test_prep_aref_legality)
-            fixed = [f | {"prep_aref": "block"} for f in fixed]
         if "prep_v" in names:  # v staged with q and k as before (test_prep_v_legality)
             fixed = [f | {"prep_v": "early"} for f in fixed]
-        if "prep_aoff" in names:  # the off-diagonal block on one warp as before (test_prep_aoff_legality)
-            fixed = [f | {"prep_aoff": "one"} for f in fixed]
-        if "prep_u" in names:  # u written and read as fp32 as before (test_prep_u_legality)
-            fixed = [f | {"prep_u": "fp32"} for f in fixed]
-        if "pdl" in names:  # launch 2 after launch 1 as before (test_pdl_legality)
-            fixed = [f | {"pdl": False} for f in fixed]
         out = []
         for f in fixed:  # TemplateDef.legal_points: the brute force's set (tests/unit/test_template_legal_points.py)
             out += t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict(), fixed=f)
@@ -269,9 +253,9 @@ def all_legal(c: Cell, t: TemplateDef = TDEF, ksplit: bool = False) -> list[dict
 
 
 def legal_before_prep_options(c: Cell) -> list[dict]:
-    """The legal points at prep_round cvt, prep_blocks 3 and prep_vec off (those options off): the space the
-    legality tests of the earlier options count (the tests of prep_round, prep_blocks and prep_vec cover those)."""
-    return [p for p in all_legal(c) if p["prep_round"] == "cvt" and p["prep_blocks"] == 3 and not p["prep_vec"]]
+    """The legal points at prep_round cvt and prep_vec off (those options off): the space the legality tests of the
+    earlier options count (the tests of prep_round and prep_vec cover those)."""
+    return [p for p in all_legal(c) if p["prep_round"] == "cvt" and not p["prep_vec"]]
 
 
 # ---- the render pins: each option off renders the code from before the option -------------------------------
@@ -281,9 +265,8 @@ def legal_before_prep_options(c: Cell) -> list[dict]:
 # tests/unit/test_kda_chunk.py -k golden. A new option adds a pin here (the points where it is off) and its rows
 # there, not a test that renders the space.
 RENDER_GOLDEN = Path(__file__).resolve().parent / "data" / "kda_chunk_renders.json.gz"
-LATER_THAN_LDSM = {"recur_fuse": False, "prep_round": "cvt", "prep_blocks": 3, "prep_vec": False, "kwarps": 1,
-                   "prep_wu": "tf32", "recur_early": "none", "prep_aref": "block", "prep_v": "early", "prep_aoff": "one",
-                   "prep_u": "fp32", "pdl": False}
+LATER_THAN_LDSM = {"recur_fuse": False, "prep_round": "cvt", "prep_vec": False, "kwarps": 1, "prep_wu": "tf32",
+                   "recur_early": "none", "prep_v": "early"}
 
 
 def render_pins(c: Cell) -> dict[str, list[dict]]:
@@ -302,20 +285,9 @@ def render_pins(c: Cell) -> dict[str, list[dict]]:
                                            | LATER_THAN_LDSM)
     # the K-split carry recurrence at recur_early none
     pins["recur_early"] = [p | {"recur_addr": "carry", "recur_early": "none"} for p in ks if p["kwarps"] > 1]
-    # A's blocks at their own tokens on the mma prep at chunk 32 with the rowcol offsets
-    pins["prep_aref"] = [p | {"prep_aref": "block"} for p in ks
-                         if p["prep_diag"] == "mma" and p["chunk"] == 32 and p["prep_addr"] == "rowcol"]
     # v staged early: the staged rowcol points at chunk 32, tf32 and bf16 w, u
     pts = [p for p in ks if p["chunk"] == 32 and p["stage_in"] and p["prep_addr"] == "rowcol"]
-    pins["prep_v"] = legal_with(pts + [p | {"prep_wu": "bf16"} for p in pts if p["prep_inv"] == "rows"],
-                                {"prep_v": "early"})
-    # the off-diagonal block on one warp: the mma points at chunk 32 (tf32 and bf16 w, u, v early and late)
-    pts = [p for p in ks if p["prep_diag"] == "mma" and p["chunk"] == 32]
-    pts += [p | {"prep_wu": "bf16"} for p in pts if p["prep_addr"] == "rowcol" and p["prep_inv"] == "rows"]
-    pts += [p | {"prep_v": "late"} for p in pts if p["prep_wu"] == "bf16" and p["prep_threads"] == 128]
-    pins["prep_aoff"] = legal_with(pts, {"prep_aoff": "one"})
-    # u as fp32: the K-split carry points (recur_early none, mid, late; tf32 and bf16 w, u)
-    pins["prep_u"] = legal_with(carry_ksplit_points(c), {"prep_u": "fp32"})
+    pins["prep_v"] = legal_with(pts + [p | {"prep_wu": "bf16"} for p in pts], {"prep_v": "early"})
     return pins
 
 
@@ -353,21 +325,19 @@ def test_the_space_grew_by_the_options_only():
     assert all(list(TDEF.values(k)) == v for k, v in OLD_SPACE.items())
     c = PREFILL_CELLS[0]
     legal = all_legal(c)
-    # the whole space: recur_ldsm doubles it, recur_fuse adds the 560 lean ones, prep_round doubles that,
-    # prep_blocks 4 adds the split prep's chunk-32, 256-thread points (384) under both roundings, and prep_vec
-    # repeats every stage_in point
-    before_vec = 2 * (2 * 1376 + 560) + 2 * 384
-    # prep_diag = mma repeats the split points of the vectorized, one-add prep at prep_blocks 3, and prep_inv = blocked
-    # the mma points at chunk 32 (test_mma_diag_legality, test_blocked_inverse_legality)
+    # the whole space: the 688 points of test_recur_lean_legality (408 + 280 lean), recur_ldsm doubles them, recur_fuse
+    # adds the 280 lean ones, prep_round doubles that, and prep_vec repeats every stage_in point (half of them)
+    before_vec = 2 * (2 * 688 + 280)
+    # prep_diag = mma repeats the points of the vectorized, one-add prep (test_mma_diag_legality)
     # prep_exp = ex2 and prep_addr = rowcol are offered on the mma prep only: its points at the other two exponentials
-    # and swz (`first`), then each again at ex2, and all three at rowcol (test_ex2_rowcol_legality)
+    # and swz (`first`), then each again at ex2, and all three at rowcol (test_ex2_rowcol_legality): 2 more a point
     first = [p for p in legal if p["prep_exp"] != "ex2" and p["prep_addr"] == "swz"]
-    mma = [p for p in first if p["prep_diag"] == "mma" and p["prep_inv"] == "rows"]
-    blocked = [p for p in first if p["prep_inv"] == "blocked"]
+    mma = [p for p in first if p["prep_diag"] == "mma"]
+    vec_add = [p for p in first if p["prep_diag"] == "warp_row" and p["prep_vec"] and p["prep_round"] == "add"]
     staged = [p for p in first if p["stage_in"] and not p["prep_vec"]]
-    assert len(first) == before_vec + len(staged) + len(mma) + len(blocked)
-    assert before_vec == 7392 and len(first) == 13128 + 828 + 768 and (len(mma), len(blocked)) == (828, 768)
-    assert len(legal) == len(first) + (3 * 2 - 2) * (len(mma) + len(blocked)) // 2
+    assert before_vec == 3312 and len(staged) == before_vec // 2 and len(mma) == len(vec_add) == 828
+    assert len(first) == before_vec + len(staged) + len(mma) == 5796
+    assert len(legal) == len(first) + (3 * 2 - 2) * len(mma) // 2 == 7452
     # kwarps 2, 4: launch 2 of its own, the one-warp-a-column options off (test_kwarps_legality)
     ksplit = [p for p in all_legal(c, ksplit=True) if p["kwarps"] > 1]
     assert len(all_legal(c, ksplit=True)) == len(legal) + len(ksplit) and len(ksplit) == KSPLIT_POINTS
@@ -387,8 +357,7 @@ def test_option_points_compile_without_spills():
     """Every legal point with an option on builds for sm_90a without spills: a point is its two kernels,
     each rendered from its own params (prep_key, recur_key): of the 12 prep kernels with stage_in or the fast exp
     and the 24 recurrences with u_prefetch, points holding each chunk, prep_threads and option pair of those prep
-    kernels and each warps, stages and state_split of those recurrences at least once are built (covering).
-    prep_diag = folded: test_folded_diag_points_compile_without_spills."""
+    kernels and each warps, stages and state_split of those recurrences at least once are built (covering)."""
     c = PREFILL_CELLS[2]
     legal = [p for p in all_legal(c) if any(p[k] != off for k, off in OPTIONS.items()) and p["prep_diag"] == "warp_row"
              and not p["recur_lean"] and not p["recur_ldsm"]]  # test_recur_lean_ / test_recur_ldsm_points_compile_without_spills
@@ -414,406 +383,12 @@ def test_option_points_compile_without_spills():
     compile_clean(c, points)
 
 
-# ---- prep_diag = folded: the diagonal blocks with rows r and 15 - r on one lane group ------------------
-
-def diag_kernels(c: Cell, diag: str) -> list[dict]:
-    """One legal point per distinct prep kernel of prep_diag = `diag`: (chunk, prep_threads, prep_exp),
-    stage_in on."""
-    legal = [p for p in all_legal(c) if p["prep_diag"] == diag]
-    assert legal and all(p["stage_in"] for p in legal)
-    out: dict[tuple, dict] = {}
-    for p in legal:
-        out.setdefault(prep_key(p) + (p["prep_diag"],), p)
-    return list(out.values())
-
-
-def folded_kernels(c: Cell) -> list[dict]:
-    return diag_kernels(c, "folded")
-
-
-def test_folded_diag_is_legal_exactly_with_stage_in():
-    """folded reads q and k from the staged tiles: refused without stage_in, legal with it at every chunk and
-    prep_threads (1, 2 or 4 warps a diagonal block at K = 128); it doubles the stage_in half of the space."""
-    c = PREFILL_CELLS[0]
-    legal = [p for p in legal_before_prep_options(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
-    off = [p for p in legal if p["prep_diag"] == "warp_row"]
-    on = [p for p in legal if p["prep_diag"] == "folded"]
-    assert len(off) == 408 + 280 and len(on) == 204 + 140  # (+ recur_lean)
-    assert sorted(map(str, on)) == sorted(str(p | {"prep_diag": "folded"}) for p in off if p["stage_in"])
-    p = TDEF.default_params() | {"prep_diag": "folded"}
-    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["folded_diag_reads_staged_tiles"]
-    assert TDEF.violations(p | {"stage_in": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == []
-
-
-def folded_geometry(src: str) -> dict[str, str]:
-    """The folded diagonal's index expressions, read from the rendered CUDA (mirrored by folded_diag)."""
-    want = {"LPR": r"constexpr int LPR = ([^;]+);", "blk0": r"const int blk0 = ([^;]+);",
-            "rp": r"const int rp = ([^;]+);", "s": r"const int s = ([^;]+);", "i": r"const int i = blk0 \+ ([^;]+);",
-            "j": r"const int j = blk0 \+ ([^;]+);", "c": r"const int c = (4 \* \(s \+ LPR \* n\));"}
-    out = {}
-    for k, rx in want.items():
-        m = re.search(rx, src.split("kda_chunk_recur(", 1)[0])
-        assert m, k
-        out[k] = m.group(1)
-    return out
-
-
-def folded_diag(k: np.ndarray, q: np.ndarray, G: np.ndarray, C: int, PT: int) -> tuple[np.ndarray, np.ndarray]:
-    """The folded kernel's A_kk (j < i) and A_qk (j <= i) on the diagonal blocks of one chunk, its lanes, slots,
-    channel pieces and fp32 summation order (each lane's pieces in turn, then the butterfly over its group)."""
-    NW, NB, K = PT // 32, C // 16, k.shape[1]
-    WPB = NW // NB
-    LPR = 4 * WPB
-    NP = K // 4 // LPR
-    akk = np.full((C, C), np.nan, f32)
-    aqk = np.full((C, C), np.nan, f32)
-    seen = np.zeros((C, C, K), int)
-    for warp in range(NW):
-        lane = np.arange(32)
-        blk0 = 16 * (warp % NB)
-        rp = (warp // NB) * (8 // WPB) + lane // LPR
-        s = lane % LPR
-        for m in range(17):
-            i = blk0 + np.where(m <= rp, rp, 15 - rp)
-            j = blk0 + np.where(m <= rp, m, m - rp - 1)
-            skk = np.zeros(32, f32)
-            sqk = np.zeros(32, f32)
-            for n in range(NP):
-                for e in range(4):
-                    ch = 4 * (s + LPR * n) + e
-                    np.add.at(seen, (i, j, ch), 1)
-                    d = (k[j, ch] * np.exp(G[i, ch] - G[j, ch])).astype(f32)
-                    skk = (skk + k[i, ch] * d).astype(f32)  # fmaf: the product exact, one rounding
-                    sqk = (sqk + q[i, ch] * d).astype(f32)
-            o = LPR // 2
-            while o:
-                skk = (skk + skk[lane ^ o]).astype(f32)
-                sqk = (sqk + sqk[lane ^ o]).astype(f32)
-                o //= 2
-            for ln in np.flatnonzero(s == 0):
-                if j[ln] < i[ln]:
-                    akk[i[ln], j[ln]] = skk[ln]
-                aqk[i[ln], j[ln]] = sqk[ln]
-    blocks = np.kron(np.eye(NB, dtype=int), np.ones((16, 16), int))
-    want = (np.tril(np.ones((C, C), int)) * blocks)[:, :, None] * np.ones(K, int)
-    assert (seen == want).all()  # every channel of every diagonal-block pair j <= i once, nothing else
-    return akk, aqk
-
-
-@pytest.mark.parametrize("C, PT", [(32, 128), (32, 256), (64, 128), (64, 256)])
-def test_folded_diag_covers_every_pair_and_channel_once(C: int, PT: int):
-    """The rendered index math (read back from the CUDA) is folded_diag's: each pair j <= i of a diagonal block
-    gets each of the K channels once, and the fp32 sums match the float64 dot products as closely as the
-    warp-per-row order's (the same terms, another summation order: rounding only)."""
-    src = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | {"chunk": C, "prep_threads": PT, "stage_in": True,
-                                                                     "prep_diag": "folded"})
-    geo = folded_geometry(src)
-    assert geo == {"LPR": "4 * WPB", "blk0": "16 * (warp % NB)", "rp": "(warp / NB) * (8 / WPB) + lane / LPR",
-                   "s": "lane % LPR", "i": "(m <= rp ? rp : 15 - rp)", "j": "(m <= rp ? m : m - rp - 1)",
-                   "c": "4 * (s + LPR * n)"}
-    rng = np.random.default_rng(C + PT)
-    K = 128
-    k, q = (bf(rng.standard_normal((C, K))) for _ in range(2))
-    G = np.cumsum(-rng.uniform(0, 0.5, (C, K)), axis=0, dtype=f32)
-    akk, aqk = folded_diag(k, q, G, C, PT)
-    k64, q64, G64 = (x.astype(np.float64) for x in (k, q, G))
-    for b in range(C // 16):
-        for i in range(16 * b, 16 * b + 16):
-            for j in range(16 * b, i + 1):
-                terms = k64[j] * np.exp(G64[i] - G64[j])
-                scale = np.abs(k64[i] * terms).sum() + np.abs(q64[i] * terms).sum()
-                if j < i:
-                    assert abs(akk[i, j] - (k64[i] * terms).sum()) <= 1e-5 * scale
-                assert abs(aqk[i, j] - (q64[i] * terms).sum()) <= 1e-5 * scale
-    assert np.isnan(akk[np.triu_indices(C)]).all()  # the diagonal and above: not written to A_kk
-
-
-def test_folded_diag_points_compile_without_spills():
-    """The folded prep kernels (chunk x prep_threads x prep_exp, 8) render the folded blocks; every (chunk,
-    prep_threads) and every prep_exp of them builds for sm_90a (4 builds) without spills or static smem, its
-    registers within what keeps the warp_row kernel's occupancy."""
-    c = PREFILL_CELLS[2]
-    points = folded_kernels(c)
-    assert len(points) == 8
-    for p in points:
-        src = source(TDEF, c, p)
-        prep = src.split("kda_chunk_recur(", 1)[0]
-        assert "Diagonal 16x16 blocks, exact, folded" in prep and "warp_sum(skk)" not in prep
-    points = covering(points, lambda p: (p["chunk"], p["prep_threads"]), lambda p: (p["chunk"], p["prep_exp"]))
-    assert len(points) == 4
-    for p, res in zip(points, compile_clean(c, points)):
-        regs = res["kda_chunk_prep"].regs
-        assert prep_ctas_per_sm(p, regs) == {(32, 128): 5, (32, 256): 3, (64, 128): 2, (64, 256): 2}[
-            (p["chunk"], p["prep_threads"])], (p, regs)  # the warp_row kernels' (93, 80, 96, 98 registers)
-
-
 def prep_ctas_per_sm(p: dict, regs: int) -> int:
     """Resident prep CTAs an SM of the H200 holds: 64 K registers (a warp's allocated 8 at a time per thread),
     228 KB of shared memory less 1 KB a CTA, 2048 threads."""
     by_regs = 65536 // (-(-regs // 8) * 8 * p["prep_threads"])
     by_smem = 233472 // (prep_smem(p, 128, 128) + 1024)
     return min(by_regs, by_smem, 2048 // p["prep_threads"])
-
-
-# ---- prep_diag = split: the diagonal blocks with the decay factored at midpoints ---------------------
-
-def split_kernels(c: Cell) -> list[dict]:
-    return diag_kernels(c, "split")
-
-
-def test_split_diag_is_legal_exactly_with_stage_in():
-    """split reads q and k from the staged tiles: refused without stage_in, legal with it at every chunk and
-    prep_threads (2, 4 or 8 tasks a warp at K = 128); 204 more points, the space 408 + 204 + 204 = 816."""
-    c = PREFILL_CELLS[0]
-    legal = [p for p in legal_before_prep_options(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
-    off = [p for p in legal if p["prep_diag"] == "warp_row"]
-    on = [p for p in legal if p["prep_diag"] == "split"]
-    assert len(legal) == 1376 and len(off) == 408 + 280 and len(on) == 204 + 140  # (+ recur_lean)
-    assert sorted(map(str, on)) == sorted(str(p | {"prep_diag": "split"}) for p in off if p["stage_in"])
-    p = TDEF.default_params() | {"prep_diag": "split"}
-    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["split_diag_reads_staged_tiles"]
-    assert TDEF.violations(p | {"stage_in": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == []
-    # the task split's constraint: K / 2 a multiple of the lanes a task (16 at chunk 32, 256 threads)
-    bad = c.dims_dict() | {"K": 96}
-    assert "split_diag_tasks_per_warp" in TDEF.violations(p | {"stage_in": True, "chunk": 32}, ARCH, c.dtypes_dict(), bad)
-    assert "split_diag_tasks_per_warp" not in TDEF.violations(p | {"stage_in": True, "chunk": 64}, ARCH, c.dtypes_dict(), bad)
-
-
-# The split diagonal's index math and summation order, as rendered (checked line by line against the CUDA,
-# mirrored by split_diag below).
-SPLIT_LINES = [
-    "constexpr int TPW = 8 * NB / NW;", "constexpr int L = 32 / TPW;", "constexpr int NV = 32 / L;",
-    "constexpr int NP = K / 2 / L;", "const bool tri = warp >= 3 * NW / 4;",
-    "const int task = (tri ? warp - 3 * NW / 4 : warp) * TPW + lane / L;", "const int s = lane % L;",
-    "const int fu = task % 6, fb = 16 * (task / 6);",
-    "const int r0 = fb + (fu < 4 ? 8 + 4 * (fu / 2) : 8 * (fu - 4) + 4);",
-    "const int j0 = fb + (fu < 4 ? 4 * (fu % 2) : 8 * (fu - 4));",
-    "const int mid = fb + (fu < 4 ? 8 : 8 * (fu - 4) + 4);", "const int t0 = 16 * (task / 2) + 8 * (task % 2);",
-    "const int c = 2 * (s + L * n);",
-    "kc[jj][e] = lo_hi(kj, e) * EXP(g_e(gm, e) - g_e(gj, e));",
-    "const float f = EXP(g_e(gi, e) - g_e(gm, e));", "const float kt = lo_hi(ki, e) * f, qt = lo_hi(qi, e) * f;",
-    "acc[4 * r + jj] = fmaf(kt, kc[jj][e], acc[4 * r + jj]);",
-    "acc[16 + 4 * r + jj] = fmaf(qt, kc[jj][e], acc[16 + 4 * r + jj]);",
-    "for (int jj = 0; jj < r; ++jj) {",
-    "const float d = lo_hi(kw[jj], e) * EXP(g_e(g[r], e) - g_e(g[jj], e));",
-    "acc[6 * x + r * (r - 1) / 2 + jj] = fmaf(ki, d, acc[6 * x + r * (r - 1) / 2 + jj]);",
-    "acc[12 + 10 * x + r * (r + 1) / 2 + jj] = fmaf(qi, d, acc[12 + 10 * x + r * (r + 1) / 2 + jj]);",
-    "acc[12 + 10 * x + r * (r + 1) / 2 + r] = fmaf(qi, ki, acc[12 + 10 * x + r * (r + 1) / 2 + r]);",
-    "for (int st = 1; st < L; st *= 2) {", "const int o = L / 2 / st, h = 16 / st;", "const bool up = s & o;",
-    "const float send = up ? acc[v] : acc[v + h];",
-    "acc[v] = (up ? acc[v + h] : acc[v]) + __shfl_xor_sync(0xffffffffu, send, o);",
-    "const int idx = NV * s + v;", "kk = idx < 16;", "i = r0 + (idx % 16) / 4;", "j = j0 + idx % 4;",
-    "kk = idx < 12;", "const int x = kk ? idx / 6 : (idx - 12) / 10, p = kk ? idx % 6 : (idx - 12) % 10;",
-    "const int r = kk ? 1 + (p >= 1) + (p >= 3) : (p >= 1) + (p >= 3) + (p >= 6);",
-    "i = t0 + 4 * x + r;", "j = t0 + 4 * x + p - (kk ? r * (r - 1) / 2 : r * (r + 1) / 2);",
-    "if (kk) A_AT(i, j) = acc[v];", "else ws_aqk[(cidx * C + i) * C + j] = __float2bfloat16_rn(scale * acc[v]);",
-]
-
-
-def split_section(src: str) -> str:
-    prep = src.split("kda_chunk_recur(", 1)[0]
-    a = prep.index("Diagonal 16x16 blocks, exact fp32, the decay factored")
-    return prep[a:prep.index("Off-diagonal blocks by tf32 mma", a)]
-
-
-def fma32(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
-    """fmaf: the fp32 product exact in float64, one rounding of the sum."""
-    return (a.astype(np.float64) * b.astype(np.float64) + acc.astype(np.float64)).astype(f32)
-
-
-def split_diag(k: np.ndarray, q: np.ndarray, G: np.ndarray, C: int, PT: int, ex=np.exp):
-    """The split kernel's A_kk (j < i) and A_qk (j <= i, unscaled) on the diagonal blocks of one chunk: its warps,
-    lane groups, tasks, 2-channel pieces, fp32 operations in its order (each lane's channels in turn, then
-    the reduce-scatter over the group) and its output decode (SPLIT_LINES). Returns akk, aqk, the number of
-    times each (i, j, channel) entered an A_qk sum, and the exponentials a block and channel took."""
-    NW, NB, K = PT // 32, C // 16, k.shape[1]
-    TPW = 8 * NB // NW
-    L = 32 // TPW
-    NV = 32 // L
-    NP = K // 2 // L
-    akk = np.full((C, C), np.nan, f32)
-    aqk = np.full((C, C), np.nan, f32)
-    seen = np.zeros((C, C, K), int)  # entries of A_qk's sums
-    seen_kk = np.zeros((C, C, K), int)  # entries of A_kk's sums
-    writes = np.zeros((2, C, C), int)
-    nexp = 0
-    lane = np.arange(32)
-    e32 = lambda x: ex(np.asarray(x, f32)).astype(f32)  # noqa: E731 (fp32 argument, fp32 result)
-    for warp in range(NW):
-        tri = warp >= 3 * NW // 4
-        task = ((warp - 3 * NW // 4) if tri else warp) * TPW + lane // L
-        s = lane % L
-        fu, fb = task % 6, 16 * (task // 6)
-        r0 = fb + np.where(fu < 4, 8 + 4 * (fu // 2), 8 * (fu - 4) + 4)
-        j0 = fb + np.where(fu < 4, 4 * (fu % 2), 8 * (fu - 4))
-        mid = fb + np.where(fu < 4, 8, 8 * (fu - 4) + 4)
-        t0 = 16 * (task // 2) + 8 * (task % 2)
-        acc = np.zeros((32, 32), f32)  # [lane][sum]
-        if not tri:
-            assert (j0 + 3 <= mid).all() and (mid <= r0).all()  # j <= m <= i for every pair of the tile
-        for n in range(NP):
-            c = 2 * (s + L * n)
-            for e in range(2):
-                ch = c + e
-                if not tri:
-                    gm = G[mid, ch]
-                    kc = [(k[j0 + jj, ch] * e32(gm - G[j0 + jj, ch])).astype(f32) for jj in range(4)]
-                    nexp += 4 * 32
-                    for r in range(4):
-                        f = e32(G[r0 + r, ch] - gm)
-                        nexp += 32
-                        kt, qt = (k[r0 + r, ch] * f).astype(f32), (q[r0 + r, ch] * f).astype(f32)
-                        for jj in range(4):
-                            acc[lane, 4 * r + jj] = fma32(kt, kc[jj], acc[lane, 4 * r + jj])
-                            acc[lane, 16 + 4 * r + jj] = fma32(qt, kc[jj], acc[lane, 16 + 4 * r + jj])
-                            np.add.at(seen, (r0 + r, j0 + jj, ch), 1)
-                            np.add.at(seen_kk, (r0 + r, j0 + jj, ch), 1)
-                else:
-                    for x in range(2):
-                        a = t0 + 4 * x
-                        for r in range(4):
-                            ki, qi = k[a + r, ch], q[a + r, ch]
-                            for jj in range(r):
-                                d = (k[a + jj, ch] * e32(G[a + r, ch] - G[a + jj, ch])).astype(f32)
-                                nexp += 32
-                                u, w = 6 * x + r * (r - 1) // 2 + jj, 12 + 10 * x + r * (r + 1) // 2 + jj
-                                acc[lane, u] = fma32(ki, d, acc[lane, u])
-                                acc[lane, w] = fma32(qi, d, acc[lane, w])
-                                np.add.at(seen, (a + r, a + jj, ch), 1)
-                                np.add.at(seen_kk, (a + r, a + jj, ch), 1)
-                            w = 12 + 10 * x + r * (r + 1) // 2 + r
-                            acc[lane, w] = fma32(qi, ki, acc[lane, w])
-                            np.add.at(seen, (a + r, a + r, ch), 1)
-        st = 1
-        while st < L:  # reduce-scatter
-            o, h = L // 2 // st, 16 // st
-            up = (s & o) != 0
-            for v in range(h):
-                send = np.where(up, acc[:, v], acc[:, v + h])
-                acc[:, v] = (np.where(up, acc[:, v + h], acc[:, v]) + send[lane ^ o]).astype(f32)
-            st *= 2
-        for v in range(NV):
-            idx = NV * s + v
-            if not tri:
-                kk = idx < 16
-                i = r0 + (idx % 16) // 4
-                j = j0 + idx % 4
-            else:
-                kk = idx < 12
-                x = np.where(kk, idx // 6, (idx - 12) // 10)
-                p = np.where(kk, idx % 6, (idx - 12) % 10)
-                r = np.where(kk, 1 + (p >= 1) + (p >= 3), (p >= 1).astype(int) + (p >= 3) + (p >= 6))
-                i = t0 + 4 * x + r
-                j = t0 + 4 * x + p - np.where(kk, r * (r - 1) // 2, r * (r + 1) // 2)
-            for ln in range(32):
-                (akk if kk[ln] else aqk)[i[ln], j[ln]] = acc[ln, v]
-                writes[int(not kk[ln]), i[ln], j[ln]] += 1
-    blocks = np.kron(np.eye(NB, dtype=int), np.ones((16, 16), int))
-    lower = np.tril(np.ones((C, C), int)) * blocks
-    strict = np.tril(np.ones((C, C), int), -1) * blocks
-    assert (seen == lower[:, :, None]).all() and (seen_kk == strict[:, :, None]).all()  # each channel once
-    assert (writes[0] == strict).all() and (writes[1] == lower).all()  # each sum written once, by one lane
-    return akk, aqk, nexp // (NB * K)
-
-
-def warp_row_diag(k: np.ndarray, q: np.ndarray, G: np.ndarray, C: int, ex=np.exp):
-    """The warp_row kernel's diagonal blocks in fp32: d = k_j exp(G_i - G_j) per channel, fmaf into a lane's 4
-    channels, then the warp's butterfly (lane 0's sum)."""
-    akk = np.full((C, C), np.nan, f32)
-    aqk = np.full((C, C), np.nan, f32)
-    for i in range(C):
-        for j in range(i & ~15, i + 1):
-            d = (k[j] * ex((G[i] - G[j]).astype(f32)).astype(f32)).astype(f32).reshape(32, 4)
-            skk, sqk = np.zeros(32, f32), np.zeros(32, f32)
-            for e in range(4):
-                skk = fma32(k[i].reshape(32, 4)[:, e], d[:, e], skk)
-                sqk = fma32(q[i].reshape(32, 4)[:, e], d[:, e], sqk)
-            o = 16
-            while o:
-                skk, sqk = (skk + skk[np.arange(32) ^ o]).astype(f32), (sqk + sqk[np.arange(32) ^ o]).astype(f32)
-                o //= 2
-            if j < i:
-                akk[i, j] = skk[0]
-            aqk[i, j] = sqk[0]
-    return akk, aqk
-
-
-U32 = 2.0**-24  # fp32's unit roundoff
-
-
-def gate_kinds(rng: np.random.Generator, C: int, K: int) -> dict[str, np.ndarray]:
-    """Per-token log decays: mild, as low as -20, near 0, exactly 0, and channels mixing -20 and ~0."""
-    mix = np.where(rng.random((C, K)) < 0.5, -rng.uniform(10, 20, (C, K)), -rng.uniform(0, 1e-6, (C, K)))
-    return {"mild": -rng.uniform(0, 0.5, (C, K)), "down_to_-20": -rng.uniform(0, 20, (C, K)),
-            "all_-20": np.full((C, K), -20.0), "near_0": -rng.uniform(0, 1e-6, (C, K)), "zero": np.zeros((C, K)),
-            "mixed": mix}
-
-
-@pytest.mark.parametrize("C, PT", [(32, 128), (32, 256), (64, 128), (64, 256)])
-def test_split_diag_is_the_exact_diagonal_to_fp32_rounding(C: int, PT: int):
-    """The rendered index math is split_diag's (SPLIT_LINES, read from the CUDA); every pair j <= i of every
-    diagonal block (and A_kk's j < i) gets each channel once and is written once; a block takes 72 exps a
-    channel (warp_row: 136); and on random bf16 q, k with every gate kind, both the split and the warp_row
-    fp32 results lie within the fp32 bound of the float64 sums (G the same fp32 values):
-        |A - A64| <= (K + 16 + min(max_c |G_i - G_j|, 104)) u sum_c |term_c| + 2^-120 sum_c |q_ic k_jc|,
-    u = 2^-24: accumulation over K channels, a few roundings of the factors and the exps (<= 2 ulp each), the
-    arguments' rounding (|x| u relative; exp(-104) is below fp32's smallest denormal, so larger |x| are the
-    absolute part), underflow. prep_exp = fast likewise with __expf's bound spent one way then the other
-    (2 + 1.2 |x| ulp an exp, two in a factored term) and its flush to zero."""
-    src = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | {"chunk": C, "prep_threads": PT, "stage_in": True,
-                                                                     "prep_diag": "split"})
-    sec = " ".join(split_section(src).split()).replace("expf(", "EXP(")
-    missing = [ln for ln in SPLIT_LINES if ln not in sec]
-    assert not missing, missing
-    rng = np.random.default_rng(C + PT)
-    K = 128
-    k, q = (bf(rng.standard_normal((C, K))) for _ in range(2))
-    for kind, g in gate_kinds(rng, C, K).items():
-        G = np.cumsum(g.astype(f32), axis=0, dtype=f32)  # the kernel's sequential fp32 sums
-        assert (np.diff(G, axis=0) <= 0).all()
-        k64, q64, G64 = (x.astype(np.float64) for x in (k, q, G))
-        for name, ex, fast in (("expf", np.exp, 0), ("fast+", lambda x: fast_exp(x, 1), 1),
-                               ("fast-", lambda x: fast_exp(x, -1), 1)):
-            akk, aqk, nexp = split_diag(k, q, G, C, PT, ex)
-            assert nexp == 72
-            wkk, wqk = warp_row_diag(k, q, G, C, ex) if name == "expf" else (None, None)
-            for b in range(C // 16):
-                for i in range(16 * b, 16 * b + 16):
-                    for j in range(16 * b, i + 1):
-                        x = np.minimum(G64[j] - G64[i], 104)
-                        e = np.exp(G64[i] - G64[j])
-                        tkk, tqk = k64[i] * k64[j] * e, q64[i] * k64[j] * e
-                        rel = (K + 16 + x.max() + fast * 2 * (4 + 1.2 * x.max())) * U32
-                        for got, want, t, qk in ((akk, wkk, tkk, k64[i]), (aqk, wqk, tqk, q64[i])):
-                            if got is akk and j == i:
-                                continue
-                            bound = rel * np.abs(t).sum() + 2.0**-120 * np.abs(qk * k64[j]).sum()
-                            assert abs(got[i, j] - t.sum()) <= bound, (kind, name, i, j, got[i, j], t.sum(), bound)
-                            if want is not None:
-                                assert abs(want[i, j] - t.sum()) <= bound, (kind, "warp_row", i, j)
-            assert np.isnan(akk[np.triu_indices(C)]).all() and np.isnan(aqk[np.triu_indices(C, 1)]).all()
-
-
-def test_split_diag_points_compile_without_spills():
-    """Every split prep kernel (chunk x prep_threads x prep_exp, 8) renders the split blocks; every (chunk,
-    prep_threads) and every prep_exp of them builds for sm_90a (4 builds) without spills or static smem, at the
-    warp_row kernel's occupancy (CTAs an SM by registers and smem): chunk 32 at 256 threads holds 80 registers
-    through __launch_bounds__(256, 3) (102 without it); the others as they come."""
-    c = PREFILL_CELLS[2]
-    points = split_kernels(c)
-    assert len(points) == 8
-    for p in points:
-        prep = source(TDEF, c, p).split("kda_chunk_recur(", 1)[0]
-        assert "the decay factored at midpoints (prep_diag = split)" in prep and "warp_sum(skk)" not in prep
-        assert ("__launch_bounds__(256, 3)" in prep) == (p["chunk"] == 32 and p["prep_threads"] == 256)
-    points = covering(points, lambda p: (p["chunk"], p["prep_threads"]), lambda p: (p["chunk"], p["prep_exp"]))
-    assert len(points) == 4
-    regs = {}
-    for p, res in zip(points, compile_clean(c, points)):
-        regs[prep_key(p)] = res["kda_chunk_prep"].regs
-        assert prep_ctas_per_sm(p, regs[prep_key(p)]) == {(32, 128): 5, (32, 256): 3, (64, 128): 2, (64, 256): 2}[
-            (p["chunk"], p["prep_threads"])], (p, regs)  # the warp_row kernels' (93, 80, 96, 98 registers)
-    print("split prep registers:", regs)
 
 
 def test_u_prefetch_at_chunk_64_spills_as_its_constraint_says():
@@ -844,13 +419,13 @@ def step_loop(recur: str) -> str:
 
 def test_recur_lean_legality():
     """Legal wherever it builds spill-free: refused only with u_prefetch at state_split or stages 4 (where 7 of
-    the 24 builds spill and the rest sit at 255 registers); 560 more points, the space 816 + 560 = 1376, 35
-    lean recurrence kernels; the prefill experiment's 144 points all have a lean twin."""
+    the 24 builds spill and the rest sit at 255 registers); 280 more points, the space 408 + 280 = 688, 35
+    lean recurrence kernels; the prefill experiment's 48 points all have a lean twin."""
     c = PREFILL_CELLS[0]
     legal = [p for p in legal_before_prep_options(c) if not p["recur_ldsm"]]  # (recur_ldsm doubles it: test_recur_ldsm_legality)
     off = [p for p in legal if not p["recur_lean"]]
     on = [p for p in legal if p["recur_lean"]]
-    assert len(legal) == 1376 and len(off) == 816 and len(on) == 560
+    assert len(legal) == 688 and len(off) == 408 and len(on) == 280
     assert len({recur_key(p) for p in on}) == 35
     bad = [p for p in off if p["u_prefetch"] and (p["state_split"] or p["stages"] == 4)]
     assert sorted(map(str, on)) == sorted(str(p | {"recur_lean": True}) for p in off if p not in bad)
@@ -858,13 +433,11 @@ def test_recur_lean_legality():
         assert TDEF.violations(p | {"recur_lean": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["lean_fits_registers"]
     exp_space = {"chunk": [32], "stage_in": [True], "u_prefetch": [True, False], "state_split": [False], "stages": [3, 6],
                  "warps": [1, 2, 8], "prep_threads": [128, 256], "prep_exp": ["expf", "fast"],
-                 "prep_diag": ["warp_row", "folded", "split"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
-                 "prep_round": ["cvt"], "prep_blocks": [3], "prep_vec": [False], "kwarps": [1],
-                 "prep_inv": ["rows"], "overlap": [False], "prep_addr": ["swz"], "recur_addr": ["swz"], "prep_wu": ["tf32"],
-                 "recur_early": ["none"], "prep_aref": ["block"], "prep_v": ["early"], "prep_aoff": ["one"], "prep_u": ["fp32"],
-                 "pdl": [False]}
+                 "prep_diag": ["warp_row"], "recur_lean": [False, True], "recur_ldsm": [False], "recur_fuse": [False],
+                 "prep_round": ["cvt"], "prep_vec": [False], "kwarps": [1], "overlap": [False], "prep_addr": ["swz"],
+                 "recur_addr": ["swz"], "prep_wu": ["tf32"], "recur_early": ["none"], "prep_v": ["early"]}
     pts = [dict(zip(exp_space, v)) for v in product(*exp_space.values())]
-    assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 288
+    assert sum(TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict()) for p in pts) == 96
 
 
 @pytest.mark.parametrize("chunk", [32, 64])
@@ -1205,13 +778,13 @@ def test_recur_ldsm_offsets_hoist_and_read_conflict_free(C: int):
 def test_recur_ldsm_legality():
     """recur_ldsm is legal wherever its point is without it (no constraint of its own: all 86 of its recurrences
     build spill-free, see the template's comment at lean_fits_registers), with recur_lean on or off: the space
-    doubles to 2752 points (3312 with recur_fuse). The prefill experiment's toml does not name it, so its restricted
+    doubles to 1376 points (1656 with recur_fuse). The prefill experiment's toml does not name it, so its restricted
     space keeps both values."""
     c = PREFILL_CELLS[0]
     legal = [p for p in legal_before_prep_options(c) if not p["recur_fuse"]]  # (recur_fuse: test_recur_fuse_legality)
     off = [p for p in legal if not p["recur_ldsm"]]
     on = [p for p in legal if p["recur_ldsm"]]
-    assert len(off) == len(on) == 1376
+    assert len(off) == len(on) == 688
     assert sorted(map(str, on)) == sorted(str(p | {"recur_ldsm": True}) for p in off)
     assert len({recur_key(p) for p in on}) == 86 and len({recur_key(p) for p in on if p["recur_lean"]}) == 35
     assert TDEF.default_params()["recur_ldsm"] is False
@@ -1371,12 +944,12 @@ def test_recur_fuse_is_items_0_and_1_with_one_state_fragment():
 # sha256 of the 1376 recur_ldsm renders (recur_fuse off; the other keys in product order, on PREFILL_CELLS[0]) of the
 # template before recur_fuse existed: with it off, recur_ldsm's code is unchanged
 def test_recur_fuse_legality():
-    """recur_fuse is legal exactly at the points with recur_lean and recur_ldsm on (560, 35 recurrences)."""
+    """recur_fuse is legal exactly at the points with recur_lean and recur_ldsm on (280, 35 recurrences)."""
     c = PREFILL_CELLS[0]
     legal = legal_before_prep_options(c)
     on = [p for p in legal if p["recur_fuse"]]
     base = [p for p in legal if p["recur_lean"] and p["recur_ldsm"] and not p["recur_fuse"]]
-    assert len(on) == len(base) == 560 and len({recur_key(p) for p in on}) == 35
+    assert len(on) == len(base) == 280 and len({recur_key(p) for p in on}) == 35
     assert sorted(map(str, on)) == sorted(str(p | {"recur_fuse": True}) for p in base)
 
 
@@ -1510,23 +1083,16 @@ EMU_POINTS = [{"chunk": 64, "state_split": False}, {"chunk": 32, "state_split": 
               {"chunk": 32, "state_split": False, "prep_exp": "fast"},
               {"chunk": 32, "state_split": False, "prep_exp": "fast"} | MMA_DIAG,
               {"chunk": 64, "state_split": False} | MMA_DIAG,
-              {"chunk": 32, "state_split": False, "prep_exp": "fast", "prep_inv": "blocked"} | MMA_DIAG,
               {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol"} | MMA_DIAG,
               {"chunk": 64, "state_split": False, "prep_exp": "ex2"} | MMA_DIAG,
-              {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"} | MMA_DIAG,
-              {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16",
-               "prep_aref": "chunk", "prep_threads": 128} | MMA_DIAG,
-              {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16",
-               "prep_u": "bf16", "kwarps": 2, "recur_addr": "carry"} | MMA_DIAG]
+              {"chunk": 32, "state_split": False, "prep_exp": "ex2", "prep_addr": "rowcol", "prep_wu": "bf16"} | MMA_DIAG]
 
 
 def emu_id(p: dict) -> str:
     return (f"C{p['chunk']}-split{int(p['state_split'])}"
             + {"fast": "-fastexp", "ex2": "-ex2"}.get(p.get("prep_exp"), "")
             + ("-rowcol" if p.get("prep_addr") == "rowcol" else "")
-            + ("-mmadiag" if p.get("prep_diag") == "mma" else "") + ("-blockedinv" if p.get("prep_inv") == "blocked" else "")
-            + ("-bf16wu" if p.get("prep_wu") == "bf16" else "") + ("-chunkref" if p.get("prep_aref") == "chunk" else "")
-            + ("-bf16u" if p.get("prep_u") == "bf16" else ""))
+            + ("-mmadiag" if p.get("prep_diag") == "mma" else "") + ("-bf16wu" if p.get("prep_wu") == "bf16" else ""))
 
 
 def emulate_plain(inputs: dict, scal: dict, c: Cell, p: dict, exp_sign: int = 1) -> tuple[dict, dict]:
@@ -1582,10 +1148,6 @@ def test_long_sequence_with_decay_near_one_keeps_its_margin():
         for name in want:
             ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
             assert ok and share < 0.9, ("bf16 w, u", sign, name, share)
-        got = emulate(inputs, scal, c, p | {"prep_aref": "chunk", "prep_threads": 128}, sign)  # A factored at token 16
-        for name in want:
-            ok, share = passes(got[name], want[name], SPEC.tolerance(c, name))
-            assert ok and share < 0.9, ("chunk reference", sign, name, share)
 
 
 @pytest.mark.parametrize("bug", ["decay_ref_at_chunk_start", "no_intra_decay", "state_not_decayed"])
@@ -1615,11 +1177,6 @@ def test_emulation_catches_classic_chunking_bugs(bug: str):
 # ---- the real gate on the fake device: the two launches, emulated, through the workspace ----------------
 
 WS_DTYPES = {"qg": BF, "kgT": BF, "w": BF, "aqk": BF, "u": FP32, "gl": FP32}
-
-
-def ws_dtypes(p: dict) -> dict:
-    """The workspace's dtypes at p: u is bf16 with prep_u = bf16."""
-    return WS_DTYPES | ({"u": BF} if p.get("prep_u") == "bf16" else {})
 WS_ARGS = {"ws_qg": "qg", "ws_kg": "kgT", "ws_w": "w", "ws_aqk": "aqk", "ws_u": "u", "ws_gl": "gl"}
 
 
@@ -1642,7 +1199,7 @@ def emulated_kernels(c0: Cell, p: dict, bug: str = "") -> dict:
             inputs["g"] = np.zeros_like(inputs["g"])
         ws = emulate_prep(inputs, c, p, a["scale"])
         for arg, name in WS_ARGS.items():
-            dev.write(a[arg], ws_dtypes(p)[name], ws[name].astype(np.float64))
+            dev.write(a[arg], WS_DTYPES[name], ws[name].astype(np.float64))
 
     def recur(dev: KdaFakeDevice, args: tuple) -> None:
         names = (*WS_ARGS, "initial_state", "o", "final_state", "T", "HV")
@@ -1654,7 +1211,7 @@ def emulated_kernels(c0: Cell, p: dict, bug: str = "") -> dict:
         nc = B * HV * -(-T // p["chunk"])
         C = p["chunk"]
         shapes = {"qg": (nc, C, K), "kgT": (nc, K, C), "w": (nc, C, K), "aqk": (nc, C, C), "u": (nc, C, V), "gl": (nc, K)}
-        ws = {name: dev.read(a[arg], ws_dtypes(p)[name], shapes[name]).astype(f32) for arg, name in WS_ARGS.items()}
+        ws = {name: dev.read(a[arg], WS_DTYPES[name], shapes[name]).astype(f32) for arg, name in WS_ARGS.items()}
         out = emulate_recur(ws, dev.read(a["initial_state"], FP32, (B, HV, K, V)), c, p)
         dev.write(a["o"], BF, out["o"])
         dev.write(a["final_state"], FP32, out["final_state"])
@@ -1663,23 +1220,20 @@ def emulated_kernels(c0: Cell, p: dict, bug: str = "") -> dict:
     return {"kda_chunk_prep": prep, "kda_chunk_recur": recur}
 
 
-@pytest.mark.parametrize("u", ["fp32", "bf16", "fp32-pdl"])
+@pytest.mark.parametrize("recur", ["one_warp", "ksplit_carry"])
 @pytest.mark.parametrize("bug", ["", "no_decay"])
-def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str, u: str):
+def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str, recur: str):
     """make_job's kda job for the chunk template (two launches, six workspaces, gate cells of T = 1 and 3)
-    through the real Gate with the emulated launches: OK, and WRONG_ANSWER with a bug; with u as fp32 and, on the
-    K-split carry recurrence, as bf16 (its workspace half the bytes, written and read as bf16); with pdl, launch 2
-    reaches the device as a programmatic dependent launch at every call, launch 1 never."""
+    through the real Gate with the emulated launches: OK, and WRONG_ANSWER with a bug; with the one-warp-a-column
+    recurrence and the K-split carry one."""
     from evo.measure.evaluate import make_job
     from evo.measure.evaluators import gate_cells_for
     from evo.measure.jobs import Timing
 
     c = cell(BF, 2, 70, 2)
     p = TDEF.default_params() | {"chunk": 32}
-    if u == "bf16":
-        p |= {"kwarps": 2, "recur_addr": "carry", "prep_u": "bf16"}
-    if u.endswith("pdl"):
-        p |= {"pdl": True}
+    if recur == "ksplit_carry":
+        p |= {"kwarps": 2, "recur_addr": "carry"}
     g = Genome.make("kda", "chunk", TDEF.source_hash, p)
     gates = gate_cells_for(SPEC, TDEF, g, c, ARCH)
     assert {(x.dim("B"), x.dim("T")) for x in gates} >= {(1, 1), (3, 1), (2, 3)}
@@ -1690,10 +1244,10 @@ def test_the_gate_runs_chunk_jobs_end_to_end_on_the_fake_device(bug: str, u: str
                    baseline=False, gate_cells=gates, stress_launches=1)
     assert set(job.left_out) == {"A_log", "dt_bias", "cu_seqlens"}
     assert [ln.kernel for ln in job.launches] == ["kda_chunk_prep", "kda_chunk_recur"]
-    assert [ln.pdl for ln in job.launches] == [False, p["pdl"]]
+    assert not any(ln.pdl for ln in job.launches)
     dev = KdaFakeDevice(emulated_kernels(c, p, bug))
     gate_on_fake(dev, job, g, c, build, bug)
-    assert dev.launches > 0 and dev.pdl_kernels == (["kda_chunk_recur"] * (dev.launches // 2) if p["pdl"] else [])
+    assert dev.launches > 0 and dev.pdl_kernels == []
 
 
 def test_variant_of_prefill_cells_is_fla_default():
@@ -1752,9 +1306,9 @@ def test_varlen_renders_the_same_code_and_compiles_clean():
     cell of the same K, V; its builds (the points of a sample of the space that hold every value it draws) have no
     spills, stack or static smem."""
     points = legal_points(VARLEN, 8, seed=5) + [TDEF.default_params() | q for q in (
-        {"chunk": 32, "stage_in": True, "prep_diag": "split", "prep_threads": 256, "recur_lean": True, "state_split": True,
-         "stages": 4, "warps": 1},
-        {"chunk": 64, "stage_in": True, "prep_diag": "folded", "u_prefetch": False, "recur_lean": True})]
+        {"chunk": 32, "stage_in": True, "prep_threads": 256, "recur_lean": True, "state_split": True, "stages": 4,
+         "warps": 1},
+        MMA_DIAG | {"chunk": 64, "u_prefetch": False, "recur_lean": True})]
     for p in points:
         assert TDEF.is_valid(p, ARCH, VARLEN.dtypes_dict(), VARLEN.dims_dict()), p
         assert source(TDEF, VARLEN, p) == source(TDEF, PREFILL_CELLS[0], p)
@@ -1836,7 +1390,7 @@ def variant_inputs(c: Cell):
 
 
 
-@pytest.mark.parametrize("fit", EMU_POINTS[:4] + [EMU_POINTS[8], EMU_POINTS[10], EMU_POINTS[11]], ids=emu_id)
+@pytest.mark.parametrize("fit", EMU_POINTS[:4] + [EMU_POINTS[7], EMU_POINTS[9]], ids=emu_id)
 @pytest.mark.parametrize("c", VARIANT_CELLS, ids=lambda c: c.label())
 def test_emulated_variants_match_the_float64_reference(c: Cell, fit: dict):
     """Each variant alone, the model's call and every switch on: every kind, from make_inputs and the device fill,
@@ -1892,14 +1446,13 @@ def test_variant_plans_bind_the_raw_gate_tensors():
 
 
 VARIANT_BUILDS = [  # (cell, point): each variant's own code paths (the model's call, every switch on, builds the
-    (cell(BF, 2, 64, 2, variant=Variant(Gate.SOFTPLUS)), {}),  # q/k norm with the folded and the split diagonal)
+    (cell(BF, 2, 64, 2, variant=Variant(Gate.SOFTPLUS)), {}),  # q/k norm with the mma diagonal too)
     (cell(BF, 2, 64, 2, g=BF, variant=Variant(Gate.LOWER_BOUND)), {}),
     (cell(BF, 2, 64, 2, variant=Variant(beta_act=BetaAct.SIGMOID2)), {"chunk": 32, "stage_in": True}),
     (cell(BF, 2, 64, 2, variant=Variant(qk_l2norm=True)), {}),
     (cell(BF, 2, 64, 2, variant=Variant(v_first=True)), {"chunk": 32, "state_split": True}),
 ]
-MODEL_POINTS = [{}, {"stage_in": True}, {"stage_in": True, "prep_diag": "folded"},  # chunk 32: the last two
-                {"chunk": 32, "stage_in": True, "prep_diag": "split"},
+MODEL_POINTS = [{}, {"stage_in": True}, MMA_DIAG | {"chunk": 32},
                 {"chunk": 32, "u_prefetch": True, "state_split": True, "warps": 4, "stages": 6, "prep_exp": "fast"}]
 
 
@@ -1937,7 +1490,7 @@ def test_variant_renders_differ_only_behind_their_switches():
 
 def test_the_varlen_experiment_searches_the_matrix_model_cell_over_legal_points():
     """experiments/kda_varlen_h200.toml: its one cell is the matrix's varlen batch in the model's call (the
-    named matrix "varlen"), and its narrowed space holds legal points for it, the recur_lean ones too."""
+    named matrix "varlen"), and its narrowed space holds legal points for it, the recur_lean and recur_fuse ones too."""
     from evo.core.config import load_config
     from evo.loop.pipeline import Session
     from memory.store import Store
@@ -1951,14 +1504,20 @@ def test_the_varlen_experiment_searches_the_matrix_model_cell_over_legal_points(
         assert variant_of(c) == MODEL and c.dim("N") == 8 and c.dim("B") == 1
         legal = all_legal(c, ses.templates["chunk"])
     assert len(legal) >= 32, len(legal)
-    assert any(p["recur_lean"] for p in legal) and any(p["prep_diag"] == "split" for p in legal)
+    assert any(p["recur_lean"] for p in legal) and any(p["recur_fuse"] for p in legal)
 
 
-@pytest.mark.parametrize("name, cells, points", [("kda_prefill_h200_t8192.toml", 1, 116), ("kda_prefill_h200.toml", 4, 2288)])
+# The counts: each config's space less the points of the options it offered that measured slower and left the template
+# (docs/kda_prep_analysis.md): kda_prefill_h200_t8192.toml's 116 held every point at prep_aoff one and two (58 each);
+# kda_prefill_h200.toml's 2288 held, beside its 1232, the 704 points at 128 threads again at prep_aoff two and the 352
+# of those with rowcol offsets and v staged early again at prep_aref chunk; kda_prefill_h200_focus.toml's 2110 (prep_u,
+# pdl and prep_aoff unrestricted there, prep_aref block or chunk) held 495 at fp32 u, pdl off, aoff one, aref block.
+@pytest.mark.parametrize("name, cells, points", [("kda_prefill_h200_t8192.toml", 1, 116 // 2),
+                                                 ("kda_prefill_h200.toml", 4, 2288 - 704 - 352),
+                                                 ("kda_prefill_h200_focus.toml", 2, 495)])
 def test_prefill_configs_hold_the_legal_points_their_comments_state(name: str, cells: int, points: int):
     """The prefill GA configs' narrowed spaces hold, on each of their cells, the number of legal points that the
-    configs' comments state, none with u stored as bf16 or with pdl (both slower on an H100: kda_prefill_h100_6), and
-    seed no table of those options' predictions."""
+    configs' comments state."""
     from evo.core.config import load_config
     from evo.loop.pipeline import Session
     from memory.store import Store
@@ -1967,7 +1526,6 @@ def test_prefill_configs_hold_the_legal_points_their_comments_state(name: str, c
     comment = " ".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
     assert f"{points}" in comment
     cfg = load_config(path)
-    assert not {"seeds/kda_prefill_bf16u.json", "seeds/kda_prefill_pdl.json"} & set(cfg.search.seed_tables)
     with Store.open(":memory:") as s:
         ses = Session(cfg, s, "check")
         assert len(ses.cells) == cells
@@ -1975,10 +1533,9 @@ def test_prefill_configs_hold_the_legal_points_their_comments_state(name: str, c
         for c in ses.cells:
             legal = t.legal_points(ARCH, c.dtypes_dict(), c.dims_dict())
             assert len(legal) == points, c.label()
-            assert not any(p["prep_u"] == "bf16" or p["pdl"] for p in legal)
 
 
-# ---- prep_round (tf32 by one integer add) and prep_blocks (the split prep's CTAs an SM) ----------------------
+# ---- prep_round: tf32 by one integer add ---------------------------------------------------------------------
 
 def tf32_add(x: np.ndarray) -> np.ndarray:
     """prep_round = add as the kernel does it, read as the tensor core reads a tf32 operand: the bit pattern plus
@@ -2014,31 +1571,20 @@ def test_prep_round_add_is_cvt_rna_on_finite_values():
     assert np.abs(got.astype(np.float64) - x).max() <= np.abs(x.astype(np.float64)).max() * 2.0**-11
 
 
-def test_prep_round_and_prep_blocks_render_and_build_spill_free():
-    """prep_round = add replaces every cvt.rna of launch 1 by the add (launch 2 has none); prep_blocks 4 renders
-    __launch_bounds__(256, 4), legal only on the split prep at chunk 32 and 256 threads, and caps the prep at 64
-    registers with no spills or stack (4 CTAs an SM instead of 3), in fla's default call and (each rounding and
-    prep_blocks once) the model's call."""
+def test_prep_round_renders_and_builds_spill_free():
+    """prep_round = add replaces every cvt.rna of launch 1 by the add (launch 2 has none) and builds spill-free, in
+    fla's default call and (each rounding once) the model's call."""
     base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 256, "stage_in": True,
-                                    "u_prefetch": True, "prep_diag": "split", "recur_lean": True, "recur_ldsm": True}
+                                    "u_prefetch": True, "recur_lean": True, "recur_ldsm": True}
     c = PREFILL_CELLS[0]
     cvt, add = source(TDEF, c, base), source(TDEF, c, base | {"prep_round": "add"})
     assert 'asm("cvt.rna.tf32.f32' in cvt and 'asm("cvt.rna' not in add and "+ 0x1000u" in add
     assert add.split("kda_chunk_recur(", 1)[1] == cvt.split("kda_chunk_recur(", 1)[1]  # launch 2 untouched
-    assert "__launch_bounds__(256, 4)" in source(TDEF, c, base | {"prep_blocks": 4})
-    for q in ({"prep_threads": 128}, {"prep_diag": "folded"}, {"chunk": 64, "u_prefetch": False, "stages": 3}):
-        assert "prep_blocks_where_rendered" in TDEF.violations(base | q | {"prep_blocks": 4}, ARCH, c.dtypes_dict(),
-                                                               c.dims_dict()), q
-    points = [base | {"prep_round": r, "prep_blocks": b} for r in ("cvt", "add") for b in (3, 4)]
-    points.append(base | {"prep_round": "add", "prep_blocks": 4, "prep_exp": "fast"})
+    points = [base | {"prep_round": r} for r in ("cvt", "add")] + [base | {"prep_round": "add", "prep_exp": "fast"}]
     for cc in (c, MODEL_VARLEN):
         for p in points:
             assert TDEF.is_valid(p, ARCH, cc.dtypes_dict(), cc.dims_dict()), (cc.label(), p)
-        pts = points if cc is c else covering(points, "prep_round", "prep_blocks")
-        for p, res in zip(pts, compile_clean(cc, pts)):
-            regs = res["kda_chunk_prep"].regs
-            assert regs <= (64 if p["prep_blocks"] == 4 else 80), (cc.label(), p, regs)
-            assert prep_ctas_per_sm(p, regs) == p["prep_blocks"], (cc.label(), p, regs)
+        compile_clean(cc, points if cc is c else covering(points, "prep_round"))
 
 
 # ---- prep_vec: the elementwise outputs eight elements a thread -------------------------------------------------
@@ -2054,8 +1600,8 @@ def test_prep_vec_is_legal_exactly_with_stage_in_and_off_renders_the_scalar_loop
     p = TDEF.default_params() | {"prep_vec": True}
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["prep_vec_reads_staged_tiles"]
     base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 6, "prep_threads": 128, "stage_in": True,
-                                    "u_prefetch": True, "prep_diag": "split", "recur_lean": True, "recur_ldsm": True,
-                                    "prep_round": "add", "prep_exp": "fast"}
+                                    "u_prefetch": True, "recur_lean": True, "recur_ldsm": True, "prep_round": "add",
+                                    "prep_exp": "fast"}
     off, vec = source(TDEF, c, base), source(TDEF, c, base | {"prep_vec": True})
     assert off.split("kda_chunk_recur(", 1)[1] == vec.split("kda_chunk_recur(", 1)[1]
     assert "ws_qg + (cidx * C + t) * K + c) = make_uint4(" in vec and "ws_kg + (cidx * K + c) * C + t) = make_uint4(" in vec
@@ -2085,8 +1631,8 @@ def test_prep_vec_builds_spill_free_in_both_calls():
     without spills, stack or static smem in fla's default call, and at chunk 64 and the GA's point at 256 threads (each
     chunk and threads once) in the model's call (q/k L2 norm, beta logits, raw gate), at the scalar loops' occupancy."""
     base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True,
-                                    "prep_diag": "split", "recur_lean": True, "recur_ldsm": True, "prep_round": "add",
-                                    "prep_exp": "fast", "prep_vec": True}
+                                    "recur_lean": True, "recur_ldsm": True, "prep_round": "add", "prep_exp": "fast",
+                                    "prep_vec": True}
     points = [base | {"prep_threads": 128}, base | {"prep_threads": 256},
               TDEF.default_params() | {"chunk": 64, "stage_in": True, "prep_vec": True}]
     for cc in (PREFILL_CELLS[0], MODEL_VARLEN):
@@ -2102,14 +1648,13 @@ def test_prep_vec_builds_spill_free_in_both_calls():
 # ---- prep_diag = mma: the diagonal blocks by tf32 mma.sync, the exact path where a chunk's decay is wide -----------
 
 def test_mma_diag_legality():
-    """mma is offered on the vectorized prep with the one-add tf32 rounding only: one more point for each such split
-    point (prep_blocks 4 is rendered for split only), refused elsewhere by its own constraint."""
+    """mma is offered on the vectorized prep with the one-add tf32 rounding only: one more point for each such
+    warp_row point, refused elsewhere by its own constraint."""
     c = PREFILL_CELLS[0]
     legal = all_legal(c, ksplit=True)
-    on = [p for p in legal if p["prep_diag"] == "mma" and p["prep_inv"] == "rows"  # (blocked: its own test below)
+    on = [p for p in legal if p["prep_diag"] == "mma"
           and p["prep_exp"] != "ex2" and p["prep_addr"] == "swz"]  # (ex2, rowcol: test_ex2_rowcol_legality)
-    base = [p for p in legal if p["prep_diag"] == "split" and p["prep_vec"] and p["prep_round"] == "add"
-            and p["prep_blocks"] == 3]
+    base = [p for p in legal if p["prep_diag"] == "warp_row" and p["prep_vec"] and p["prep_round"] == "add"]
     assert on and sorted(map(str, on)) == sorted(str(p | {"prep_diag": "mma"}) for p in base)
     p = TDEF.default_params() | {"stage_in": True, "prep_diag": "mma"}
     assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == ["mma_diag_on_the_vec_prep"]
@@ -2119,11 +1664,11 @@ def test_mma_diag_legality():
 
 def test_mma_diag_renders_both_paths_and_leaves_the_rest():
     """The rendered prep holds the flag (found at the barrier after the decay's sum), the tensor-core diagonal and
-    warp_row's exact diagonal as its fallback; launch 2 is the split point's."""
+    warp_row's exact diagonal as its fallback; launch 2 is the warp_row point's."""
     c = PREFILL_CELLS[0]
     base = TDEF.default_params() | {"chunk": 32, "prep_threads": 128, "warps": 2, "stages": 6, "prep_exp": "fast"} | MMA_DIAG
-    mma, split = source(TDEF, c, base), source(TDEF, c, base | {"prep_diag": "split"})
-    assert mma.split("kda_chunk_recur(", 1)[1] == split.split("kda_chunk_recur(", 1)[1]
+    mma, row = source(TDEF, c, base), source(TDEF, c, base | {"prep_diag": "warp_row"})
+    assert mma.split("kda_chunk_recur(", 1)[1] == row.split("kda_chunk_recur(", 1)[1]
     prep = mma.split("kda_chunk_recur(", 1)[0]
     assert "const bool wide = __syncthreads_or(wide_here) != 0;" in prep and "constexpr float DIAG_RANGE = 60.f;" in prep
     fallback, tensor = prep.split("if (wide) {", 1)[1].split("} else {", 1)
@@ -2159,10 +1704,10 @@ def test_mma_diag_takes_the_exact_path_exactly_where_the_factors_would_overflow(
     assert seen == {True, False}
 
 
-def test_mma_diag_builds_spill_free_at_the_split_occupancy():
+def test_mma_diag_builds_spill_free_at_the_warp_row_occupancy():
     """The mma prep kernel at every (chunk 32, 64) x (128, 256 threads) and every prep_exp at each chunk (4 of the 8)
     builds for sm_90a without spills, stack or static smem, in fla's default call, and at the fast exp at each chunk and
-    threads in the model's (q/k L2 norm, beta logits, raw gate), at the split prep's CTAs an SM."""
+    threads in the model's (q/k L2 norm, beta logits, raw gate), at the warp_row prep's CTAs an SM."""
     base = TDEF.default_params() | {"warps": 2, "stages": 3} | MMA_DIAG
     points = [base | {"chunk": ch, "prep_threads": pt, "prep_exp": ex}
               for ch in (32, 64) for pt in (128, 256) for ex in ("expf", "fast")]
@@ -2170,9 +1715,9 @@ def test_mma_diag_builds_spill_free_at_the_split_occupancy():
         pts = (covering(points, lambda p: (p["chunk"], p["prep_threads"]), lambda p: (p["chunk"], p["prep_exp"]))
                if cc is PREFILL_CELLS[0] else covering(points[1::2], "chunk", "prep_threads"))
         for p, res in zip(pts, compile_clean(cc, pts)):
-            split = compile_point(cc, p | {"prep_diag": "split"})
+            row = compile_point(cc, p | {"prep_diag": "warp_row"})
             assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) == prep_ctas_per_sm(
-                p, dict(split.resources)["kda_chunk_prep"].regs), (cc.label(), p)
+                p, dict(row.resources)["kda_chunk_prep"].regs), (cc.label(), p)
 
 
 # ---- prep_exp = ex2 (G in base 2, one ex2.approx.ftz an exponential) and prep_addr = rowcol (launch 1's offsets) -----
@@ -2193,7 +1738,7 @@ def test_ex2_rowcol_legality():
                 and p["prep_exp"] == ("fast" if exp == "ex2" else exp)]
         assert on and sorted(str(p | {"prep_exp": exp, "prep_addr": addr}) for p in base) == sorted(map(str, on))
     assert len([p for p in legal if p["prep_exp"] == "ex2" or p["prep_addr"] == "rowcol"]) == 2 * len(mma)
-    p = TDEF.default_params() | {"stage_in": True, "prep_vec": True, "prep_round": "add", "prep_diag": "split"}
+    p = TDEF.default_params() | {"stage_in": True, "prep_vec": True, "prep_round": "add", "prep_diag": "warp_row"}
     assert TDEF.violations(p | {"prep_exp": "ex2"}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["ex2_on_the_mma_prep"]
     assert TDEF.violations(p | {"prep_addr": "rowcol"}, ARCH, c.dtypes_dict(), c.dims_dict()) == [
         "rowcol_on_the_mma_prep"]
@@ -2344,65 +1889,14 @@ def test_ex2_and_rowcol_build_spill_free_at_the_mma_occupancy():
                 p, dict(ref.resources)["kda_chunk_prep"].regs), (cc.label(), p)
 
 
-# ---- prep_inv = blocked: (I + beta A_kk)^-1 by 16x16 blocks (chunk 32) ------------------------------------------
-
-def test_blocked_inverse_legality():
-    """blocked is written for chunk 32 and offered on the mma prep: one more point for each mma point at chunk 32."""
-    c = PREFILL_CELLS[0]
-    legal = all_legal(c, ksplit=True)
-    on = [p for p in legal if p["prep_inv"] == "blocked"]
-    base = [p for p in legal if p["prep_diag"] == "mma" and p["chunk"] == 32 and p["prep_inv"] == "rows"]
-    assert on and sorted(map(str, on)) == sorted(str(p | {"prep_inv": "blocked"}) for p in base)
-    p = TDEF.default_params() | {"chunk": 32, "prep_threads": 128} | MMA_DIAG | {"prep_inv": "blocked"}
-    assert TDEF.violations(p, ARCH, c.dtypes_dict(), c.dims_dict()) == []
-    for bad in ({"chunk": 64}, {"prep_diag": "split"}):
-        assert TDEF.violations(p | bad, ARCH, c.dtypes_dict(), c.dims_dict()) == ["blocked_inverse_at_chunk_32"]
-
-
-def test_blocked_inverse_matches_the_row_substitution():
-    """The blocked algorithm as the kernel orders it (diagonal blocks, P = beta_2 A_21 Tinv_11, -Tinv_22 P) against
-    float64 inverses of I + diag(beta) A on random strictly lower A of the prep's sizes, and the kernel renders that
-    order: 16-row chains on half-warps, P into the upper-right block, -Tinv_22 P over A_21."""
-    rng = np.random.default_rng(3)
-    akk = (rng.standard_normal((64, 32, 32)) * 0.3).astype(f32)
-    beta = rng.uniform(0, 1, (64, 32)).astype(f32)
-    tinv = np.zeros_like(akk)
-    for b in (slice(0, 16), slice(16, 32)):
-        tinv[:, b, b] = forward_substitution(akk[:, b, b], beta[:, b])
-    pm = (beta[:, 16:, None] * mm(akk[:, 16:, :16], tinv[:, :16, :16])).astype(f32)
-    tinv[:, 16:, :16] = -mm(tinv[:, 16:, 16:], pm)
-    want = np.linalg.inv(np.eye(32) + beta[..., None].astype(np.float64) * np.tril(akk.astype(np.float64), -1))
-    rows = forward_substitution(akk, beta)
-    scale = np.abs(want).max()
-    assert np.abs(tinv - want).max() < 1e-5 * scale and np.abs(rows - want).max() < 1e-5 * scale
-    assert np.abs(tinv[:, 16:, :16]).max() > 0.1  # the off-diagonal block is not trivially zero
-    src = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | {"chunk": 32, "prep_threads": 128, "warps": 2} | MMA_DIAG
-                 | {"prep_inv": "blocked"})
-    prep = " ".join(src.split("kda_chunk_recur(", 1)[0].split())
-    for line in ("const int b0 = 16 * (tid / 16), j = tid % 16;",
-                 "for (int m = 0; m < i; ++m) s = fmaf(A_AT(b0 + i, b0 + m), tc[m], s);",
-                 "s = fmaf(A_AT(16 + i, m), A_AT(m, j), s);", "A_AT(i, 16 + j) = beta_at(16 + i) * s;",
-                 "s = fmaf(A_AT(16 + i, 16 + m), A_AT(m, 16 + j), s);", "A_AT(16 + i, j) = -s;"):
-        assert line in prep, line
-    assert "float tc[C];" not in prep
-
-
-def test_blocked_inverse_builds_spill_free():
-    """The blocked inverse at 128 and 256 threads builds without spills at the row substitution's CTAs an SM."""
-    base = TDEF.default_params() | {"chunk": 32, "warps": 2, "stages": 3, "prep_exp": "fast"} | MMA_DIAG
-    points = [base | {"prep_threads": pt, "prep_inv": "blocked"} for pt in (128, 256)]
-    for p, res in zip(points, compile_clean(PREFILL_CELLS[0], points)):
-        rows = compile_point(PREFILL_CELLS[0], p | {"prep_inv": "rows"})
-        assert prep_ctas_per_sm(p, res["kda_chunk_prep"].regs) >= prep_ctas_per_sm(
-            p, dict(rows.resources)["kda_chunk_prep"].regs), p
-
-
 # ---- kwarps: launch 2 with K split across the warps of a value group ----------------------------------------------
 
-# legal points with kwarps 2 or 4 on PREFILL_CELLS[0]: 18 recurrences x their prep points (1256 before prep_diag = mma
-# added 80 and prep_inv = blocked 68; prep_exp = ex2 and prep_addr = rowcol then repeat those 148 mma points twice more;
-# ksplit_2_spills_at_chunk_64 then refused the 136 on the two kwarps-2 recurrences at chunk 64, which spill)
-KSPLIT_POINTS = 1404 + 2 * 148 - 136
+# legal points with kwarps 2 or 4 on PREFILL_CELLS[0]: 18 recurrences (kwarps 2 at chunk 32: warps 1, 2 at stages 3, 4,
+# 6, warps 4 at stages 3, 4, warps 8 at stages 3; kwarps 4 likewise but warps 8; kwarps 4 at chunk 64: warps 1, stages
+# 3; ksplit_2_spills_at_chunk_64 refuses kwarps 2 there) x 36 prep points each: at each prep_threads, the warp_row prep
+# at 2 exponentials x 2 roundings x 3 loads (unstaged, staged, staged and vectorized: 12) and the mma prep (staged,
+# vectorized, one add) at 3 exponentials x 2 offsets (6)
+KSPLIT_POINTS = 18 * 2 * (2 * 2 * 3 + 3 * 2)
 ONE_WARP_OPTIONS = ("state_split", "u_prefetch", "recur_lean", "recur_ldsm", "recur_fuse")
 
 
@@ -3010,12 +2504,12 @@ WU_BASE = TDEF.default_params() | MMA_DIAG | {"chunk": 32, "prep_threads": 128, 
 
 
 def test_prep_wu_legality():
-    """bf16 is offered on the rowcol prep with the row-a-thread inverse: every such tf32 point of the space has a legal
-    bf16 twin, and every other legal point's twin breaks exactly bf16_wu_on_the_rowcol_prep."""
+    """bf16 is offered on the rowcol prep: every such tf32 point of the space has a legal bf16 twin, and every other
+    legal point's twin breaks exactly bf16_wu_on_the_rowcol_prep."""
     assert TDEF.values("prep_wu") == ("tf32", "bf16")
     c = PREFILL_CELLS[0]
     legal = all_legal(c, ksplit=True)
-    ok = [p for p in legal if p["prep_addr"] == "rowcol" and p["prep_inv"] == "rows"]
+    ok = [p for p in legal if p["prep_addr"] == "rowcol"]
     assert len(ok) > 100
     rest = [p for p in legal if p not in ok]
     for p in ok + random.Random(5).sample(rest, 300):
@@ -3167,7 +2661,7 @@ def test_recur_early_legality():
     ks = [p for p in all_legal(c, ksplit=True) if p["kwarps"] > 1]
     one = [p for p in all_legal(c) if p["kwarps"] == 1]
     lean = [p | {"recur_addr": "carry"} for p in one if p["recur_lean"] and p["recur_ldsm"] and not p["recur_fuse"]]
-    assert len(ks) > 1000 and lean and all(p["recur_early"] == "none" for p in ks + one)
+    assert len(ks) == KSPLIT_POINTS and lean and all(p["recur_early"] == "none" for p in ks + one)
     assert all(TDEF.violations(p, ARCH, dt, dims) == [] for p in lean)
     for v in ("mid", "late"):
         for p in ks:
@@ -3223,73 +2717,22 @@ def test_recur_early_moves_the_slot_loads_and_drops_the_refill_branch(early: str
             assert min(copies) > max(i for i, x in enumerate(lp) if "STG" in x)
 
 
-# ---- prep_aref = chunk: chunk 32's A factored once at token 16 ---------------------------------------------------------
-
-AREF_BASE = {"chunk": 32, "prep_diag": "mma", "prep_exp": "ex2", "prep_addr": "rowcol", "prep_round": "add",
-             "prep_vec": True, "stage_in": True, "prep_threads": 128}
-
-
-def test_prep_aref_legality():
-    """chunk is offered on the mma prep at chunk 32 with the rowcol offsets at 128 threads (every such legal point
-    takes it), and elsewhere breaks exactly chunk_reference_on_the_mma_prep_at_chunk_32."""
-    assert TDEF.values("prep_aref") == ("block", "chunk")
-    c = PREFILL_CELLS[0]
-    dt, dims = c.dtypes_dict(), c.dims_dict()
-    pts = all_legal(c, ksplit=True)
-    ok = [p for p in pts if p["chunk"] == 32 and p["prep_diag"] == "mma" and p["prep_addr"] == "rowcol"
-          and p["prep_threads"] == 128]
-    rest = [p for p in pts if p not in ok]
-    assert len(ok) > 1000 and len(rest) > 1000 and all(p["prep_aref"] == "block" for p in pts)
-    assert all(TDEF.violations(p | {"prep_aref": "chunk"}, ARCH, dt, dims) == [] for p in ok)
-    assert all(TDEF.violations(p | {"prep_aref": "chunk"}, ARCH, dt, dims)
-               == ["chunk_reference_on_the_mma_prep_at_chunk_32"] for p in rest[::7])
-
-
-def test_prep_aref_chunk_forms_each_fragment_once_with_fewer_instructions():
-    """With tf32 and bf16 w, u, on fla's default call and the model's varlen call: the chunk-reference prep builds
-    spill-free at no fewer CTAs an SM,
-    and its A loop (12 HMMA and 16 MUFU a channel step: two row tiles' q, k fragments, four column tiles' k fragments,
-    once) run K / 16 times by two warps issues fewer instructions than block's diagonal loop (4 HMMA, 8 MUFU) run
-    K / 8 times by two warps plus its off-diagonal loop (4 HMMA, 8 MUFU) run K / 8 times by one, which stay (a wide
-    chunk's path) but are not run on the others."""
-    from evo.build.sass import disassemble, inner_loops
-
-    for c in (PREFILL_CELLS[0], MODEL_VARLEN):
-        K = c.dim("K")
-        for wu in ("tf32", "bf16"):
-            p = TDEF.default_params() | AREF_BASE | {"prep_wu": wu}
-            chunk, block = compile_clean(c, [p | {"prep_aref": "chunk"}, p | {"prep_aref": "block"}])
-            assert prep_ctas_per_sm(p, chunk["kda_chunk_prep"].regs) >= prep_ctas_per_sm(p, block["kda_chunk_prep"].regs)
-            loops = {}
-            for aref in ("chunk", "block"):
-                lines = disassemble(compile_point(c, p | {"prep_aref": aref}).cubin, "kda_chunk_prep")
-                loops[aref] = [lp for lp in inner_loops(lines) if lp.count("HMMA") and lp.count("MUFU")]
-            (new,) = [lp for lp in loops["chunk"] if lp.count("HMMA") == 12]
-            assert new.count("MUFU") == 16
-            diag, off = sorted((lp for lp in loops["block"] if lp.count("HMMA") == 4), key=lambda lp: lp.first)
-            assert all(lp.count("MUFU") == 8 for lp in (diag, off))
-            assert [lp.size for lp in loops["chunk"] if lp.count("HMMA") == 4] == [off.size]  # the wide chunks' path
-            assert new.size * (K // 16) * 2 < diag.size * (K // 8) * 2 + off.size * (K // 8), (c, wu, new, diag, off)
-
-
 # ---- prep_v = late: v staged over q after the A phase (6 prep CTAs an SM) ---------------------------
 
-VLATE_BASE = AREF_BASE | {"prep_wu": "bf16"}
+VLATE_BASE = {"chunk": 32, "prep_diag": "mma", "prep_exp": "ex2", "prep_addr": "rowcol", "prep_round": "add",
+              "prep_vec": True, "stage_in": True, "prep_threads": 128, "prep_wu": "bf16"}
 
 
 def test_prep_v_legality():
-    """late is offered on the staged bf16 w, u prep at 128 threads with A factored at the blocks' own tokens (every
-    such point takes it), and elsewhere breaks exactly late_v_on_the_bf16_wu_prep_at_128_threads."""
+    """late is offered on the staged bf16 w, u prep at 128 threads (every such point takes it), and elsewhere breaks
+    exactly late_v_on_the_bf16_wu_prep_at_128_threads."""
     assert TDEF.values("prep_v") == ("early", "late")
     c = PREFILL_CELLS[0]
-    dt, dims = c.dtypes_dict(), c.dims_dict()
     legal = all_legal(c, ksplit=True)
-    bf16 = [p | {"prep_wu": "bf16"} for p in legal if p["prep_addr"] == "rowcol" and p["prep_inv"] == "rows"]
+    bf16 = [p | {"prep_wu": "bf16"} for p in legal if p["prep_addr"] == "rowcol"]
     ok = [p for p in bf16 if p["stage_in"] and p["prep_threads"] == 128]
     rest = [p for p in legal + bf16 if p not in ok]
     assert_offered_exactly(c, {"prep_v": "late"}, ok, rest, "late_v_on_the_bf16_wu_prep_at_128_threads")
-    assert TDEF.violations(ok[0] | {"prep_v": "late", "prep_aref": "chunk"}, ARCH, dt, dims) == [
-        "late_v_on_the_bf16_wu_prep_at_128_threads"]
 
 
 def assert_offered_exactly(c: Cell, over: dict, ok: list[dict], rest: list[dict], constraint: str) -> None:
@@ -3344,166 +2787,20 @@ def test_prep_v_late_fits_six_ctas_an_sm_with_the_same_copies():
         assert count["late"]["DEPBAR"] > count["early"]["DEPBAR"]
 
 
-# ---- prep_aoff = two: the off-diagonal block's A_kk and A_qk on two warps ----------------------------
-
-def test_prep_aoff_legality():
-    """two is offered on the mma prep at chunk 32 and 128 threads with A factored at the blocks' own tokens (every
-    such point takes it), and elsewhere breaks exactly two_warp_off_diagonal_on_the_mma_prep_at_128_threads."""
-    assert TDEF.values("prep_aoff") == ("one", "two")
-    c = PREFILL_CELLS[0]
-    dt, dims = c.dtypes_dict(), c.dims_dict()
-    legal = all_legal(c, ksplit=True)
-    ok = [p for p in legal if p["chunk"] == 32 and p["prep_diag"] == "mma" and p["prep_threads"] == 128]
-    rest = [p for p in legal if p not in ok]
-    assert_offered_exactly(c, {"prep_aoff": "two"}, ok, rest, "two_warp_off_diagonal_on_the_mma_prep_at_128_threads")
-    aref = [p | {"prep_aref": "chunk"} for p in ok if p["prep_addr"] == "rowcol"][0]
-    assert TDEF.violations(aref | {"prep_aoff": "two"}, ARCH, dt, dims) == [
-        "two_warp_off_diagonal_on_the_mma_prep_at_128_threads"]
-
-
-def test_prep_aoff_two_writes_each_product_once_from_its_own_warp():
-    """In the rendered prep: the off-diagonal block's A_kk is written to A by warp 0 only and its A_qk to the workspace
-    by warp NW - 1 only, each from the same row factor, k column fragments and mma as one's loop, and one's loop (both
-    products on warp (I - 1) % NW) is gone."""
-    c = PREFILL_CELLS[0]
-    p = TDEF.default_params() | VLATE_BASE | {"prep_v": "late"}
-    one, two = (source(TDEF, c, p | {"prep_aoff": a}) for a in ("one", "two"))
-    assert "if (warp != (I - 1) % NW" in one and "if (warp != (I - 1) % NW" not in two
-    bodies = re.findall(r"if \(warp == (0|NW - 1)\) \{\n    constexpr int r = 16;(.*?)\n  \}\n", two, re.S)
-    assert [w for w, _ in bodies] == ["0", "NW - 1"]
-    (_, kk), (_, qk) = bodies
-    assert "A_AT(r + grp, j) = acc[n][0];" in kk and "ws_aqk" not in kk
-    assert "ws_aqk + (cidx * C + r + grp) * C + j) = pack_bf16(scale * acc[n][0]" in qk and "A_AT(r + grp, j) =" not in qk
-    assert "qk_at(ks, rows[e], cols[e])" in kk and "qk_at(qs, rows[e], cols[e])" in qk
-    for body in (kk, qk):  # the column fragments: k with the factor exp(G_r - G_j), as one's
-        assert "qk_at(ks, j, c0 + tig) * ex2(gr0 - G_AT(j, c0 + tig))" in body
-        assert body.count("mma_tf32(") == 1
-
-
-def test_prep_aoff_two_builds_two_shorter_loops_at_the_same_occupancy():
-    """Spill-free at the same CTAs an SM (with v late: 6); one's off-diagonal loop (4 HMMA, 8 MUFU a k-step) becomes
-    two loops of 2 HMMA and 8 MUFU, each shorter than it; the diagonal loop is unchanged: v early and late in fla's
-    default call, v late in the model's call."""
-    from evo.build.sass import disassemble, inner_loops
-
-    for c in (PREFILL_CELLS[0], MODEL_VARLEN):
-        for v in ("early", "late") if c is PREFILL_CELLS[0] else ("late",):
-            p = TDEF.default_params() | VLATE_BASE | {"prep_v": v}
-            one, two = compile_clean(c, [p, p | {"prep_aoff": "two"}])
-            assert prep_ctas_per_sm(p, two["kda_chunk_prep"].regs) == prep_ctas_per_sm(p, one["kda_chunk_prep"].regs)
-            loops = {}
-            for a in ("one", "two"):
-                lines = disassemble(compile_point(c, p | {"prep_aoff": a}).cubin, "kda_chunk_prep")
-                loops[a] = sorted((lp for lp in inner_loops(lines) if lp.count("HMMA") in (2, 4)), key=lambda lp: lp.first)
-            diag, off = loops["one"]
-            assert [lp.count("HMMA") for lp in loops["two"]] == [4, 2, 2]
-            assert loops["two"][0].size == diag.size
-            assert all(lp.count("MUFU") == 8 and lp.size < off.size for lp in loops["two"][1:])
-
-
-# ---- prep_u = bf16: u written to the workspace as bf16 and widened by the K-split carry recurrence ----------
+# ---- the K-split carry recurrence's u in the ring ------------------------------------------------------------
 
 # kda_prefill_h100_5's B1-T8192 winner: the K-split carry recurrence under the bf16 w, u prep with v staged late
-BF16U_BASE = VLATE_BASE | {"prep_v": "late", "kwarps": 2, "warps": 2, "stages": 4, "recur_addr": "carry",
+CARRY_BASE = VLATE_BASE | {"prep_v": "late", "kwarps": 2, "warps": 2, "stages": 4, "recur_addr": "carry",
                            "recur_early": "late"}
 
 
-def carry_ksplit_points(c: Cell) -> list[dict]:
-    legal = [p for p in all_legal(c, ksplit=True)
-             if p["kwarps"] > 1 and p["chunk"] == 32 and p["prep_diag"] == "mma" and p["prep_addr"] == "rowcol"]
-    pts = [p | {"recur_addr": "carry", "recur_early": e} for p in legal for e in ("none", "mid", "late")]
-    return pts + [p | {"prep_wu": "bf16"} for p in pts if p["prep_inv"] == "rows"]
-
-
-def test_prep_u_legality():
-    """bf16 is offered on the K-split carry recurrence at 2 or more warps a value group (every such point takes it),
-    elsewhere it breaks exactly bf16_u_on_the_carry_split_k_recurrence, and so it does at beta = 2 sigmoid."""
-    assert TDEF.values("prep_u") == ("fp32", "bf16")
-    c = PREFILL_CELLS[0]
-    legal = all_legal(c, ksplit=True)
-    carry = [p | {"recur_addr": "carry"} for p in legal if p["kwarps"] > 1]
-    carry = [p for p in carry if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())]
-    ok = [p for p in carry if p["warps"] >= 2]
-    rest = [p for p in legal + carry if p not in ok]
-    assert any(p["warps"] == 1 for p in rest if p["kwarps"] > 1)
-    assert_offered_exactly(c, {"prep_u": "bf16"}, ok, rest, "bf16_u_on_the_carry_split_k_recurrence")
-    sig2 = VARIANT_CELLS[1]
-    assert variant_of(sig2).beta_act is BetaAct.SIGMOID2
-    p = TDEF.default_params() | BF16U_BASE
-    assert TDEF.violations(p | {"prep_u": "bf16"}, ARCH, c.dtypes_dict(), c.dims_dict()) == []
-    assert TDEF.violations(p | {"prep_u": "bf16"}, ARCH, sig2.dtypes_dict(), sig2.dims_dict()) == [
-        "bf16_u_on_the_carry_split_k_recurrence"]
-
-
-def test_prep_u_bf16_stores_and_reads_u_as_bf16_and_nothing_else_changes():
-    """The rendered bf16 source differs from fp32's only in u: the prep's u stores as packed bf16 pairs (no float2
-    store to ws_u left), the recurrence's ws_u and su as bf16, its u words widened from bf16 loads, the slot's u rows
-    16 W bf16 (2 W 16-byte pieces) at the same swizzle's 8-line periods; -w's stores and every other line alike."""
-    c = PREFILL_CELLS[0]
-    p = TDEF.default_params() | BF16U_BASE
-    fp, bf = (source(TDEF, c, p | {"prep_u": u}) for u in ("fp32", "bf16"))
-    assert "reinterpret_cast<float2*>(ws_u" in fp and "reinterpret_cast<float2*>(ws_u" not in bf
-    assert bf.count("reinterpret_cast<unsigned*>(ws_u") == fp.count("reinterpret_cast<float2*>(ws_u") > 0
-    assert "bf16* __restrict__ ws_u" in bf and "const bf16* su = ws_u" in bf
-    assert bf.count("__bfloat162float(*reinterpret_cast<const bf16*>(sl + uo_") == 1  # recur_early late: one read
-    assert "constexpr int SLOT = OFF_U + C * 16 * W * 2;" in bf and "constexpr int SLOT = OFF_U + C * 16 * W * 4;" in fp
-    gone = set(fp.splitlines()) - set(bf.splitlines())
-    assert gone and all("ws_u" in ln or "su" in ln or "OFF_U" in ln or "W * 4" in ln or "4 * W" in ln
-                        or "fp32, 4 W" in ln or "64 * W" in ln for ln in gone), sorted(gone)
-
-
-@pytest.mark.parametrize("c", [PREFILL_CELLS[0], MODEL_VARLEN], ids=lambda c: c.label())
-def test_prep_u_bf16_builds_spill_free_with_half_the_u_traffic(c: Cell):
-    """Spill-free with the prep at the same CTAs an SM; the recurrence's smem smaller by a slot's half of u a stage;
-    its u copies (16-byte LDGSTS) halved, its 16 u words a chunk read by 16-bit shared loads; as many mma either way."""
-    from evo.build.sass import disassemble
-
-    p = TDEF.default_params() | BF16U_BASE
-    fp, bf = compile_clean(c, [p, p | {"prep_u": "bf16"}])
-    assert prep_ctas_per_sm(p, bf["kda_chunk_prep"].regs) == prep_ctas_per_sm(p, fp["kda_chunk_prep"].regs) == 6
-    smem = {u: TDEF.plan(p | {"prep_u": u}, ARCH, c.dtypes_dict(), c.dims_dict())[0][-1].smem for u in ("fp32", "bf16")}
-    assert smem["fp32"] - smem["bf16"] == p["stages"] * 32 * 16 * p["warps"] * 2
-    ws = {u: TDEF.plan(p | {"prep_u": u}, ARCH, c.dtypes_dict(), c.dims_dict())[1]["ws_u"] for u in ("fp32", "bf16")}
-    assert ws["fp32"] == 2 * ws["bf16"] > 0
-    count = {}
-    for u in ("fp32", "bf16"):
-        cubin = compile_point(c, p | {"prep_u": u}).cubin
-        lines = disassemble(cubin, "kda_chunk_recur")
-        count[u] = {op: sum(1 for x in lines if op in x) for op in ("LDGSTS", "LDS.U16", "HMMA")}
-        count[u]["prep HMMA"] = sum(1 for x in disassemble(cubin, "kda_chunk_prep") if "HMMA" in x)
-    nu = 32 * 4 * p["warps"] // (32 * p["warps"] * p["kwarps"])  # fp32 u pieces a thread a chunk
-    assert count["fp32"]["LDS.U16"] == 0 and count["bf16"]["LDS.U16"] == 16
-    assert count["fp32"]["LDGSTS"] - count["bf16"]["LDGSTS"] == nu // 2 * p["stages"]
-    assert count["fp32"]["HMMA"] == count["bf16"]["HMMA"] and count["fp32"]["prep HMMA"] == count["bf16"]["prep HMMA"]
-
-
-def test_prep_u_bf16_keeps_the_margin_on_every_variant_it_serves_and_not_at_beta_2():
-    """The emulation with u rounded to bf16 (prep_u's only arithmetic change; the plain cells: EMU_POINTS' last, in
-    test_emulated_template_matches_the_float64_reference) within 0.85 of the tolerance on every variant cell where it
-    is legal, and past 0.85 on a beta = 2 sigmoid cell (the constraint refuses it on every such cell)."""
-    p = TDEF.default_params() | EMU_POINTS[-1]
-    assert p["prep_u"] == "bf16"
-    refused = []
-    for c in VARIANT_CELLS:
-        legal = TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())
-        assert legal == (variant_of(c).beta_act is not BetaAct.SIGMOID2), c.label()
-        worst = 0.0
-        for kind, src, name, sign, ok, share in emulated_shares(c, p, variant_inputs(c)):
-            assert ok, (c.label(), kind, src, name, sign, share)
-            worst = max(worst, share)
-        if legal:
-            assert worst < 0.85, (c.label(), worst)
-        else:
-            refused.append(worst)
-    assert len(refused) == 2 and max(refused) > 0.85, refused
-
-
-def u_slot_layout(ub: int, W: int, KW: int, C: int = 32, V: int = 128) -> tuple[dict, int]:
-    """The K-split carry recurrence's u in a ring slot, modelled from the rendered formulas at ub bytes an element
-    (4: fp32, 2: bf16): each thread's pieces (ou_[0] + j NTH 16 from su + j (NTH / (ub W)) V, asserted equal to piece
+def u_slot_layout(W: int, KW: int, C: int = 32, V: int = 128) -> tuple[dict, int]:
+    """The K-split carry recurrence's u (fp32) in a ring slot, modelled from the rendered formulas: each thread's
+    pieces (ou_[0] + j NTH 16 from su + j (NTH / (4 W)) V, asserted equal to piece
     i = tid + j NTH's own swizzled offset and source), and every lane's 4 u words of each token tile n (uo_[n & 1][e]
     plus n / 2 16-row periods) asserted to hold u[8 n + 2 tig + e % 2][vl + 8 (e / 2)]. Returns the slot's byte map
     and the most distinct 4-byte words one bank serves in one warp-wide read."""
+    ub = 4
     NTH, RB, P, EPP = 32 * W * KW, 16 * ub * W, ub * W, 16 // ub
     slot: dict[int, tuple[int, int]] = {}
     for tid in range(NTH):
@@ -3533,91 +2830,13 @@ def u_slot_layout(ub: int, W: int, KW: int, C: int = 32, V: int = 128) -> tuple[
 
 
 @pytest.mark.parametrize("W, KW", [(2, 2), (2, 4), (4, 2), (4, 4)])
-def test_prep_u_bf16_slot_holds_every_u_word_where_each_lane_reads_it(W: int, KW: int):
-    """At bf16 the ring's u pieces and the lanes' u words agree (as at fp32) and each read is conflict-free; at one warp
-    a value group the pieces' carried offsets break (16 rows of 32 B are not whole 8-line periods): why
-    bf16_u_on_the_carry_split_k_recurrence asks for warps >= 2."""
-    src = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | BF16U_BASE | {"prep_u": "bf16", "warps": W, "kwarps": KW})
-    for line in ("ou_[j] = (unsigned)(OFF_U + swz<32 * W>(i * 16));", "su_[j] = (i / (2 * W)) * V + v0 + 8 * (i % (2 * W));",
-                 "cp(d + ou_[0] + (unsigned)(j * NTH * 16), su + j * (NTH / (2 * W)) * V);",
-                 "uo_[h][1] = (unsigned)(OFF_U + swz<32 * W>(((t + 1) * 16 * W + vl) * 2));",
-                 "sl + uo_[n & 1][e] + (unsigned)(n / 2 * 16 * 32 * W)"):
+def test_carry_u_slot_holds_every_u_word_where_each_lane_reads_it(W: int, KW: int):
+    """The ring's u pieces (carried: one slot offset and one source pointer apart by constants) and the lanes' u words
+    agree, and each warp-wide read of them is conflict-free."""
+    src = source(TDEF, PREFILL_CELLS[0], TDEF.default_params() | CARRY_BASE | {"warps": W, "kwarps": KW})
+    for line in ("ou_[j] = (unsigned)(OFF_U + swz<64 * W>(i * 16));", "su_[j] = (i / (4 * W)) * V + v0 + 4 * (i % (4 * W));",
+                 "cp(d + ou_[0] + (unsigned)(j * NTH * 16), su + j * (NTH / (4 * W)) * V);",
+                 "uo_[h][1] = (unsigned)(OFF_U + swz<64 * W>(((t + 1) * 16 * W + vl) * 4));",
+                 "sl + uo_[n & 1][e] + (unsigned)(n / 2 * 16 * 64 * W)"):
         assert line in src, line
-    assert u_slot_layout(4, W, KW)[1] == u_slot_layout(2, W, KW)[1] == 1
-    with pytest.raises(AssertionError):
-        u_slot_layout(2, 1, KW)
-
-
-# ---- pdl: launch 2 as a programmatic dependent launch of launch 1 -----------------------------------------------
-
-def test_pdl_legality():
-    """pdl is offered wherever launch 2 follows launch 1 on one stream (every legal point without overlap takes it)
-    and breaks exactly pdl_is_not_the_overlap on the overlapped plan's points."""
-    assert TDEF.values("pdl") == (False, True) and TDEF.default_params()["pdl"] is False
-    c = PREFILL_CELLS[0]
-    legal = all_legal(c, ksplit=True)
-    ok = [p for p in legal if not p["overlap"]]
-    over = [p | {"overlap": True, "kwarps": 2, "recur_addr": "hoist"} for p in ok if p["kwarps"] > 1]
-    over = [p for p in over if TDEF.is_valid(p, ARCH, c.dtypes_dict(), c.dims_dict())]
-    assert len(ok) > 1000 and len(over) > 50
-    assert all(TDEF.violations(p | {"pdl": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == [] for p in ok[::7])
-    assert all(TDEF.violations(p | {"pdl": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == ["pdl_is_not_the_overlap"]
-               for p in over)
-
-
-PDL_POINTS = [BF16U_BASE, BF16U_BASE | {"prep_u": "bf16"},
-              {"chunk": 32, "warps": 2, "stages": 6, "recur_lean": True, "recur_ldsm": True, "u_prefetch": True,
-               "stage_in": True},
-              {"chunk": 64, "warps": 4}]
-
-
-@pytest.mark.parametrize("fit", PDL_POINTS, ids=["carry", "carry-bf16u", "lean", "C64"])
-def test_pdl_triggers_first_in_launch_1_and_waits_before_launch_2_reads_the_workspace(fit: dict):
-    """pdl adds two instructions and nothing else: launch 1's CTAs run griddepcontrol.launch_dependents before any
-    other statement, launch 2 runs griddepcontrol.wait after its setup (offsets, the copy lambdas) and right before
-    the ring's prologue, its first read of the workspace; the plan marks launch 2 (and only it) as pdl, on the
-    equal-length and on the varlen cell."""
-    for c in (PREFILL_CELLS[0], MODEL_VARLEN):
-        p = TDEF.default_params() | fit
-        assert TDEF.violations(p | {"pdl": True}, ARCH, c.dtypes_dict(), c.dims_dict()) == [], c.label()
-        off, on = source(TDEF, c, p), source(TDEF, c, p | {"pdl": True})
-        diff = list(difflib.ndiff(off.splitlines(), on.splitlines()))
-        added = [ln[2:].strip() for ln in diff if ln.startswith("+ ")]
-        asm = [ln for ln in added if not ln.startswith("//")]
-        assert not any(ln.startswith("- ") for ln in diff)
-        assert asm == ['asm volatile("griddepcontrol.launch_dependents;" ::: "memory");',
-                       'asm volatile("griddepcontrol.wait;" ::: "memory");'], added
-        prep, recur = on.split("kda_chunk_recur(", 1)
-        body = prep.split("kda_chunk_prep(", 1)[1].split(") {", 1)[1]
-        first = next(ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("//"))
-        assert first == 'asm volatile("griddepcontrol.launch_dependents;" ::: "memory");'
-        after = recur.split('asm volatile("griddepcontrol.wait;" ::: "memory");', 1)[1]
-        nxt = next(ln.strip() for ln in after.splitlines() if ln.strip() and not ln.strip().startswith("//"))
-        assert nxt.startswith(("for (int s = 0; s < NS - 1; ++s)", "issue_k0(0")), nxt  # the prologue's loop or first copy
-        before = recur.split("griddepcontrol.wait", 1)[0]
-        assert "issue(s" not in before and "issue_k0(0" not in before  # the ring's first copies come after it
-        for q, want in ((p, [False, False]), (p | {"pdl": True}, [False, True])):
-            launches, _ = TDEF.plan(q, ARCH, c.dtypes_dict(), c.dims_dict())
-            assert [ln.kernel for ln in launches] == ["kda_chunk_prep", "kda_chunk_recur"]
-            assert [ln.pdl for ln in launches] == want
-
-
-@pytest.mark.parametrize("fit", PDL_POINTS[:3], ids=["carry", "carry-bf16u", "lean"])
-def test_pdl_builds_the_same_kernels_but_for_the_trigger_and_the_wait(fit: dict):
-    """NVRTC sm_90a: with pdl the prep holds one PREEXIT (launch_dependents) and the recurrence one ACQBULK (the
-    wait), neither kernel has either without it; the same registers, no spills, as many HMMA and LDGSTS."""
-    from evo.build.sass import disassemble, opcode
-
-    c = PREFILL_CELLS[0]
-    p = TDEF.default_params() | fit
-    off, on = compile_point(c, p), compile_point(c, p | {"pdl": True})
-    assert off.status.ok and on.status.ok, (off.error, on.error)
-    for k in ("kda_chunk_prep", "kda_chunk_recur"):
-        a = [opcode(x) for x in disassemble(off.cubin, k)]
-        b = [opcode(x) for x in disassemble(on.cubin, k)]
-        assert dict(off.resources)[k].regs == dict(on.resources)[k].regs
-        assert dict(on.resources)[k].spill_stores == dict(on.resources)[k].spill_loads == 0
-        for op in ("HMMA", "LDGSTS"):
-            assert a.count(op) == b.count(op), (k, op)
-        assert "PREEXIT" not in a and "ACQBULK" not in a
-        assert (b.count("PREEXIT"), b.count("ACQBULK")) == ((1, 0) if k == "kda_chunk_prep" else (0, 1)), k
+    assert u_slot_layout(W, KW)[1] == 1

@@ -65,8 +65,9 @@ def test_first_error_names_the_diagnostic_not_nvrtcs_result_line(log: str, want:
 alt = pytest.mark.skipif(not ALT, reason="KF_NVRTC_ALT names no folder with another NVRTC (e.g. pip install "
                          "--no-deps --target /tmp/nvrtc130 'nvidia-cuda-nvrtc==13.0.*'; KF_NVRTC_ALT=/tmp/nvrtc130)")
 
-LEAN_H200 = {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "prep_diag": "split",
-             "recur_lean": True}  # NVRTC 13.0 refused it on the H200 (B1-H32-T8192) before docs/nvrtc_13_0.md's fix
+# the lean recurrence NVRTC 13.0 refused on the H200 (B1-H32-T8192) before docs/nvrtc_13_0.md's fix (there beside the
+# split diagonal, a prep option since removed)
+LEAN_H200 = {"chunk": 32, "warps": 2, "stages": 6, "stage_in": True, "u_prefetch": True, "recur_lean": True}
 PREFILL = cell(BF, 1, 8192, 32)
 VARLEN = cell(BF, 1, 8192, 32, n=8)
 CHUNK_POINTS = [  # (cell, params over the defaults)
@@ -76,8 +77,7 @@ CHUNK_POINTS = [  # (cell, params over the defaults)
     (PREFILL, LEAN_H200 | {"recur_ldsm": True}),  # recur_ldsm: the B fragments by ldmatrix (the point it is for)
     (PREFILL, LEAN_H200 | {"recur_lean": False, "recur_ldsm": True}),
     (PREFILL, LEAN_H200 | {"recur_ldsm": True, "recur_fuse": True}),  # recur_fuse: items 0 and 1 as one
-    (PREFILL, {"chunk": 64, "warps": 2, "stages": 3, "stage_in": True, "prep_diag": "folded", "u_prefetch": False,
-               "recur_lean": True}),
+    (PREFILL, {"chunk": 64, "warps": 2, "stages": 3, "stage_in": True, "u_prefetch": False, "recur_lean": True}),
     (PREFILL, {"chunk": 32, "warps": 8, "stages": 3, "state_split": True, "recur_lean": True}),
     (PREFILL, LEAN_H200 | {"recur_ldsm": True, "recur_addr": "carry"}),  # carry: the items' slots, sources carried
     (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry"}),
@@ -87,22 +87,18 @@ CHUNK_POINTS = [  # (cell, params over the defaults)
                "recur_early": "mid"}),
     (PREFILL, {"chunk": 32, "warps": 1, "stages": 6, "stage_in": True, "kwarps": 4, "recur_addr": "carry",
                "recur_early": "late"}),
-    # every option compiled since kda_prefill_h200_15 (experiments/seeds/kda_prefill_compiled.json's B1-T8192 entry)
+    # the bf16 w, u prep on the K-split carry recurrence
     (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry",
                "recur_early": "late", "prep_diag": "mma", "prep_exp": "ex2", "prep_addr": "rowcol", "prep_round": "add",
-               "prep_vec": True, "prep_threads": 128, "prep_wu": "bf16", "prep_aref": "chunk"}),
+               "prep_vec": True, "prep_threads": 128, "prep_wu": "bf16"}),
     # prep_v = late: v staged over q after the A phase, 6 CTAs an SM asked for (80 registers at most)
     (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry",
                "recur_early": "late", "prep_diag": "mma", "prep_exp": "ex2", "prep_addr": "rowcol", "prep_round": "add",
                "prep_vec": True, "prep_threads": 128, "prep_wu": "bf16", "prep_v": "late"}),
-    # prep_aoff = two: the off-diagonal block's A_kk and A_qk on two warps
-    (PREFILL, {"chunk": 32, "warps": 1, "stages": 3, "stage_in": True, "kwarps": 2, "recur_addr": "carry",
-               "recur_early": "late", "prep_diag": "mma", "prep_exp": "ex2", "prep_addr": "rowcol", "prep_round": "add",
-               "prep_vec": True, "prep_threads": 128, "prep_wu": "bf16", "prep_v": "late", "prep_aoff": "two"}),
     (VARLEN, LEAN_H200),
     (VARLEN, LEAN_H200 | {"recur_ldsm": True}),
-    (VARLEN, {"chunk": 32, "stage_in": True, "prep_diag": "split", "prep_threads": 256, "recur_lean": True,
-              "state_split": True, "u_prefetch": False}),
+    (VARLEN, {"chunk": 32, "stage_in": True, "prep_threads": 256, "recur_lean": True, "state_split": True,
+              "u_prefetch": False}),
 ]
 
 
@@ -125,9 +121,8 @@ def build_alt(jobs: list[tuple[str, Cell, dict]]) -> list:
 def test_kda_chunk_points_compile_clean_with_the_alt_nvrtc(alt_version: str):
     """The handful of chunk points (recur_lean, recur_ldsm, recur_fuse, recur_addr carry among them, a varlen cell)
     build with KF_NVRTC_ALT's NVRTC, OK, without static smem, at most 255 registers, and with no spill or stack but in
-    a prep of 256 threads (at most 160 B, pinned_spill's bound under 13.5). NVRTC 13.0 spills there where 13.5 does
-    not (64-72 B in the split prep at chunk 32, held at 80 registers for 3 CTAs an SM, 84-88 B at chunk
-    64); every recurrence builds spill-free."""
+    a prep of 256 threads (at most 160 B, pinned_spill's bound under 13.5: NVRTC 13.0 spilled 64-88 B in such preps
+    where 13.5 did not); every recurrence builds spill-free."""
     jobs = [("chunk", c, CHUNK.default_params() | p) for c, p in CHUNK_POINTS]
     for (_, c, p), r in zip(jobs, build_alt(jobs)):
         assert r.compiler == alt_version
