@@ -89,9 +89,14 @@
 #               $RMS_TRAIN_PARTS calls (100; 0: off) the host time of each part of the step and cProfiles (--host-parts)
 # $GA_MAX_S, when set, is every GA's time budget in place of its config's budget.max_seconds.
 # $KF_REQUIRE_GPU, when set (say H200), exits 3 at once, installing and running nothing, unless nvidia-smi's GPU name
-# contains it: a call asked for one kind may get another, so `KF_REQUIRE_GPU=H200 bash ... kdabench OUT || other stages`.
+# contains it (a shared pool may hand out another card than the one a stage was meant for), so
+# `KF_REQUIRE_GPU=H200 bash ... kdabench OUT || other stages`.
 # Several stages in one call: lab_gpu.sh "verify kda" OUT (they run in the order given).
 set -uo pipefail
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+  sed -n '2,/^set -uo pipefail/{/^set -uo pipefail/d;s/^# \{0,1\}//;p}' "$0"
+  exit 0
+fi
 stages=${1:?ga, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)

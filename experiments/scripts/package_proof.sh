@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The published numbers, rebuilt: an op's package exported from its committed store, installed, its own tests and its
-# own benchmark run on this GPU. Each stage fits one 10-minute command and is skipped when already done (state in
+# own benchmark run on this GPU. Each stage is bounded in time and skipped when already done (state in
 # $KF_PROOF_STATE, default /tmp/kf_proof), so a sequence of calls resumes where the last stopped.
 #
 #   package_proof.sh wheels DIR...       install every wheel under DIR... (pieces NAME.whl.part.* joined first) into

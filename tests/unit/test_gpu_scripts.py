@@ -4,6 +4,7 @@ package proof's wheels stage installs what it is given."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,16 @@ def test_package_proof_all_stops_where_its_time_runs_out_and_names_the_next_step
     r = subprocess.run(["bash", proof, "all", str(tmp_path / "out"), "soon"], env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "SECONDS must be a whole number, got soon" in r.stderr
+
+
+def test_both_gpu_scripts_list_their_stages_under_help():
+    """--help prints each script's header, and it names every stage the script takes (nothing is run or made)."""
+    lab = subprocess.run(["bash", "experiments/scripts/lab_gpu.sh", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert lab.returncode == 0 and lab.stdout.startswith("The search runs")
+    src = (ROOT / "experiments/scripts/lab_gpu.sh").read_text()
+    stages = re.search(r"stages=\$\{1:\?([^}]*)\}", src)[1].replace(" or ", ", ").split(", ")
+    assert len(stages) > 20 and all(re.search(rf"\b{s} OUT\b", lab.stdout) for s in stages), stages
+    proof = subprocess.run(["bash", "experiments/scripts/package_proof.sh", "--help"], cwd=ROOT, capture_output=True,
+                           text=True)
+    assert proof.returncode == 0 and all(f"package_proof.sh {s} " in proof.stdout
+                                         for s in ("wheels", "export", "install", "tests", "bench", "all"))
