@@ -31,6 +31,7 @@ B = 1 and N > 1 for a variable-length batch) and Ncu = N + 1 the length of cu_se
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Callable
 
@@ -54,7 +55,7 @@ from evo.core.spec import (
     uniform,
 )
 
-INPUT_KINDS = ("normal", "no_state", "decay_near_one", "decay_near_zero", "beta_large", "varlen")
+INPUT_KINDS = ("normal", "no_state", "decay_near_one", "decay_near_zero", "gate_at_bound", "beta_large", "varlen")
 VARIANT_DIMS = ("gate", "beta_act", "qk_l2norm", "v_first")
 STATE_DTYPES = (DType.FP32, DType.BF16)
 LOWER_BOUND = -5.0  # fla's recommended lower bound, the edge of its safe-gate range [-5, 0)
@@ -141,6 +142,9 @@ def make_inputs(cell: Cell, kind: str, rng: np.random.Generator) -> dict[str, np
     decay_near_one: 1 - decay ~ 3e-4: the state remembers the whole sequence.
     decay_near_zero: log decay ~ -12 (-5 to -33; the lower-bound gate stops at lower_bound): each
         token all but erases the state, and exp of a chunk's cumulative decay underflows in fp32.
+    gate_at_bound: every log decay at fla's safe-gate lower bound (-5, within 0.1% inside it): the largest decay
+        a chunked factorization for bounded gates admits on every token, so a chunk's cumulative decay spans
+        5 x its tokens (160 at chunk 32: exp of it overflows fp32 wherever it is not factored per block).
     beta_large: logits +-8..100 (log-uniform): beta saturates at 0 and 1 (or 2), and a sigmoid computed
         as exp(x) / (1 + exp(x)) in fp32 turns to NaN above 88.
     varlen: B = 1 with cu_seqlens: a varlen cell gets sequences of 1..3 tokens beside one of at
@@ -161,6 +165,8 @@ def make_inputs(cell: Cell, kind: str, rng: np.random.Generator) -> dict[str, np
     v = rng.standard_normal((b, t, hv, dv))
     ln_rate = {"decay_near_one": (-8.0, 1.0), "decay_near_zero": (2.5, 0.5)}.get(kind, (-2.0, 1.0))
     target = -np.exp(rng.normal(*ln_rate, (b, t, hv, dk)))
+    if kind == "gate_at_bound":
+        target = LOWER_BOUND * (1.0 - 1e-3 * rng.uniform(size=(b, t, hv, dk)))
     if kind == "beta_large":
         logits = rng.choice([-1.0, 1.0], (b, t, hv)) * 10.0 ** rng.uniform(np.log10(8.0), 2.0, (b, t, hv))
     else:
@@ -341,7 +347,9 @@ def edge_cells() -> list[Cell]:
 # (9 in 10 past +-8, make_inputs' smallest), and no_state's initial state is zeros (a plan always
 # binds it). A varlen cell's cu_seqlens gets uneven lengths under every kind, as in make_inputs.
 _UNIT_ROWS = FillSpec(transform="l2norm_rows")
-_LOG_DECAY = {"normal": (-2.0, 1.0), "decay_near_one": (-8.0, 1.0), "decay_near_zero": (2.5, 0.5)}
+# log(-g) ~ N(mean, std); gate_at_bound: -g within about 0.1% of -LOWER_BOUND = 5
+_LOG_DECAY = {"normal": (-2.0, 1.0), "decay_near_one": (-8.0, 1.0), "decay_near_zero": (2.5, 0.5),
+              "gate_at_bound": (math.log(-LOWER_BOUND) - 5e-4, 2e-4)}
 
 
 def _fills(kind: str) -> dict[str, FillSpec]:

@@ -451,9 +451,10 @@ def _decays(inputs: dict, c: Cell) -> np.ndarray:
 def test_decay_kinds_mean_the_same_under_every_gate(gate: Gate) -> None:
     c = cell(BF, 1, 64, 2, 32, 16, hv=4, g=BF if gate else FP32, variant=Variant(gate))
     med = {kind: np.median(_decays(SPEC.make_inputs(c, kind, np.random.default_rng(1)), c))
-           for kind in ("normal", "decay_near_one", "decay_near_zero")}
+           for kind in ("normal", "decay_near_one", "decay_near_zero", "gate_at_bound")}
     assert 0.8 < med["normal"] < 0.95
     assert med["decay_near_one"] > 0.999
+    assert np.exp(-5.0) <= med["gate_at_bound"] < np.exp(-5.0) * 1.01  # at the safe gate's bound, inside it
     # The lower-bound gate cannot decay faster than exp(-5) per token.
     assert med["decay_near_zero"] < (1e-3 if gate is not Gate.LOWER_BOUND else np.exp(-4.9))
 
