@@ -12,13 +12,14 @@ Paths, best first:
   and the variant; another B or T only changes the launch plan). The factory's gate ran it on B = 1, 3
   and T = 3 as well.
 - rerender: the nearest searched genome (same dtypes first, then nearest dims) whose template admits
-  the call, rendered for it and compiled with NVRTC at first use; its first call is checked.
+  the call, rendered for it and compiled with NVRTC at first use.
 - repaired: the nearest genome with the fewest parameters changed so that its template admits the call.
 - torch: float32 torch operations (reference.py), correct but not searched: a variant or shape no
   exported template of the entry point admits, CPU tensors, inputs that need grad, or a kernel that
   failed to compile or check.
 - missing: `chunk_kda` when the export holds no prefill template at all: the call raises
   MissingKernel naming it, rather than computing prefill some other way.
+Every kernel, on every path, is checked against float64 the first time it runs in a shape class (firstuse.py).
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ Paths, best first:
   launch plan changes, e.g. another M); the factory's gate ran that cubin at M = 1 and 37 too (forward: 1059).
   A fitting prebuilt cubin is taken before a nearer cell's genome that would need compiling.
 - rerender: the nearest searched genome (same dtypes first, then nearest dims) whose template admits
-  the shape, rendered for it and compiled with NVRTC at first use (cached in memory and on disk);
-  its first call is checked against torch.
+  the shape, rendered for it and compiled with NVRTC at first use (cached in memory and on disk).
 - repaired: no searched genome is legal as it is; the nearest one with the fewest parameters changed
-  so that its template's constraints hold, rendered and compiled as above, checked on its first call.
+  so that its template's constraints hold, rendered and compiled as above.
 - torch: float32 torch operations, correct but not searched (a variant no exported cell has, no
   template admits the shape, a CPU tensor, or a kernel that failed to compile or check).
+Every kernel, on every path, is checked against float64 the first time it runs in a shape class (firstuse.py).
 
 Variants. A call is keyed as the factory keys a cell: dtypes x, w and, for a residual add (prenorm:
 h = x + residual, residual_out = h), "residual" (the residual's dtype, residual_out's too); dims M, N
