@@ -10,6 +10,8 @@
 #   bwdga OUT   the backward GA only (experiments/rmsnorm_bwd_h200.toml)
 #   stash OUT   keep this call's .kfw/ pieces in /tmp/kfw for the next call
 #   quack OUT   as peers, QuACK (heuristic and autotuned) alone
+#   gallery OUT the adversarial galleries (RMSNorm's and KDA's cheating kernels) through the gate, every one to be
+#               rejected: gallery.json (experiments/scripts/gallery.py --no-controls, within $GALLERY_S seconds, 500)
 #   verify OUT  the GPU tests written without a GPU: device references (every op, RMSNorm's variants,
 #               KDA), the worker, the exported packages
 #   bwdall OUT  the backward GA over all 18 cells, no peer beside the candidates (rmsnorm_bwd_h200_all.toml)
@@ -97,7 +99,7 @@ if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
   sed -n '2,/^set -uo pipefail/{/^set -uo pipefail/d;s/^# \{0,1\}//;p}' "$0"
   exit 0
 fi
-stages=${1:?ga, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost or rmstrain}; out=${2:?output folder}
+stages=${1:?ga, gallery, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
@@ -230,6 +232,10 @@ case "$stage" in
     bwd_ga
     ga 190 experiments/rmsnorm_h200_regimes.toml /tmp/kf_fwd fwd ;;
   bwdga) bwd_ga ;;
+  gallery)
+    timeout "${GALLERY_S:-500}" python3 experiments/scripts/gallery.py --no-controls --out "$out/gallery.json" \
+      >> "$log" 2>&1
+    echo "gallery rc=$?" >> "$log" ;;
   verify)
     timeout 150 python3 -m pytest -q -rs --durations=15 tests/gpu/test_op_device_reference.py tests/gpu/test_rmsnorm_variants_device.py \
       tests/gpu/test_kda_device.py tests/gpu/test_worker.py tests/gpu/test_export_gpu.py tests/gpu/test_peer_check.py \

@@ -394,25 +394,28 @@ def token_shapes(c: Cell, rng: random.Random, tile: Callable[[str], int]) -> lis
     token of one sequence; an odd batch of one token; a short run and a long one (several chunks, or for a
     one-token-chunk template 48 to 80 tokens: with decay_near_one the state carries every step) at residues
     mod the template's chunk (tile("T")) that differ, none a power of two; all but the first with value heads
-    grouped by a drawn ratio. A varlen cell gets varlen batches of a drawn number of sequences instead
-    (their lengths are drawn by the fill)."""
+    grouped by a drawn ratio, the last with at least two qk heads of at least two value heads each (a kernel
+    that maps value heads to qk heads wrongly is wrong there). A varlen cell gets varlen batches of a drawn number
+    of sequences instead (their lengths are drawn by the fill)."""
     var = variant_of(c)
     h = rng.choice(HEADS)
 
-    def make(b: int, t: int, ratio: int, n: int | None = None) -> Cell:
-        return cell(c.dtype("x"), b, t, h, c.dim("K"), c.dim("V"), n, h * ratio, g=c.dtype("g"),
+    def make(b: int, t: int, ratio: int, n: int | None = None, heads: int = 0) -> Cell:
+        qk = heads or h
+        return cell(c.dtype("x"), b, t, qk, c.dim("K"), c.dim("V"), n, qk * ratio, g=c.dtype("g"),
                     state=c.dtype("state"), variant=var)
 
     chunk = tile("T")
     short, long = draw_lengths(rng, chunk, [(2, max(15, chunk - 1)), (max(48, chunk + 1), max(80, 3 * chunk - 1))])
-    ratios = [rng.choice(HEAD_RATIOS) for _ in range(3)]
+    ratios = [rng.choice(HEAD_RATIOS) for _ in range(2)] + [rng.choice([r for r in HEAD_RATIOS if r > 1])]
+    grouped = rng.choice([x for x in HEADS if x > 1])
     own = c.dim("HV") // c.dim("H")
     if is_varlen(c):
         out = [make(1, short, ratios[0], min(short, rng.randint(2, 4))),
-               make(1, long, ratios[1], rng.randint(2, 5))]
+               make(1, long, ratios[2], rng.randint(2, 5), heads=grouped)]
     else:
         out = [make(1, 1, own), make(rng.choice((3, 5, 7)), 1, ratios[0]), make(2, short, ratios[1]),
-               make(1, long, ratios[2])]
+               make(1, long, ratios[2], heads=grouped)]
     return list(dict.fromkeys(g for g in out if g != c))
 
 

@@ -131,3 +131,17 @@ def test_each_evaluation_draws_its_secret_and_a_failure_records_what_replays_it(
     assert all(gc.label in first.replay for gc in again.gate)
     replayed = status(fixed_tail, again)
     assert replayed[0] is Status.WRONG_ANSWER and replayed[1] == first.error.split("\nreplay:")[0]
+
+
+def test_every_kda_job_checks_a_grouping_of_several_qk_heads_of_several_value_heads_each():
+    """Whatever the secret, one drawn KDA check cell has H >= 2 and HV / H >= 2 (a kernel mapping value head hv to
+    qk head hv % H, not hv / (HV / H), agrees with the right map wherever H = 1 or HV = H), and a long one a
+    one-token-chunk template's state carries through (48 to 80 tokens)."""
+    from ops.kda.spec import SPEC as KDA, cell as kda_cell, token_shapes
+
+    for c in (kda_cell("bf16", 16, 1, 32), kda_cell("bf16", 1, 8192, 32), kda_cell("bf16", 1, 8192, 32, n=8)):
+        for secret in range(1, 41):
+            cells = token_shapes(c, shape_rng(secret), lambda dim: 1)
+            assert any(x.dim("H") >= 2 and x.dim("HV") // x.dim("H") >= 2 for x in cells), (c.label(), secret)
+            assert any(48 <= x.dim("T") <= 80 for x in cells), (c.label(), secret)
+    assert KDA.gate_shapes is token_shapes
