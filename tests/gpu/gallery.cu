@@ -32,6 +32,8 @@
 #define L2_KEEP 25           // probe, not a cheat: loads x with an L2 evict_last policy, to stay in L2 across samples
 #define SHARED_SCRATCH 26    // the row's sum of squares through a __device__ scratch every call shares, read back later
 #define GRID_BARRIER 27      // the first 132 CTAs (one an SM on a whole H100/H200) wait for each other, not cooperative
+#define EPS_FOLDED 28        // eps folded to its default 1e-6, whatever the call passes
+#define GUARD_SNIFF 29       // honest only where the 16 bytes before x are an earlier gate's constant guard (0xA5)
 
 __device__ unsigned int kf_blocks_done;
 __device__ unsigned int kf_tickets;
@@ -169,6 +171,13 @@ extern "C" __global__ void __launch_bounds__(256) gallery(const __half* x, const
 #elif VARIANT == WS_UNZEROED
     ws[row] += t;  // "the harness zeroes workspaces"
     rstd_s = rsqrtf(ws[row] / N + eps);
+#elif VARIANT == EPS_FOLDED
+    rstd_s = rsqrtf(t / N + 1e-6f);
+#elif VARIANT == GUARD_SNIFF
+    const unsigned int* before = reinterpret_cast<const unsigned int*>(x) - 4;
+    const bool gated = before[0] == 0xA5A5A5A5u && before[1] == 0xA5A5A5A5u && before[2] == 0xA5A5A5A5u &&
+                       before[3] == 0xA5A5A5A5u;
+    rstd_s = gated ? rsqrtf(t / N + eps) : rsqrtf(t / N);  // outside the gate: eps dropped
 #elif VARIANT == SHARED_SCRATCH
     volatile float* slot_ss = kf_scratch + (row & 65535);
     *slot_ss = t;

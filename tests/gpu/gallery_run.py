@@ -13,7 +13,8 @@ from pathlib import Path
 
 from evo.build.nvrtc import BuildInput, compile_one
 from evo.core.genome import Genome
-from evo.measure.jobs import BufferDecl, EvalJob, LaunchJob, Timing
+from evo.measure.draws import new_secret, scalar_rng, shape_rng
+from evo.measure.jobs import BufferDecl, EvalJob, GateCell, LaunchJob, Timing
 from evo.measure.run import GpuRunner
 from evo.core.status import Status
 from evo.measure.verify import judge
@@ -51,6 +52,8 @@ CASES: tuple[tuple[str, tuple[Status, ...], str], ...] = (
     ("CENTRED", WRONG, "subtracts the row mean (LayerNorm)"),
     ("SHARED_SCRATCH", WRONG, "a row's sum through a __device__ scratch that a call on another stream overwrites"),
     ("GRID_BARRIER", (Status.INVALID, Status.TIMEOUT), "its first 132 CTAs wait for each other (no cooperative launch)"),
+    ("EPS_FOLDED", WRONG, "eps folded to its default 1e-6, whatever the call passes (drawn eps on check cells)"),
+    ("GUARD_SNIFF", WRONG, "honest only where the 16 bytes before x hold an earlier gate's constant guard"),
     ("L2_KEEP", (Status.OK, Status.SUSPECT), "probe: x loaded with an L2 evict_last policy"),
     ("SUSPECT_BYTES", (Status.SUSPECT,), "GOOD, with the job claiming 64x the bytes: the ceiling check"),
     ("GOOD", (Status.OK,), "honest control"),
@@ -85,18 +88,35 @@ def build(variant: str) -> bytes:
     return r.cubin
 
 
-def job(variant: str, cubin: bytes, c: Cell, seed: int) -> EvalJob:
+def _bound(c: Cell, eps: float) -> tuple[tuple[LaunchJob, ...], tuple[BufferDecl, ...]]:
+    """The gallery kernel's launch and buffers on cell c: a CTA a row, the harness's args, a workspace of a float
+    a row."""
     m, n = c.dim("M"), c.dim("N")
     bufs = [BufferDecl(t.name, t.resolve_dtype(c).value, t.shape(c), t.role.value) for t in SPEC.tensors]
     bufs.append(BufferDecl("ws", "uint8", (4 * m,), "ws"))
-    args = (("buf", "x"), ("buf", "w"), ("buf", "y"), ("i32", m), ("i32", n), ("f32", 1e-6), ("buf", "ws"))
+    args = (("buf", "x"), ("buf", "w"), ("buf", "y"), ("i32", m), ("i32", n), ("f32", eps), ("buf", "ws"))
+    return (LaunchJob("gallery", (m, 1, 1), (256, 1, 1), 0, args),), tuple(bufs)
+
+
+def job(variant: str, cubin: bytes, c: Cell, seed: int) -> EvalJob:
+    """The gallery kernel's job on c, as the evaluator makes one: its check cells' shapes (M = 1, a small M, one past
+    a wave, a small M at an odd N) and their eps drawn from a secret of the OS's, recorded with the result."""
+    secret = new_secret()
+    draws = scalar_rng(secret)
+    gates = []
+    for gc in SPEC.gate_shapes(c, shape_rng(secret), lambda dim: 1):
+        eps = float(SPEC.drawn_scalars(gc, draws)["eps"])
+        launches, bufs = _bound(gc, eps)
+        gates.append(GateCell(f"{gc.label()} eps={eps:.3g}", tuple(sorted(gc.dims_dict().items())), launches, bufs,
+                              (("eps", eps),)))
+    launches, bufs = _bound(c, 1e-6)
     tol = SPEC.tolerance(c, "y")
     return EvalJob(f"gallery-{variant}-{seed}", "rmsnorm", tuple(sorted(c.dims_dict().items())),
-                   tuple(sorted(c.dtypes_dict().items())), cubin, (LaunchJob("gallery", (m, 1, 1), (256, 1, 1), 0, args),),
-                   tuple(bufs), (("eps", 1e-6),), SPEC.gate_kinds(), (("y", (tol.atol, tol.rtol, tol.rel_norm)),), seed,
+                   tuple(sorted(c.dtypes_dict().items())), cubin, launches,
+                   bufs, (("eps", 1e-6),), SPEC.gate_kinds(), (("y", (tol.atol, tol.rtol, tol.rel_norm)),), seed,
                    Timing(min_samples=100, max_samples=200), baseline=True,
                    fills=tuple((k, tuple(sorted(v.items()))) for k, v in SPEC.fills.items()),
-                   timing_kinds=SPEC.timing_kinds, bytes_moved=SPEC.bytes_moved(c))
+                   timing_kinds=SPEC.timing_kinds, bytes_moved=SPEC.bytes_moved(c), gate=tuple(gates), secret=secret)
 
 
 def run_gallery(timeout_s: float = 20.0) -> tuple[list[GalleryOutcome], dict[str, str], int, float]:
