@@ -1,5 +1,6 @@
-"""Run the adversarial galleries on the GPU (RMSNorm's, tests/gpu/gallery_run.py, and KDA's, tests/gpu/gallery_kda.py)
-and write their outcomes as JSON (rerun: python experiments/scripts/gallery.py).
+"""Run the adversarial galleries on the GPU (RMSNorm's forward, tests/gpu/gallery_run.py, and the template galleries of
+KDA and the RMSNorm backward, tests/gpu/gallery_templates.py) and write their outcomes as JSON (rerun:
+python experiments/scripts/gallery.py).
 
 Besides the gallery's own honest control, it times the cta_row template's default point through the
 same gate on six matrix cells and, given --baseline (a `kfactory bench` CSV of an earlier run), puts those medians
@@ -64,23 +65,24 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.time()
     outcomes, fingerprint, restarts, ceiling = run_gallery()
-    kda = _gallery_run("gallery_kda")
-    kda_outcomes, _ = kda.run_gallery()
-    passed = all(o.passed for o in outcomes) and all(o.passed for o in kda_outcomes)
+    templates = _gallery_run("gallery_templates")
+    template_outcomes, _ = templates.run_gallery()
+    passed = all(o.passed for o in outcomes) and all(o.passed for o in template_outcomes)
     controls = [] if args.no_controls else honest_controls(args.baseline)
     doc = {"cells": {k: c.label() for k, c in CELLS.items()}, "fingerprint": fingerprint, "ceiling_gbps": ceiling,
            "worker_restarts": restarts, "wall_s": round(time.time() - t0, 1), "all_as_expected": passed,
            "cheats": len(CHEATS), "cheats_rejected": sum(o.name in CHEATS and o.got != "OK" for o in outcomes),
            "cheat_runs": sum(o.name in CHEATS for o in outcomes),
            "outcomes": [asdict(o) for o in outcomes], "honest_controls": controls,
-           "kda": {"cell": kda.CELL.label(), "outcomes": [asdict(o) for o in kda_outcomes]}}
+           "templates": {op: {"cell": g.cell.label(), "outcomes": [asdict(o) for o in template_outcomes if o.op == op]}
+                         for op, g in templates.GALLERIES.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2, default=str))
     for o in outcomes:
         print(f"{o.name:<17} {o.cell:<26} {o.got:<14} {'ok ' if o.passed else 'BAD'} graph={o.graph!s:<5} "
               f"{o.median_us:9.2f} us {o.gbps:6.0f} GB/s  {o.error[:80]}")
-    for o in kda_outcomes:
-        print(f"kda {o.cheat:<19} {o.got:<14} {'ok ' if o.passed else 'BAD'} {o.error[:100]}")
+    for o in template_outcomes:
+        print(f"{o.op:<11} {o.cheat:<19} {o.got:<14} {'ok ' if o.passed else 'BAD'} {o.error[:100]}")
     for c in controls:
         print(f"control cta_row {c['cell']:<28} {c['status']:<8} {c['median_us']:9.2f} us vs committed "
               f"{c['committed_median_us']:9.2f} us  x{c['ratio_to_committed']:.3f}")

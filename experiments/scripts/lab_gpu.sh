@@ -10,7 +10,7 @@
 #   bwdga OUT   the backward GA only (experiments/rmsnorm_bwd_h200.toml)
 #   stash OUT   keep this call's .kfw/ pieces in /tmp/kfw for the next call
 #   quack OUT   as peers, QuACK (heuristic and autotuned) alone
-#   gallery OUT the adversarial galleries (RMSNorm's and KDA's cheating kernels) through the gate, every one to be
+#   gallery OUT the adversarial galleries (RMSNorm forward and backward, KDA) through the gate, every cheat to be
 #               rejected: gallery.json (experiments/scripts/gallery.py --no-controls, within $GALLERY_S seconds, 500)
 #   verify OUT  the GPU tests written without a GPU: device references (every op, RMSNorm's variants,
 #               KDA), the worker, the exported packages
