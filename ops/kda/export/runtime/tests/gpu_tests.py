@@ -144,3 +144,27 @@ def test_inputs_that_need_grad_take_the_differentiable_torch_path():
     o, _ = getattr(kf, BASE_ENTRY)(q, **{n: x.float() for n, x in t.items()})
     o.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+PREFILL = [e for e in TABLE.entries if kind_of(TABLE.templates[e.template].name) == "prefill"
+           and dict(e.dims)["N"] == dict(e.dims)["B"]]
+
+
+@pytest.mark.skipif(not PREFILL, reason="no equal-length prefill cell exported")
+def test_a_prefill_call_past_2_31_elements_is_right():
+    """q, k (B, T, H, K) past 2^31 elements (an int32 offset would wrap): a searched prefill cell's kernel on B
+    sequences of 1024 tokens, the first and last sequence against float64, on the path explain() names; skipped
+    where the GPU lacks the memory."""
+    e = PREFILL[0]
+    dims, dt = dict(e.dims), dict(e.dtypes)
+    t = 1024
+    b = (1 << 31) // (t * dims["H"] * dims["K"]) + 1
+    dims |= {"B": b, "N": b, "Ncu": b + 1, "T": t}
+    need = b * t * dims["HV"] * dims["K"] * 40  # q, k, v, o, g, the float32 temporaries and the workspaces
+    free, _ = torch.cuda.mem_get_info()
+    if free < need:
+        pytest.skip(f"SKIPPED: a call past 2^31 elements needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free")
+    assert b * t * dims["H"] * dims["K"] > 1 << 31
+    problem, path = _run("chunk_kda", dims, dt)
+    assert not problem and path == _explained("chunk_kda", dims, dt), (problem, path)
+    torch.cuda.empty_cache()

@@ -349,3 +349,54 @@ def test_a_table_kernel_is_probed_once_per_shape_class_and_a_failed_probe_drops_
     with pytest.warns(RuntimeWarning, match="planted"):
         assert_close(kf.rmsnorm(x, w, eps=EPS), ref_fwd(x, w)[0], x.dtype)
     assert rt.counts[("rmsnorm", "torch")] == torch_calls + 1
+
+
+ELEMENTS_2_31 = 1 << 31
+
+
+def _past_2_31(entries) -> list[tuple[str, str, int]]:
+    """(x dtype, w dtype, N) of the first searched cell of each x dtype: a call there past 2^31 elements keeps its
+    table kernel (only M changes)."""
+    out = {}
+    for dt, dims in entries:
+        out.setdefault(dt["x"], (dt["x"], dt["w"], dims["N"]))
+    return sorted(out.values())
+
+
+def _room_for(nbytes: int) -> None:
+    free, _ = torch.cuda.mem_get_info()
+    if free < 1.2 * nbytes:
+        pytest.skip(f"SKIPPED: a call past 2^31 elements needs ~{nbytes / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free")
+
+
+@pytest.mark.parametrize("xdt,wdt,n", _past_2_31(FWD), ids=lambda v: str(v))
+def test_a_forward_call_past_2_31_elements_is_right(xdt, wdt, n):
+    """M x N > 2^31 elements at a searched N (an int32 offset would wrap): rows at the start, the middle and the end
+    against float64, on the path explain() names; skipped where the GPU lacks the memory."""
+    m = ELEMENTS_2_31 // n + 3
+    _room_for(2 * m * n * TORCH[xdt].itemsize)
+    x = torch.randn((m, n), device="cuda", dtype=TORCH[xdt])
+    w = (1 + 0.1 * torch.randn(n, device="cuda")).to(TORCH[wdt])
+    before = dict(kf.stats().get("rmsnorm", {}))
+    y = kf.rmsnorm(x, w, eps=EPS)
+    assert _took("rmsnorm", before) == [kf.explain((m, n), xdt, wdt).path]
+    rows = torch.tensor([0, 1, m // 2, m - 2, m - 1], device="cuda")
+    assert_close(y.index_select(0, rows), ref_fwd(x.index_select(0, rows), w)[0], x.dtype)
+    del x, y
+
+
+@pytest.mark.parametrize("xdt,wdt,n", _past_2_31(BWD), ids=lambda v: str(v))
+def test_a_backward_call_past_2_31_elements_is_right(xdt, wdt, n):
+    """The backward at M x N > 2^31 elements: dx and dw against float64 (a slab of rows at a time); skipped where the
+    GPU lacks the memory."""
+    m = ELEMENTS_2_31 // n + 3
+    _room_for(m * n * (3 * TORCH[xdt].itemsize + 8) + 4 * min(m, 1024) * n)  # and x's squares in fp32
+    x = torch.randn((m, n), device="cuda", dtype=TORCH[xdt])
+    w = (1 + 0.1 * torch.randn(n, device="cuda")).to(TORCH[wdt])
+    dout = torch.randn((m, n), device="cuda", dtype=TORCH[xdt])
+    r = torch.rsqrt(x.float().square().mean(-1) + EPS)
+    before = dict(kf.stats().get("rmsnorm_bwd", {}))
+    dx, dw, _, _ = kf.rmsnorm_bwd(x, w, dout, r)
+    assert _took("rmsnorm_bwd", before) == [kf.explain((m, n), xdt, wdt, op="rmsnorm_bwd").path]
+    check_bwd(x, w, dout, r, dx, dw)
+    del x, dout, dx
