@@ -63,6 +63,7 @@ class Guarded:
         self.counts: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
         self._keys: dict[int, tuple[Any, tuple, tuple | None, tuple]] = {}  # id(choice) -> (it, key, shape, mark)
+        self.selfcheck = selfcheck_on(PACKAGE)  # read once: the environment is ~2 us a call
 
     def count(self, name: str, path: str) -> None:
         with self._lock:
@@ -115,7 +116,7 @@ class Guarded:
         if key in self.bad:
             self.count(name, "torch")
             return False
-        selfcheck = selfcheck_on(PACKAGE)
+        selfcheck = self.selfcheck
         checked = mark in self.checked
         capturing = (selfcheck and not checked and torch.cuda.is_available()
                      and torch.cuda.is_current_stream_capturing())
