@@ -162,10 +162,11 @@ class GateDevice(Protocol):
     def concurrent(self, first: Callable[[], None], second: Callable[[], None]) -> None:
         """first()'s launches on the device's stream and second()'s on another stream, both after the work queued
         before and free to run at the same time; the device's stream then waits for the other."""
-    def crowded(self, fn: Callable[[], None]) -> str:
-        """fn()'s launches beside a kernel holding all but a few of the GPU's SMs (nothing else fits beside it on
-        them): '' when they finish within the device's wait, else what was held (the holder is then let go, so the
-        launches finish and the device is left clean)."""
+    def crowded(self, fn: Callable[[], None], obj: Any, kernels: Sequence[str]) -> str:
+        """fn()'s launches (of `kernels` in `obj`) beside a kernel holding all but a few of the GPU's SMs (nothing
+        else fits beside it on them): '' when they finish within the device's wait, else what was held (the holder
+        is then let go, so the launches finish and the device is left clean). A plan with a cluster launch is not
+        crowded ('' at once): whether a cluster finds room beside other work depends on which SMs are free."""
 
 
 def launch_plan(dev: GateDevice, obj: Any, bound: Sequence[tuple[LaunchJob, tuple]]) -> None:
@@ -333,7 +334,7 @@ class Gate:
         a = sets[0]
         self._pair(g, a, sets[1])
         self._poison(a)
-        held = self.dev.crowded(lambda: self._launch(g, a))
+        held = self.dev.crowded(lambda: self._launch(g, a), self.obj, tuple(lj.kernel for lj in g.launches))
         if held:
             self.invalid = (f"did not finish beside a kernel holding {held}: its CTAs wait for others that cannot be "
                             "resident (a grid-wide wait needs a cooperative launch)")

@@ -83,6 +83,22 @@ def _set_attribute(kernel: Any, attr: Any, value: int, device: int, what: str) -
         check(drv.cuFuncSetAttribute(h, attr, value), what)
 
 
+def _get_attribute(kernel: Any, attr: Any, device: int, what: str) -> int:
+    drv = _drv()
+    h = kernel.handle
+    if isinstance(h, drv.CUkernel):
+        return int(check(drv.cuKernelGetAttribute(attr, h, drv.CUdevice(device)), what))
+    return int(check(drv.cuFuncGetAttribute(attr, h), what))
+
+
+def cluster_size(kernel: Any, device: int) -> int:
+    """The CTAs of the cluster a kernel's code requires (__cluster_dims__), 1 without one."""
+    a = _drv().CUfunction_attribute
+    dims = [_get_attribute(kernel, getattr(a, f"CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_{d}"), device, "cluster dims")
+            for d in ("WIDTH", "HEIGHT", "DEPTH")]
+    return max(1, dims[0]) * max(1, dims[1]) * max(1, dims[2])
+
+
 def allow_smem(kernel: Any, nbytes: int, device: int) -> None:
     """Opt a kernel in to `nbytes` of dynamic shared memory (the driver refuses a launch whose static plus
     dynamic bytes pass STATIC_SMEM without it); a refusal (more than the device has) is a LaunchFault."""
@@ -276,7 +292,9 @@ class Worker:
             raise CudaFault(f"beside a kernel holding most SMs: {err}")
         return True
 
-    def crowded(self, fn: Callable[[], None]) -> str:
+    def crowded(self, fn: Callable[[], None], obj: Any, kernels: Sequence[str]) -> str:
+        if any(cluster_size(obj.get_kernel(k), self.dev.device_id) > 1 for k in set(kernels)):
+            return ""
         sms = self._attr("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
         hold = sms - max(2, sms // CROWD_FREE_SHARE)
         smem = min(self._attr("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),

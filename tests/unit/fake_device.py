@@ -237,7 +237,7 @@ class FakeDevice:
                     if next(running[i][0], StopIteration) is StopIteration:
                         running[i] = None
 
-    def crowded(self, fn: Callable[[], None]) -> str:
+    def crowded(self, fn: Callable[[], None], obj: Any = None, kernels: Sequence[str] = ()) -> str:
         """fn() with at most CROWD_FREE_CTAS CTAs resident; a kernel whose grid_sync cannot be met hangs: what was
         held is returned."""
         self.crowding = True
