@@ -4,8 +4,9 @@ first use, so `import evo` costs nothing; the stage packages' modules are intern
 The command line (`kfactory`, evo/cli/main.py) is the other way in.
 
     from evo import build_point, get_op, load_templates
-    cell = get_op("rmsnorm").matrix()[0]
+    cell = next(c for c in get_op("rmsnorm").matrix() if c.label() == "w=bf16,x=bf16 M4096-N2048")
     built = build_point(load_templates("rmsnorm")["cta_row"], {}, cell.dtypes_dict(), cell.dims_dict())
+    print(built.status, dict(built.resources))  # OK, registers and spills of each kernel (NVRTC, no GPU)
 """
 
 from __future__ import annotations

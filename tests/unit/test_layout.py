@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 EVO = Path(__file__).resolve().parents[2] / "evo"
 STAGES = {"core", "templates", "build", "search", "measure", "loop", "llm", "cli", "export", "tools"}
 
@@ -159,3 +161,23 @@ def test_tests_read_frozen_fixtures_not_the_experiments_results():
 def test_experiments_results_holds_only_canonical_folders():
     """The experiments' results folder keeps the published tables' folders and the few files the README cites."""
     assert len(list((EVO.parent / "experiments" / "results").iterdir())) <= 20
+
+
+def test_the_public_api_example_runs_and_every_name_loads():
+    """evo's docstring example (a build by NVRTC through the public names) runs as written; every exported name
+    loads; a name it does not export is an AttributeError that lists the public ones."""
+    import contextlib
+    import io
+    import textwrap
+
+    import evo
+
+    doc = evo.__doc__
+    example = textwrap.dedent(doc[doc.index("    from evo import"):].split('"""')[0])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(example, "evo's example", "exec"), {})
+    assert out.getvalue().startswith("Status.OK {'rmsnorm_cta_row': KernelResources(")
+    assert all(getattr(evo, n) is not None for n in evo.__all__)
+    with pytest.raises(AttributeError, match="its public names: BuildInput"):
+        evo.internals  # noqa: B018
