@@ -12,6 +12,8 @@
 #   quack OUT   as peers, QuACK (heuristic and autotuned) alone
 #   gallery OUT the adversarial galleries (RMSNorm forward and backward, KDA) through the gate, every cheat to be
 #               rejected: gallery.json (experiments/scripts/gallery.py --no-controls, within $GALLERY_S seconds, 500)
+#   gatecost OUT what gate 9's rounds cost an evaluation: the gate against itself without them, alternating, on RMSNorm
+#               and KDA cells (experiments/scripts/gate_cost.py -> gate_cost.json, within $GATE_COST_S seconds, 500)
 #   verify OUT  the GPU tests written without a GPU: device references (every op, RMSNorm's variants,
 #               KDA), the worker, the exported packages
 #   bwdall OUT  the backward GA over all 18 cells, no peer beside the candidates (rmsnorm_bwd_h200_all.toml)
@@ -99,7 +101,7 @@ if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
   sed -n '2,/^set -uo pipefail/{/^set -uo pipefail/d;s/^# \{0,1\}//;p}' "$0"
   exit 0
 fi
-stages=${1:?ga, gallery, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost or rmstrain}; out=${2:?output folder}
+stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
@@ -232,6 +234,9 @@ case "$stage" in
     bwd_ga
     ga 190 experiments/rmsnorm_h200_regimes.toml /tmp/kf_fwd fwd ;;
   bwdga) bwd_ga ;;
+  gatecost)
+    timeout "${GATE_COST_S:-500}" python3 experiments/scripts/gate_cost.py --out "$out/gate_cost.json" >> "$log" 2>&1
+    echo "gate cost rc=$?" >> "$log" ;;
   gallery)
     timeout "${GALLERY_S:-500}" python3 experiments/scripts/gallery.py --no-controls --out "$out/gallery.json" \
       >> "$log" 2>&1

@@ -567,3 +567,33 @@ def test_an_op_without_a_peer_outputs_hook_is_a_clear_error():
     dev = FakeDevice({"cand": honest})
     with pytest.raises(NotImplementedError, match=r"ops/rmsnorm/device.py\) have no peer_outputs\(name, result\)"):
         Gate(dev, PEERS_JOB, "cand", "ref", hooks, random.Random(0)).run()
+
+
+def test_the_gate_cost_scripts_gate_8_side_is_gate_9_without_its_rounds():
+    """experiments/scripts/gate_cost.py times gate 9 against Gate8: the same checks and timing, none of version 9's
+    (no pair on two streams, no crowded launch, no causal check), so its ratio is what those rounds cost."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "experiments" / "scripts" / "gate_cost.py"
+    spec = importlib.util.spec_from_file_location("gate_cost", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    runs = {}
+    for cls in (Gate, mod.Gate8):
+        dev = FakeDevice({"cand": honest})
+        res = cls(dev, rms_job(CELL), "cand", "ref", rms_device, random.Random(0), (("gpu", "fake"),),
+                  dev.ceiling_gbps).run()
+        assert judge(res, REL, G, CELL).status is Status.OK
+        runs[cls.__name__] = ([w for w, _ in res.checks], dev.concurrent_pairs)
+    nine, eight = runs["Gate"], runs["Gate8"]
+    assert nine[1] == 1 and eight[1] == 0
+
+    def new(ws: list[str]) -> list[str]:
+        return [w for w in ws if "second stream" in w or "most SMs" in w]
+
+    def rounds(ws: list[str]) -> set[str]:  # the checks no random draw names (which samples are checked is drawn)
+        return {w.split(" (")[0] for w in ws if not w.startswith(("timed", "last timed"))}
+
+    assert len(new(nine[0])) == 3 and new(eight[0]) == []
+    assert rounds(nine[0]) - set(new(nine[0])) == rounds(eight[0])
