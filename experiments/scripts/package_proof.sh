@@ -7,6 +7,9 @@
 #                                        $KF_SITE (default /tmp/kf_site), without the network
 #   package_proof.sh export OP           unpack experiments/packages/OP.env's store, `kfactory export` its runs to
 #                                        build/packages/OP (skipped when that folder exists)
+#   package_proof.sh source DIR          build a peer that ships no wheel for this machine from source tarballs in DIR
+#                                        (flashkda-*.tar.gz, with cutlass-*-headers.tar.gz: FlashKDA for sm_90a with
+#                                        this machine's nvcc and torch) into $KF_SITE, without the network
 #   package_proof.sh install OP          pip install build/packages/OP into $KF_SITE
 #   package_proof.sh tests OP OUT        the package's own tests on this GPU -> OUT/OP_tests.log
 #   package_proof.sh bench OP OUT TAG [ARGS...]   python -m NAME.bench ARGS -> OUT/OP_bench_TAG.json (and .log)
@@ -57,6 +60,21 @@ case "$stage" in
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$tmp/site" "$tmp"/*.whl
     python3 -c 'import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True)' "$tmp/site" "$SITE"
     echo "installed $n wheels into $SITE"; rm -rf "$tmp" ;;
+  source)
+    dir=${2:?source DIR}
+    src=$(ls "$dir"/flashkda-*.tar.gz 2>/dev/null | head -1 || true)
+    cut=$(ls "$dir"/cutlass-*-headers.tar.gz 2>/dev/null | head -1 || true)
+    [ -n "$src" ] && [ -n "$cut" ] || die "source: $dir holds no flashkda-*.tar.gz and cutlass-*-headers.tar.gz"
+    done_mark source_flashkda && { echo "source flashkda: done"; exit 0; }
+    tmp=$(mktemp -d); mkdir -p "$tmp/src" "$tmp/bin"
+    tar xzf "$src" -C "$tmp/src"; tar xzf "$cut" -C "$tmp/src"
+    # its setup.py runs `git submodule update --init cutlass` first; the headers are unpacked already and this tree
+    # is no repository, so that call is answered without git
+    printf '#!/bin/sh\n[ "$1" = submodule ] && exit 0\nexit 1\n' > "$tmp/bin/git"; chmod +x "$tmp/bin/git"
+    PATH="$tmp/bin:$PATH" FLASH_KDA_CUDA_ARCHS=90a NVCC_THREADS=${NVCC_THREADS:-16} \
+      python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" "$tmp/src" \
+      && python3 -c "import flash_kda; print('flash_kda', flash_kda.__file__)" && mark source_flashkda
+    rm -rf "$tmp" ;;
   export)
     op=${2:?export OP}; env_of "$op"
     out=build/packages/$op

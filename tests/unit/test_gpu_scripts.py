@@ -166,4 +166,7 @@ def test_both_gpu_scripts_list_their_stages_under_help():
     proof = subprocess.run(["bash", "experiments/scripts/package_proof.sh", "--help"], cwd=ROOT, capture_output=True,
                            text=True)
     assert proof.returncode == 0 and all(f"package_proof.sh {s} " in proof.stdout
-                                         for s in ("wheels", "export", "install", "tests", "bench", "all"))
+                                         for s in ("wheels", "source", "export", "install", "tests", "bench", "all"))
+    missing = subprocess.run(["bash", "experiments/scripts/package_proof.sh", "source", "/nonexistent"], cwd=ROOT,
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "flashkda-*.tar.gz" in missing.stderr
