@@ -71,10 +71,12 @@ case "$stage" in
     # its setup.py runs `git submodule update --init cutlass` first; the headers are unpacked already and this tree
     # is no repository, so that call is answered without git
     printf '#!/bin/sh\n[ "$1" = submodule ] && exit 0\nexit 1\n' > "$tmp/bin/git"; chmod +x "$tmp/bin/git"
+    status=0
     PATH="$tmp/bin:$PATH" FLASH_KDA_CUDA_ARCHS=90a NVCC_THREADS=${NVCC_THREADS:-16} \
-      python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" "$tmp/src" \
-      && python3 -c "import flash_kda; print('flash_kda', flash_kda.__file__)" && mark source_flashkda
-    rm -rf "$tmp" ;;
+      python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" "$tmp/src" || status=$?
+    rm -rf "$tmp"
+    [ "$status" -eq 0 ] || die "source: FlashKDA did not build (pip exit $status)"
+    python3 -c "import flash_kda; print('flash_kda', flash_kda.__file__)"; mark source_flashkda ;;
   export)
     op=${2:?export OP}; env_of "$op"
     out=build/packages/$op
