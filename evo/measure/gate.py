@@ -368,23 +368,23 @@ class Gate:
                 self.dev.copy_range(b.ins[x.name], at, a.ins[x.name], at, nbytes)
         self._snapshot(g, b)
         self._launch_and_check(g, b, f"set 0's inputs before position {t} of {n}, fresh ones from it on")
-        heads = []
-        for x in outs:
-            spans = self._spans(x, axes[x.name], n, t)
-            for s in (a, b):
-                head = self.dev.alloc(sum(nb for _, nb in spans), draw_guard(self._draws))
-                self._bufs.append(head)
-                done = 0
-                for at, nbytes in spans:
-                    self.dev.copy_range(head, done, s.outs[x.name], at, nbytes)
-                    done += nbytes
-                heads.append(head)
+        heads = [self._gathered(s.outs[x.name], self._spans(x, axes[x.name], n, t)) for x in outs for s in (a, b)]
         sums = [c for c, _ in self.dev.audit(heads, self.key)]
         moved = [x.name for i, x in enumerate(outs) if sums[2 * i] != sums[2 * i + 1]]
         if moved:
             self.wrong = (f"{', '.join(moved)} before position {t} of {n} changed when only inputs from it on changed "
                           "(outputs read later inputs, or differ from run to run)")
             raise Failed
+
+    def _gathered(self, src: Any, spans: list[tuple[int, int]]) -> Any:
+        """A new buffer holding src's byte spans one after another."""
+        out = self.dev.alloc(sum(nb for _, nb in spans), draw_guard(self._draws))
+        self._bufs.append(out)
+        done = 0
+        for at, nbytes in spans:
+            self.dev.copy_range(out, done, src, at, nbytes)
+            done += nbytes
+        return out
 
     @staticmethod
     def _spans(x: BufferDecl, axis: int, n: int, t: int) -> list[tuple[int, int]]:

@@ -17,6 +17,7 @@ import random
 import subprocess
 import sys
 import time
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -292,14 +293,20 @@ class Worker:
             raise CudaFault(f"beside a kernel holding most SMs: {err}")
         return True
 
-    def crowded(self, fn: Callable[[], None], obj: Any, kernels: Sequence[str]) -> str:
-        if any(cluster_size(obj.get_kernel(k), self.dev.device_id) > 1 for k in set(kernels)):
-            return ""
+    @cached_property
+    def crowd_plan(self) -> tuple[int, int, int]:
+        """(the device's SMs, how many kf_occupy holds, the shared memory a holder CTA takes: all an SM has less the
+        block's reserved share), read from the device once."""
         sms = self._attr("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
-        hold = sms - max(2, sms // CROWD_FREE_SHARE)
         smem = min(self._attr("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
                    self._attr("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR")
                    - self._attr("CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK"))
+        return sms, sms - max(2, sms // CROWD_FREE_SHARE), smem
+
+    def crowded(self, fn: Callable[[], None], obj: Any, kernels: Sequence[str]) -> str:
+        if any(cluster_size(obj.get_kernel(k), self.dev.device_id) > 1 for k in set(kernels)):
+            return ""
+        sms, hold, smem = self.crowd_plan
         dptr, flags = self.host_flags()
         flags[:hold + 1] = 0  # [0] release, [1 + i] CTA i started
         other = self.other_stream()

@@ -83,4 +83,3 @@ def ceiling_md(doc: dict) -> str:
         peer = f"{r['peer_us_same_job']:.1f} | {r['peer_over_ours']:.2f}" if r["peer_us_same_job"] else "absent | -"
         lines.append(f"| {r['cell']} | {r['us']:.1f} | {r['gbps']:.0f} | {100 * r['share_of_ceiling']:.1f}% | {peer} |")
     return "\n".join(lines) + "\n"
-

@@ -64,8 +64,6 @@ BWD = Gallery(Path(__file__).with_name("gallery_bwd.cu.j2"), BWD_SPEC,
                   ("none", (Status.OK,), "honest control"),
               ))
 GALLERIES = {"kda": KDA, "rmsnorm_bwd": BWD}
-# the KDA gallery's names, as the CPU test and experiments/scripts/gallery.py read them
-SOURCE, CELL, CASES, SPEC = KDA.source, KDA.cell, KDA.cases, KDA.spec
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ class Outcome:
     error: str
 
 
-def template(gallery: Gallery = KDA) -> TemplateDef:
+def template(gallery: Gallery) -> TemplateDef:
     return parse_template(gallery.source.read_text(), str(gallery.source), trusted=True)
 
 
@@ -86,8 +84,7 @@ def genome(tdef: TemplateDef, cheat: str) -> Genome:
     return Genome.make(tdef.op, tdef.name, tdef.source_hash, tdef.default_params() | {"cheat": cheat})
 
 
-def build(tdef: TemplateDef, cheat: str, c: Any = None):
-    c = CELL if c is None else c
+def build(tdef: TemplateDef, cheat: str, c: Any):
     return build_point(tdef, genome(tdef, cheat).params_dict(), c.dtypes_dict(), c.dims_dict())
 
 

@@ -63,7 +63,7 @@ class Guarded:
         self.counts: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
         self._keys: dict[int, tuple[Any, tuple, tuple | None, tuple]] = {}  # id(choice) -> (it, key, shape, mark)
-        self.selfcheck = selfcheck_on(PACKAGE)  # read once: the environment is ~2 us a call
+        self.selfcheck = selfcheck_on(PACKAGE)  # read once, not from the environment on every call
 
     def count(self, name: str, path: str) -> None:
         with self._lock:

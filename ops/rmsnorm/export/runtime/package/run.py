@@ -23,6 +23,13 @@ from .guard import Guarded, aligned, probe_generator, tensor_arch
 EPS_RANGE = (1e-6, 1e-4)  # a probe's eps, drawn (log-uniform): a kernel that folds eps to a constant is caught
 
 
+def variant_tensors(x: Tensor, w: Tensor, y: Tensor, residual: Tensor | None, residual_out: Tensor | None,
+                    bias: Tensor | None, rstd: Tensor | None) -> dict[str, Tensor]:
+    """A variant launch's tensors by name: x, w, y and those of the variants the call has."""
+    opt = (("residual", residual), ("residual_out", residual_out), ("bias", bias), ("rstd", rstd))
+    return {"x": x, "w": w, "y": y} | {k: v for k, v in opt if v is not None}
+
+
 class Runtime(Guarded):
     """RMSNorm's calls (forward, backward) on the shared launch guard; paths counted by op."""
 
@@ -81,10 +88,7 @@ class Runtime(Guarded):
             return verify.check_forward(x, w, eps, y, sample=m)
         res_out = torch.empty_like(residual) if residual is not None else None
         r = torch.empty(m, dtype=torch.float32, device=device) if d.get("store_rstd") else None
-        tensors = {"x": x, "w": w, "y": y}
-        tensors.update({k: v for k, v in (("residual", residual), ("residual_out", res_out), ("bias", bias),
-                                          ("rstd", r)) if v is not None})
-        self.launcher.run(c, tensors, {"eps": eps})
+        self.launcher.run(c, variant_tensors(x, w, y, residual, res_out, bias, r), {"eps": eps})
         return verify.check_variant(x, w, residual, bias, eps, y, res_out, r, sample=m)
 
     def _count(self, c: Choice, path: str) -> None:
@@ -125,10 +129,7 @@ class Runtime(Guarded):
             y = torch.empty_like(x)
             res_out = torch.empty_like(residual) if residual is not None else None
             r = torch.empty(m, dtype=torch.float32, device=x.device) if store_rstd else None
-            tensors = {"x": x, "w": weight, "y": y}
-            tensors.update({k: v for k, v in (("residual", residual), ("residual_out", res_out), ("bias", bias),
-                                              ("rstd", r)) if v is not None})
-            if self.launch(c, tensors, {"eps": eps},
+            if self.launch(c, variant_tensors(x, weight, y, residual, res_out, bias, r), {"eps": eps},
                            lambda: verify.check_variant(x, weight, residual, bias, eps, y, res_out, r)):
                 return y, res_out, r
         elif c is not None:
