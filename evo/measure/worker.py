@@ -34,6 +34,7 @@ FLUSH_BYTES = 256 << 20  # > 4x the H200's 60 MB L2
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 SLOT = 128  # bytes of scratch per comparison: 2 doubles, 6 u64 stats, 1 u64 guard count, 1 u64 reference checksum
 AUDIT_AT = SLOTS * SLOT
+PAIR_HOLD_US = 400.0  # concurrent(): the stream held while both plans are queued
 MAX_AUDIT = 256  # buffers audited in one read-back
 NP_SCALAR = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64,
              "u64": np.uint64, "u8": np.uint8}
@@ -259,7 +260,10 @@ class Worker:
             self.stream = main
 
     def concurrent(self, first: Callable[[], None], second: Callable[[], None]) -> None:
+        """Both launches queued while the stream is held, then let go together: one host launch costs microseconds,
+        so without the hold the first grid, when small, finishes before the second starts."""
         other = self.other_stream()
+        self.hold(PAIR_HOLD_US)
         start = self.stream.record()
         first()
         other.wait(start)
@@ -428,7 +432,7 @@ class Worker:
             self.memset8(area, 0, 16 * len(chunk))
             for i, buf in enumerate(chunk):
                 words = (buf.nbytes + 3) // 4
-                self._support("kf_checksum", words, ("ptr", buf.ptr), ("i64", words), ("u64", key),
+                self._support("kf_checksum", words, ("ptr", buf.ptr), ("i64", buf.nbytes), ("u64", key),
                               ("ptr", area + 16 * i))
                 self._guards(buf, area + 16 * i + 8)
             got = self.to_host(area, 16 * len(chunk), np.uint64)
@@ -447,9 +451,9 @@ class Worker:
             self._guards(out, st + 64)
         if key:  # the reference's keyed checksum (and its scale's, keyed apart) into the slot's word 9
             words = numel * 2
-            self._support("kf_checksum", words, ("ptr", ref.ptr), ("i64", words), ("u64", key), ("ptr", st + 72))
+            self._support("kf_checksum", words, ("ptr", ref.ptr), ("i64", 4 * words), ("u64", key), ("ptr", st + 72))
             if scale is not None:
-                self._support("kf_checksum", words, ("ptr", scale.ptr), ("i64", words), ("u64", scale_key(key)),
+                self._support("kf_checksum", words, ("ptr", scale.ptr), ("i64", 4 * words), ("u64", scale_key(key)),
                               ("ptr", st + 72))
         self._numel[slot] = numel
 

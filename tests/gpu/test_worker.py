@@ -89,3 +89,21 @@ def test_compare_takes_a_keyed_checksum_of_the_reference_and_its_scale():
     assert moved != base
     flip(scale.ptr + 8 * (n - 1))  # one byte of the scale's last element
     assert sums(99) != moved
+
+
+@pytest.mark.gpu
+def test_audit_reads_exactly_a_buffers_bytes_whatever_its_guards():
+    """A buffer of an odd size and its copy checksum alike though their guard patterns differ (drawn per buffer):
+    the last partial word's bytes past the data are not read; one data byte still moves the checksum."""
+    from evo.measure.jobs import Guard
+    from evo.measure.worker import Worker
+
+    w = Worker()
+    for nbytes in (2, 198, 4099):
+        a, b = w.alloc(nbytes, Guard(256, 16, 11)), w.alloc(nbytes, Guard(512, 48, 12))
+        w.fill(a, "float16", nbytes // 2, nbytes // 2, FILLS["normal"]["x"], seed=3)
+        w.copy(b, a)
+        (ca, ha), (cb, hb) = w.audit([a, b], 77)
+        assert ca == cb and ha == hb == 0
+        w.memset8(b.ptr + nbytes - 1, int(w.to_host(b.ptr + nbytes - 1, 1, np.uint8)[0]) ^ 0x01, 1)
+        assert w.audit([b], 77)[0][0] != ca

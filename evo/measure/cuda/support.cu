@@ -171,11 +171,17 @@ extern "C" __global__ void kf_poison(unsigned int* p, long long words, unsigned 
 
 // Keyed, order-independent checksum of a buffer (the key is random per job, so no kernel can aim
 // for a collision): sum over 4-byte words of mix(key, index, word).
-extern "C" __global__ void kf_checksum(const unsigned int* p, long long words, unsigned long long key,
+// Exactly nbytes: the bytes of a last partial word past the data (its guard zone, a pattern drawn per buffer) are
+// masked off, so a buffer and its private copy of an odd size checksum alike.
+extern "C" __global__ void kf_checksum(const unsigned int* p, long long nbytes, unsigned long long key,
                                        unsigned long long* out) {
+  const long long words = (nbytes + 3) / 4;
   unsigned long long c = 0;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < words; i += (long long)gridDim.x * blockDim.x)
-    c += mix(key ^ mix(((unsigned long long)i << 32) | p[i]));
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < words; i += (long long)gridDim.x * blockDim.x) {
+    const long long left = nbytes - 4 * i;
+    const unsigned int v = left >= 4 ? p[i] : p[i] & ((1u << (8 * left)) - 1u);
+    c += mix(key ^ mix(((unsigned long long)i << 32) | v));
+  }
   for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
   if ((threadIdx.x & 31) == 0) atomicAdd(out, c);
 }
