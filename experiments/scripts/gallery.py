@@ -74,7 +74,7 @@ def main() -> int:
            "cheats": len(CHEATS), "cheats_rejected": sum(o.name in CHEATS and o.got != "OK" for o in outcomes),
            "cheat_runs": sum(o.name in CHEATS for o in outcomes),
            "outcomes": [asdict(o) for o in outcomes], "honest_controls": controls,
-           "templates": {op: {"cell": g.cell.label(), "outcomes": [asdict(o) for o in template_outcomes if o.op == op]}
+           "templates": {op: {"cell": g.cell.label(), "small_cell": g.small.label(), "outcomes": [asdict(o) for o in template_outcomes if o.op == op]}
                          for op, g in templates.GALLERIES.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2, default=str))
@@ -82,7 +82,7 @@ def main() -> int:
         print(f"{o.name:<17} {o.cell:<26} {o.got:<14} {'ok ' if o.passed else 'BAD'} graph={o.graph!s:<5} "
               f"{o.median_us:9.2f} us {o.gbps:6.0f} GB/s  {o.error[:80]}")
     for o in template_outcomes:
-        print(f"{o.op:<11} {o.cheat:<19} {o.got:<14} {'ok ' if o.passed else 'BAD'} {o.error[:100]}")
+        print(f"{o.op:<11} {o.cheat:<19} {o.got:<14} {'ok ' if o.passed else 'BAD'} {o.cell[:40]:<40} {o.error[:100]}")
     for c in controls:
         print(f"control cta_row {c['cell']:<28} {c['status']:<8} {c['median_us']:9.2f} us vs committed "
               f"{c['committed_median_us']:9.2f} us  x{c['ratio_to_committed']:.3f}")
