@@ -61,12 +61,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "gallery_h200.json")
     ap.add_argument("--no-controls", action="store_true", help="skip the cta_row honest controls")
+    ap.add_argument("--templates-only", action="store_true",
+                    help="only the template galleries (KDA, the RMSNorm backward, the forward's variant cases)")
     ap.add_argument("--baseline", type=Path, help="a bench CSV whose cta_row medians the controls are compared with")
     args = ap.parse_args()
     t0 = time.time()
-    outcomes, fingerprint, restarts, ceiling = run_gallery()
     templates = _gallery_run("gallery_templates")
-    template_outcomes, _ = templates.run_gallery()
+    if args.templates_only:
+        outcomes, restarts, ceiling = [], 0, None
+        template_outcomes, fingerprint = templates.run_gallery()
+    else:
+        outcomes, fingerprint, restarts, ceiling = run_gallery()
+        template_outcomes, _ = templates.run_gallery()
     passed = all(o.passed for o in outcomes) and all(o.passed for o in template_outcomes)
     controls = [] if args.no_controls else honest_controls(args.baseline)
     doc = {"cells": {k: c.label() for k, c in CELLS.items()}, "fingerprint": fingerprint, "ceiling_gbps": ceiling,
