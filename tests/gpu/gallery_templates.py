@@ -44,6 +44,15 @@ class Case(NamedTuple):
     small: bool = False
 
 
+# the last cases of a gallery whose kernel can batch a replay's sets: an honest control on the small (graph-timed) cell,
+# the batched cheat there, and a last honest control on the main cell
+REPLAY_CASES = (
+    Case("none", (Status.OK,), "honest control on the graph-timed cell", small=True),
+    Case("batched", REPLAY_NOT_INDEPENDENT, "a replay's launches against launches outside it", small=True),
+    Case("none", (Status.OK,), "honest control"),
+)
+
+
 @dataclass(frozen=True)
 class Gallery:
     """A template gallery: its file, op spec, the cell its jobs run on, a small cell (graph-timed), and its cases in
@@ -73,11 +82,7 @@ KDA = Gallery(Path(__file__).with_name("gallery_kda.cu.j2"), KDA_SPEC,
                   Case("shared_scratch", WRONG, "the launch beside a second stream's"),
                   Case("grid_barrier", NEEDS_WHOLE_GPU, "the launch beside a kernel holding most SMs"),
                   Case("guard_sniff", WRONG, "guard bytes drawn per job"),
-                  Case("none", (Status.OK,), "honest control on the graph-timed cell", small=True),
-                  Case("batched", REPLAY_NOT_INDEPENDENT, "a replay's launches against launches outside it",
-                       small=True),
-                  Case("none", (Status.OK,), "honest control"),
-              ))
+              ) + REPLAY_CASES)
 BWD = Gallery(Path(__file__).with_name("gallery_bwd.cu.j2"), BWD_SPEC,
               bwd_cell("bf16", 4096, 4096),
               bwd_cell("bf16", 16, 1024),  # a replay's launches are timed
@@ -89,11 +94,7 @@ BWD = Gallery(Path(__file__).with_name("gallery_bwd.cu.j2"), BWD_SPEC,
                   Case("partials_in_scratch", WRONG, "the launch beside a second stream's"),
                   Case("grid_barrier", NEEDS_WHOLE_GPU, "the launch beside a kernel holding most SMs"),
                   Case("guard_sniff", WRONG, "guard bytes drawn per job"),
-                  Case("none", (Status.OK,), "honest control on the graph-timed cell", small=True),
-                  Case("batched", REPLAY_NOT_INDEPENDENT, "a replay's launches against launches outside it",
-                       small=True),
-                  Case("none", (Status.OK,), "honest control"),
-              ))
+              ) + REPLAY_CASES)
 FWD = Gallery(Path(__file__).with_name("gallery_fwd.cu.j2"), FWD_SPEC,
               fwd_cell("bf16", 4096, 4096, residual=True),
               fwd_cell("bf16", 64, 1024, residual=True),
