@@ -141,6 +141,13 @@ def _pct(r: dict[str, Any]) -> str:
     return "–" if p is None else f"{p:.0f}%"
 
 
+def _floor(f: dict[str, Any]) -> list[str]:
+    """A row's floor ("134 (bytes)") and the share of it the package's kernel time reaches ("41%")."""
+    if f.get("floor_us") is None:
+        return ["–", "–"]
+    return [f"{_us(f['floor_us'])} ({f['bound']})", "–" if f.get("share") is None else f"{100 * f['share']:.0f}%"]
+
+
 def _not_timed(t: Table) -> list[str]:
     """Each peer that was not timed on some cell, with its status, reason and how many cells."""
     seen: dict[tuple[str, str, str], int] = {}
@@ -175,6 +182,7 @@ def details_table(t: Table) -> str:
     ceiling = (doc.get("copy_ceiling") or {}).get("gbps")
     samples = f", {doc['samples']} samples per side and column" if doc.get("samples") else ""
     shared, labels = short_labels([r["cell"] for r in t.rows])
+    floors = any("floor" in r for r in t.rows)  # KDA's rows: the longer of bytes at the ceiling and FLOPs at the rate
     head = [f"### {label(t)}, {t.card.upper()}", "",
             f"{where(t)}. Peers: {peers_line(t)}. Copy ceiling {ceiling:.0f} GB/s." if ceiling else
             f"{where(t)}. Peers: {peers_line(t)}.",
@@ -183,7 +191,8 @@ def details_table(t: Table) -> str:
             f"{_x(geomean(speedups(t, 'kernel')))} by kernel time, {_x(geomean(speedups(t, 'call')))} by call time.",
             *([f"Every cell: `{shared}`."] if shared else []),
             "", "| cell | package path | package kernel µs | best peer (kernel) | × | package call µs | "
-            "best peer (call) | × | % of copy ceiling |", "|---|---|---|---|---|---|---|---|---|"]
+            "best peer (call) | × | % of copy ceiling |" + (" floor µs (bound) | share of floor |" if floors else ""),
+            "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if floors else "")]
     for r, short in zip(t.rows, labels):
         me = r["sides"].get(PACKAGE, {})
         cells = [short, r.get("path", "–")]
@@ -193,6 +202,8 @@ def details_table(t: Table) -> str:
             cells += [_us(me.get(f"{col}_us")) if r["correct"] else f"**{me.get('status')}**",
                       f"{best} {_us(peer_us)}" if best else "–", _x(r.get(f"speedup_{col}"))]
         cells.append(_pct(r))
+        if floors:
+            cells += _floor(r.get("floor") or {})
         head.append("| " + " | ".join(str(c) for c in cells) + " |")
     rest = _not_timed(t)
     if rest:

@@ -706,3 +706,27 @@ def test_decay_near_zero_catches_an_overflowing_decay_factorization() -> None:
     c = cell(BF, 1, 64, 1, 16, 16)
     got = verdicts(fla_style_kernel, c, chunk=32, unsafe_exp=True)
     assert got["normal"] and not got["decay_near_zero"]
+
+
+def test_the_package_benchs_floor_counts_the_ops_flops_and_takes_the_longer_part():
+    """The exported bench's floor.py (standard library only) against the op's own count, on every matrix cell."""
+    import importlib.util
+    from pathlib import Path
+
+    import ops.kda.spec as kda
+
+    path = Path(kda.__file__).parent / "export" / "runtime" / "package" / "floor.py"
+    spec = importlib.util.spec_from_file_location("kda_floor", path)
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    for c in kda.matrix():
+        assert floor.flops(c.dims_dict()) == kda.flops(c)
+    assert floor.dense_bf16_tflops("NVIDIA H100 80GB HBM3") == floor.dense_bf16_tflops("NVIDIA H200") == 989.5
+    assert floor.dense_bf16_tflops("NVIDIA H100 PCIe") == 756.5 and floor.dense_bf16_tflops("NVIDIA A100") is None
+    f = floor.floor(3_000_000_000, 989_500_000_000, 3000.0, 989.5, 2000.0)  # 1000 us of bytes, 1000 of flops
+    assert f["bytes_us"] == pytest.approx(1000.0) and f["flops_us"] == pytest.approx(1000.0)
+    f = floor.floor(3_000_000_000, 2 * 989_500_000_000, 3000.0, 989.5, 4000.0)
+    assert (f["bound"], f["floor_us"], f["share"]) == ("flops", pytest.approx(2000.0), pytest.approx(0.5))
+    f = floor.floor(3_000_000_000, 10**15, 3000.0, None, 2000.0)  # a card without a rate: the bytes alone
+    assert (f["bound"], f["flops_us"], f["share"]) == ("bytes", None, pytest.approx(0.5))
+    assert floor.floor(1, 1, None, None, 1.0)["floor_us"] is None

@@ -81,6 +81,19 @@ def test_a_table_says_its_card_peers_speedups_and_what_was_not_timed(tmp_path):
         rt.load_tables(tmp_path)
 
 
+def test_a_kda_table_gives_each_cells_floor_and_the_share_the_package_reaches(tmp_path):
+    rt = _module()
+    folder = tmp_path / "kda" / "h100"
+    folder.mkdir(parents=True)
+    cells = [_cell("B1-T8192", 400.0, 500.0), _cell("B1-T1", 4.0, 5.0)]
+    cells[0]["floor"] = {"floor_us": 134.0, "bound": "bytes", "share": 134.0 / 400.0}
+    cells[1]["floor"] = {"floor_us": None, "bound": None, "share": None}
+    (folder / "kda_bench_a.json").write_text(json.dumps(_doc(cells)))
+    d = rt.render(rt.load_tables(tmp_path))["details"]
+    assert "| % of copy ceiling | floor µs (bound) | share of floor |" in d
+    assert "| 50% | 134 (bytes) | 34% |" in d and "| 50% | – | – |" in d
+
+
 def test_the_warm_rerun_the_readme_cites_is_consistent() -> None:
     """experiments/results/warm_rerun_replay.json (experiments/scripts/warm_rerun.py), the README's run times."""
     r = json.loads((SCRIPT.parents[1] / "results" / "warm_rerun_replay.json").read_text())

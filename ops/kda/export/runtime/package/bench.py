@@ -5,7 +5,9 @@ kernel time with the host hidden, call time as a Python caller waits).
 
 Peers (peers.py): fla's chunk_kda by its default path and by its bounded-gate tensor-core path (safe_gate=True; the
 gates are drawn inside its bound for every side), fla's FlashKDA backend, fla's fused_recurrent_kda on decode cells,
-cuDNN frontend's KDA and cuLA; each present or absent with the reason. Every row names whether the cell was searched.
+cuDNN frontend's KDA and cuLA; each present or absent with the reason. Every row names whether the cell was searched,
+and its floor (floor.py): the package's kernel time against the longer of its bytes at the copy ceiling and its
+arithmetic at the card's dense bf16 rate.
 
     python -m <package>.bench [--out bench.json] [--tables prefill,decode] [--cells REGEX] [--peers ...]
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import api, benchmark, peers, verify
+from . import api, benchmark, floor, peers, verify
 from .choose import explain
 from .sides import PACKAGE_SIDE, compare
 from .table import Cell, tables
@@ -111,10 +113,14 @@ def row(c: Cell, names: tuple[str, ...], samples: int, ceiling: float | None) ->
         return check(dims, t, kw, o, final)
 
     e = tables()["kda"].entry(c)
+    moved = nbytes(t, kw)
     out = {"table": table_of(dims), "cell": c.label, "entry": entry, "dims": dims, "dtypes": dt,
            "path": path(entry, t, kw),
            "searched": e is not None, "searched_median_us": e.median_us if e else None,
-           **compare(sides, checked, nbytes(t, kw), samples, ceiling)}
+           **compare(sides, checked, moved, samples, ceiling)}
+    mine = out["sides"].get(PACKAGE_SIDE, {})
+    out["floor"] = floor.floor(moved, floor.flops(dims), ceiling, floor.dense_bf16_tflops(torch.cuda.get_device_name()),
+                               mine.get("kernel_us") if out["correct"] else None)
     torch.cuda.empty_cache()
     return out
 
