@@ -291,6 +291,8 @@ def flops(cell: Cell) -> int:
 # V-first state; its g and beta are projections in the activation dtype.
 MODEL = Variant(gate=Gate.SOFTPLUS, beta_act=BetaAct.SIGMOID, qk_l2norm=True, v_first=True)
 PREFILL = ((1, 8192, 32), (4, 4096, 32), (8, 2048, 16), (1, 32768, 16))
+# long sequences of few heads: B x H value heads leave most SMs idle for a kernel that walks a sequence in order
+LONG_FEW_HEADS = ((1, 65536, 8), (2, 32768, 4))
 DECODE_B = (1, 16, 64, 256)
 
 
@@ -311,6 +313,11 @@ def varlen_matrix() -> list[Cell]:
 def prefill_matrix() -> list[Cell]:
     """The prefill cells of the matrix (PREFILL shapes in fla's default call): the named matrix "prefill"."""
     return [cell(DType.BF16, b, t, h) for b, t, h in PREFILL]
+
+
+def long_matrix() -> list[Cell]:
+    """Long sequences of few heads (LONG_FEW_HEADS in fla's default call): the named matrix "long"."""
+    return [cell(DType.BF16, b, t, h) for b, t, h in LONG_FEW_HEADS]
 
 
 def decode_matrix() -> list[Cell]:
@@ -488,5 +495,5 @@ SPEC = OpSpec(
     # fla's decode kernel first (the peer a decode search times by default); chunk_kda for prefill
     baselines=("fla.fused_recurrent_kda", "fla.chunk_kda"),
     bucket_edges={"B": (4, 64), "T": (64, 4096)},
-    matrices={"decode": decode_matrix, "prefill": prefill_matrix, "varlen": varlen_matrix},
+    matrices={"decode": decode_matrix, "prefill": prefill_matrix, "varlen": varlen_matrix, "long": long_matrix},
 )

@@ -1507,6 +1507,23 @@ def test_the_varlen_experiment_searches_the_matrix_model_cell_over_legal_points(
     assert any(p["recur_lean"] for p in legal) and any(p["recur_fuse"] for p in legal)
 
 
+def test_the_long_experiment_searches_the_few_head_long_cells_over_legal_points():
+    """experiments/kda_prefill_long.toml: its cells are the named matrix "long" (few heads, long sequences), with
+    legal points of its space on each."""
+    from evo.core.config import load_config
+    from evo.loop.pipeline import Session
+    from memory.store import Store
+    from ops.kda.spec import LONG_FEW_HEADS, long_matrix
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "experiments" / "kda_prefill_long.toml")
+    with Store.open(":memory:") as s:
+        ses = Session(cfg, s, "check")
+        assert [c.label() for c in ses.cells] == [c.label() for c in long_matrix()]
+        assert [(c.dim("B"), c.dim("T"), c.dim("H")) for c in ses.cells] == list(LONG_FEW_HEADS)
+        for c in ses.cells:
+            assert len(all_legal(c, ses.templates["chunk"])) >= 32, c.label()
+
+
 # The counts: each config's space less the points of the options it offered that measured slower and left the template
 # (docs/kda_prep_analysis.md): kda_prefill_h200_t8192.toml's 116 held every point at prep_aoff one and two (58 each);
 # kda_prefill_h200.toml's 2288 held, beside its 1232, the 704 points at 128 threads again at prep_aoff two and the 352
