@@ -76,7 +76,10 @@ from evo.measure.jobs import BufferDecl, CheckStats, DecodeLoop, EvalJob, Guard,
 # holds all but a few SMs: a plan that does not finish there waits for CTAs that cannot be resident (a grid-wide wait
 # without a cooperative launch) and is INVALID; a causal op's outputs before a drawn position must not move when only
 # later inputs change (bit for bit).
-GATE_VERSION = "9"
+# "10": in graph mode, an untimed replay whose graph poisons each set's outputs and workspaces right before its
+# launch, every set checked after it: a launch leaving its work to another launch of the replay fails there,
+# whatever its time (the "9" gate caught it only through verify.GRAPH_FLOOR, by a replay's time far under direct).
+GATE_VERSION = "10"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
 CHECK_FRACTION = 0.1  # share of timed samples whose outputs are checked (decided after the sample ran)
@@ -459,6 +462,7 @@ class Gate:
         if graph:
             times, btimes = self._time_graph(g, sets, base, timed)
             direct = self._time_alone(g, sets)
+            self._refreshed_replay(g, sets)
         else:
             times, btimes = self._time_direct(g, sets, base, timed)
         self._integrity(g, sets, "after timing")
@@ -565,6 +569,24 @@ class Gate:
         preps: list = [prep] + [lambda i: self.dev.reset_l2()] * len(base)
         samples = self._sample_loop(fns, preps, len(order), after)
         return samples[0], samples[1:]
+
+    def _refreshed_replay(self, g: Geometry, sets: list[InputSet]) -> None:
+        """A replay (untimed) whose graph poisons each set's outputs and workspaces right before that set's launch,
+        every set checked after it: a launch that leaves its set's work to another launch of the replay (the
+        first doing every set's work, the rest returning) leaves the poison, however fast or slow it batches."""
+        order = list(range(len(sets)))
+        self.rng.shuffle(order)
+
+        def each() -> None:
+            for j in order:
+                self._poison(sets[j])
+                self._launch(g, sets[j])
+
+        replay = self.dev.capture(each)
+        replay(0)
+        self.dev.sync("graph replay with each set's outputs refreshed before its launch")
+        self._check(g, [(sets[j], f"graph replay with each set's outputs refreshed before its launch (set {j})")
+                        for j in order])
 
     def _time_alone(self, g: Geometry, sets: list[InputSet]) -> list[float]:
         """DIRECT_SAMPLES launches of the candidate, one set each (its outputs poisoned, the L2 flushed, the

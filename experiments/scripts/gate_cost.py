@@ -1,8 +1,9 @@
-"""What gate 9 costs an evaluation: the wall time of one gate job, the whole gate against the same gate without what
-version 9 added (the pair of launches on two streams, the launch beside a kernel holding most SMs, the causal check),
-in one worker process, alternating, each repetition a fresh job (shapes, scalars and inputs drawn from the OS). The
-cases are a matrix cell's default point of RMSNorm's cta_row (three sizes), KDA's recurrent decode and KDA's chunk
-prefill. Rerun on a GPU machine: python experiments/scripts/gate_cost.py --out build/gate_cost.json
+"""What the gate's newest rounds cost an evaluation: the wall time of one gate job, the whole gate against the same gate
+without what versions 9 and 10 added (the pair of launches on two streams, the launch beside a kernel holding most
+SMs, the causal check; in graph mode the replay that refreshes each set before its launch), in one worker process,
+alternating, each repetition a fresh job (shapes, scalars and inputs drawn from the OS). The cases are a matrix cell's
+default point of RMSNorm's cta_row (three sizes), KDA's recurrent decode and KDA's chunk prefill. Rerun on a GPU
+machine: python experiments/scripts/gate_cost.py --out build/gate_cost.json
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ CASES = (("rmsnorm", "cta_row", "w=bf16,x=bf16 M4096-N2048"), ("rmsnorm", "cta_r
 
 
 class Gate8(Gate):
-    """The gate without version 9's rounds: no pair on two streams, no crowded launch, no causal check (every other
-    check and the timing unchanged)."""
+    """The gate without versions 9's and 10's rounds: no pair on two streams, no crowded launch, no causal check, no
+    refreshed replay (every other check and the timing unchanged)."""
 
     def _round_shared(self, g: Any, sets: list) -> None:
         return None
@@ -39,6 +40,9 @@ class Gate8(Gate):
         return None
 
     def _causality(self, g: Any, a: Any, b: Any) -> None:
+        return None
+
+    def _refreshed_replay(self, g: Any, sets: list) -> None:
         return None
 
 
@@ -56,6 +60,7 @@ def main() -> int:
     from evo import Builder, default_for_cell, fresh_rng, get_op, hand_job, load_templates, Worker
 
     w = Worker()
+    version = dict(w.fingerprint)["gate"]
     rows = []
     t0 = time.time()
     with Builder(workers=2) as builder:
@@ -63,9 +68,9 @@ def main() -> int:
             op, tdef = get_op(op_name), load_templates(op_name)[template]
             cell = next(c for c in op.all_cells() if c.label() == label)
             params = default_for_cell(tdef, 90, cell)
-            wall: dict[str, list[float]] = {"gate 9": [], "gate 8 rounds": []}
+            wall: dict[str, list[float]] = {"gate": [], "gate 8 rounds": []}
             for rep in range(args.reps):
-                order = (("gate 9", Gate), ("gate 8 rounds", Gate8))
+                order = (("gate", Gate), ("gate 8 rounds", Gate8))
                 for name, cls in order if rep % 2 == 0 else order[::-1]:
                     hj = hand_job(builder, op, tdef, params, cell, seed=rep, baseline=False)
                     s, res = timed(lambda: hj.gate(cls, w, fresh_rng()).run())
@@ -75,11 +80,11 @@ def main() -> int:
                     wall[name].append(s)
             med = {k: float(np.median(v)) for k, v in wall.items()}
             rows.append({"op": op_name, "template": template, "cell": label, "params": params, "wall_s": wall,
-                         "ratio_9_to_8": med["gate 9"] / med["gate 8 rounds"]})
-            print(f"{op_name:<8} {template:<10} {label[:40]:<40} gate 9 {med['gate 9']:7.2f} s  without its rounds "
-                  f"{med['gate 8 rounds']:7.2f} s  x{rows[-1]['ratio_9_to_8']:.3f}", flush=True)
-    doc = {"fingerprint": dict(w.fingerprint), "reps": args.reps, "wall_s": round(time.time() - t0, 1),
-           "cases": rows}
+                         "ratio_to_8": med["gate"] / med["gate 8 rounds"]})
+            print(f"{op_name:<8} {template:<10} {label[:40]:<40} gate {version} {med['gate']:7.2f} s  without its "
+                  f"newest rounds {med['gate 8 rounds']:7.2f} s  x{rows[-1]['ratio_to_8']:.3f}", flush=True)
+    doc = {"fingerprint": dict(w.fingerprint), "gate": version, "reps": args.reps,
+           "wall_s": round(time.time() - t0, 1), "cases": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2))
     print(f"wrote {args.out}")

@@ -27,6 +27,7 @@ DEFAULT_GUARD = Guard(256, 64, 0xA5)  # a buffer allocated without a guard of th
 NP = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "uint8": np.uint8,
       "uint32": np.uint32, "int32": np.int32}
 BANDWIDTH_GBPS = 3000.0  # what an honest fake kernel achieves; the fake copy ceiling is 4000
+SYNC_US = 10.0  # what a host round trip (a sync, then the next launch queued) leaves the device idle
 
 
 def guard_pattern(guard: Guard) -> np.ndarray:
@@ -157,6 +158,9 @@ class FakeDevice:
         a[idx] = (-a[idx].astype(np.float64) + amount).astype(NP[dtype])
 
     def poison(self, buf: FakeBuf, seed: int) -> None:
+        if self._capturing is not None:  # a graph's poison node: its replay poisons again, with the same seed
+            self._capturing.append(lambda: self.poison(buf, seed))
+            return
         self.data(buf)[:] = np.random.default_rng(seed % (1 << 63)).integers(0, 256, buf.nbytes, dtype=np.uint8)
         buf.restore_guards()
         self.clock += 0.5  # device work: outside the timed events, but a kernel reading a clock sees it
@@ -171,6 +175,7 @@ class FakeDevice:
 
     def audit(self, bufs: Sequence[FakeBuf], key: int) -> list[tuple[int, int]]:
         self.readbacks += 1
+        self.clock += SYNC_US  # a read-back waits for the device
         return [(self._keyed(buf, buf.nbytes, key), self._guard_hits(buf)) for buf in bufs]
 
     def _keyed(self, buf: FakeBuf, nbytes: int, key: int) -> int:
@@ -256,6 +261,7 @@ class FakeDevice:
 
     def collect(self, n: int) -> list[CheckStats]:
         self.readbacks += 1
+        self.clock += SYNC_US  # a read-back waits for the device
         return [self.slots[i] for i in range(n)]
 
     def compare(self, out: FakeBuf, ref: FakeBuf, dtype: str, numel: int, row_len: int, tail: int, atol: float,
@@ -290,7 +296,7 @@ class FakeDevice:
                           self._guard_hits(out))
 
     def sync(self, what: str) -> None:
-        return None
+        self.clock += SYNC_US  # the host waits, then reads back and queues the next work: the device idles
 
     def hold(self, us: float) -> None:
         self.holds.append(us)  # host-side launch latency is not modelled: the clock does not move
@@ -316,11 +322,11 @@ class FakeDevice:
         self._capturing = []
         fn()
         recorded, self._capturing = self._capturing, None
-        self.state["graph_launches"] = len(recorded)
+        self.state["graph_launches"] = sum(not callable(rec) for rec in recorded)
 
         def replay(_i: int) -> None:
             for rec in recorded:
-                self.launch(*rec)
+                rec() if callable(rec) else self.launch(*rec)
 
         return replay
 
@@ -424,9 +430,9 @@ def rms_job(cell: Cell, timing: Timing | None = Timing(min_samples=20, max_sampl
                    SPEC.bytes_moved(cell), gate, baselines)
 
 
-def run_gate(dev: FakeDevice, job: EvalJob, seed: int = 0) -> JobResult:
-    """The real Gate over the fake device (rng seeded: the tests are deterministic)."""
-    return Gate(dev, job, "cand", "ref", rms_device, random.Random(seed), (("gpu", "fake"),), dev.ceiling_gbps).run()
+def run_gate(dev: FakeDevice, job: EvalJob, seed: int = 0, gate: type[Gate] = Gate) -> JobResult:
+    """The real Gate (or a variant of it) over the fake device (rng seeded: the tests are deterministic)."""
+    return gate(dev, job, "cand", "ref", rms_device, random.Random(seed), (("gpu", "fake"),), dev.ceiling_gbps).run()
 
 
 def unpack(dev: FakeDevice, args: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, float]:
