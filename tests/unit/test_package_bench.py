@@ -57,6 +57,9 @@ def test_the_verdict_picks_the_fastest_correct_peer_per_column_and_none_without_
     assert v["speedup_kernel"] == pytest.approx(1.2) and v["speedup_call"] == pytest.approx(0.8)
     alone = sides.verdict({"package": {"status": "wrong", "reason": "y"}, "a": st["a"]})
     assert not alone["correct"] and alone["speedup_kernel"] is None and alone["best_peer_kernel"] == "a"
+    # another path of the package's own (a diagnostic side) is no peer, however fast
+    own = sides.verdict({**st, "package.split16": {"status": "ok", "kernel_us": 1.0, "call_us": 2.0}})
+    assert (own["best_peer_kernel"], own["best_peer_call"]) == ("a", "b")
 
 
 def test_the_document_says_where_it_ran_and_keeps_rows_after_every_cell(monkeypatch, tmp_path, capsys):

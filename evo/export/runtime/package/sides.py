@@ -85,9 +85,11 @@ def compare(sides: Mapping[str, Side], check: Callable[[str, Any], str], nbytes:
 
 def verdict(status: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The fastest correct peer by kernel time and by call time, and the package's speedups over each (None where
-    the package or every peer was not timed)."""
+    the package or every peer was not timed). Sides named "package.<path>" (another path of the package's own, timed
+    as a diagnostic) are no peers."""
     mine = status.get(PACKAGE_SIDE, {})
-    peers = {n: s for n, s in status.items() if n != PACKAGE_SIDE and s.get("status") == "ok"}
+    peers = {n: s for n, s in status.items()
+             if n != PACKAGE_SIDE and not n.startswith(PACKAGE_SIDE + ".") and s.get("status") == "ok"}
     out: dict[str, Any] = {"correct": mine.get("status") == "ok"}
     for col in ("kernel", "call"):
         best = min(peers, key=lambda n: peers[n][f"{col}_us"]) if peers else None

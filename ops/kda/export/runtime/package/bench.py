@@ -7,7 +7,8 @@ Peers (peers.py): fla's chunk_kda by its default path and by its bounded-gate te
 gates are drawn inside its bound for every side), fla's FlashKDA backend, fla's fused_recurrent_kda on decode cells,
 cuDNN frontend's KDA and cuLA; each present or absent with the reason. Every row names whether the cell was searched,
 and its floor (floor.py): the package's kernel time against the longer of its bytes at the copy ceiling and its
-arithmetic at the card's dense bf16 rate.
+arithmetic at the card's dense bf16 rate. Long sequences of few heads are also timed split into spans run at once
+(split.py), as a diagnostic side "package.split<spans>" that is no peer.
 
     python -m <package>.bench [--out bench.json] [--tables prefill,decode] [--cells REGEX] [--peers ...]
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import api, benchmark, floor, peers, verify
+from . import api, benchmark, floor, peers, split, verify
 from .choose import explain
 from .sides import PACKAGE_SIDE, compare
 from .table import Cell, tables
@@ -101,12 +102,28 @@ def path(entry: str, t: dict[str, Any], kw: dict[str, Any]) -> str:
                    **{f: kw[f] for f in flags if f in kw}).path
 
 
+SPLIT_BELOW_HEADS = 32  # cells of fewer sequences x value heads than this ...
+SPLIT_FROM_T = 16384  # ... and at least this many tokens a sequence are also timed split (split.py)
+SPLIT_SPANS = 16
+
+
+def split_spans(dims: dict[str, int]) -> int:
+    """The spans a cell's diagnostic split side cuts each sequence into (0: none): long sequences of few heads, K == V,
+    no varlen, T a multiple of the spans."""
+    few_long = dims["B"] * dims["HV"] < SPLIT_BELOW_HEADS and dims["T"] >= SPLIT_FROM_T
+    plain = dims["N"] == dims["B"] and dims["K"] == dims["V"] and dims["T"] % SPLIT_SPANS == 0
+    return SPLIT_SPANS if few_long and plain else 0
+
+
 def row(c: Cell, names: tuple[str, ...], samples: int, ceiling: float | None) -> dict[str, Any]:
     dims, dt = dict(c.dims), dict(c.dtypes)
     entry = "fused_recurrent_kda" if dims["T"] == 1 else "chunk_kda"
     t, kw = inputs(dims, dt)
     ours = getattr(api, entry)
     sides = {PACKAGE_SIDE: lambda: ours(**t, **kw), **peers.sides(dims, t, kw, names)}
+    spans = split_spans(dims)
+    if entry == "chunk_kda" and spans:  # a diagnostic side, no peer: the package's chunk_kda on spans run at once
+        sides[f"{PACKAGE_SIDE}.split{spans}"] = lambda: split.split_kda(api.chunk_kda, **t, spans=spans, **kw)
 
     def checked(name: str, result: Any) -> str:
         o, final = peers.outputs(name, result, t["v"], bool(dims["v_first"]))

@@ -279,6 +279,35 @@ def test_variants_on_cpu_match_the_naive_recurrence():
     np.testing.assert_allclose(ht.transpose(-1, -2).numpy(), ref_s, atol=1e-5, rtol=1e-4)
 
 
+def test_a_split_call_is_the_call_it_splits():
+    """split_kda over the torch path (fused_recurrent_kda on CPU): every sequence cut into spans run as one batch,
+    chained and corrected, gives the whole call's o and final state; the variants' keywords pass through."""
+    torch = pytest.importorskip("torch")
+    from importlib import import_module
+
+    split = import_module(kf.__name__ + ".split")
+    q, k, v, g, beta, h0 = (x.float() for x in _cpu_inputs(torch, b=2, t=12, h=1, hv=2, dk=8, dv=8))
+    whole = kf.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    for spans in (1, 3, 12):
+        o, ht = split.split_kda(kf.fused_recurrent_kda, q, k, v, g, beta, spans, initial_state=h0,
+                                output_final_state=True)
+        np.testing.assert_allclose(o.numpy(), whole[0].numpy(), atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(ht.numpy(), whole[1].numpy(), atol=1e-5, rtol=1e-4)
+    kw = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, state_v_first=True)
+    want = kf.fused_recurrent_kda(3 * q, 3 * k, v, g, torch.logit(beta), initial_state=h0.transpose(-1, -2),
+                                  output_final_state=True, **kw)
+    o, ht = split.split_kda(kf.fused_recurrent_kda, 3 * q, 3 * k, v, g, torch.logit(beta), 4,
+                            initial_state=h0.transpose(-1, -2), output_final_state=True, **kw)
+    np.testing.assert_allclose(o.numpy(), want[0].numpy(), atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(ht.numpy(), want[1].numpy(), atol=1e-5, rtol=1e-4)
+    o, none = split.split_kda(kf.fused_recurrent_kda, q, k, v, g, beta, 2)
+    assert none is None and o.shape == v.shape
+    with pytest.raises(ValueError, match="T = 12 is not a multiple of spans = 5"):
+        split.split_kda(kf.fused_recurrent_kda, q, k, v, g, beta, 5)
+    with pytest.raises(ValueError, match="needs K == V"):
+        split.split_kda(kf.fused_recurrent_kda, q, k, v[..., :4], g, beta, 2)
+
+
 def test_chunk_kda_raises_missing_kernel_rather_than_computing_otherwise():
     torch = pytest.importorskip("torch")
     if HAS_PREFILL:
