@@ -73,3 +73,27 @@ def test_span_bounds_cover_the_sequence_and_refuse_a_bad_count():
     assert span_bounds(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
     with pytest.raises(ValueError, match="spans must be in 1..T = 4, got 5"):
         span_bounds(4, 5)
+
+
+def test_pass_one_in_bf16_keeps_the_outputs_inside_the_ops_tolerance():
+    """A kernel's pass 1 returns o0 and the start-state rows in the inputs' dtype (bf16), rounded before the
+    correction: the corrected o stays within the op's RMS-relative 0.005 and near what rounding o alone costs."""
+    from evo.core.spec import DType, quantize
+    from ops.kda.reference import _recur
+
+    rng = np.random.default_rng(0)
+    t, x, dk = 512, 2, 32
+    q, k = (r / np.linalg.norm(r, axis=-1, keepdims=True) for r in rng.standard_normal((2, t, x, dk)))
+    v = rng.standard_normal((t, x, dk))
+    a = -np.exp(rng.normal(-2.0, 1.0, (t, x, dk)))
+    beta = 1.0 / (1.0 + np.exp(-rng.standard_normal((t, x))))
+    s = rng.standard_normal((x, dk, dk)) / np.sqrt(dk)
+    want, _ = _recur(q, k, v, a, beta, s, dk ** -0.5)
+    bf = lambda y: quantize(y, DType.BF16)  # noqa: E731
+    got = np.empty_like(want)
+    for lo, hi in span_bounds(t, 16):
+        o0, qt, b, m = span_maps(q[lo:hi], k[lo:hi], v[lo:hi], a[lo:hi], beta[lo:hi], dk ** -0.5)
+        got[lo:hi] = bf(bf(o0) + np.einsum("txk,xkv->txv", bf(qt), s))
+        s = np.einsum("xkj,xjv->xkv", m, s) + b
+    err, alone = _rms_rel(got, want), _rms_rel(bf(want), want)
+    assert err < 0.005 and err < 1.5 * alone, (err, alone)
