@@ -582,11 +582,11 @@ class Gate:
                 self._poison(sets[j])
                 self._launch(g, sets[j])
 
+        where = "graph replay with each set's outputs refreshed before its launch"
         replay = self.dev.capture(each)
         replay(0)
-        self.dev.sync("graph replay with each set's outputs refreshed before its launch")
-        self._check(g, [(sets[j], f"graph replay with each set's outputs refreshed before its launch (set {j})")
-                        for j in order])
+        self.dev.sync(where)
+        self._check(g, [(sets[j], f"{where} (set {j})") for j in order])
 
     def _time_alone(self, g: Geometry, sets: list[InputSet]) -> list[float]:
         """DIRECT_SAMPLES launches of the candidate, one set each (its outputs poisoned, the L2 flushed, the

@@ -450,10 +450,10 @@ class Worker:
         if out.guarded:  # a peer's tensor (PeerView) has no guard zones of ours around it
             self._guards(out, st + 64)
         if key:  # the reference's keyed checksum (and its scale's, keyed apart) into the slot's word 9
-            words = numel * 2
-            self._support("kf_checksum", words, ("ptr", ref.ptr), ("i64", 4 * words), ("u64", key), ("ptr", st + 72))
+            nbytes = 8 * numel  # float64
+            self._support("kf_checksum", nbytes // 4, ("ptr", ref.ptr), ("i64", nbytes), ("u64", key), ("ptr", st + 72))
             if scale is not None:
-                self._support("kf_checksum", words, ("ptr", scale.ptr), ("i64", 4 * words), ("u64", scale_key(key)),
+                self._support("kf_checksum", nbytes // 4, ("ptr", scale.ptr), ("i64", nbytes), ("u64", scale_key(key)),
                               ("ptr", st + 72))
         self._numel[slot] = numel
 

@@ -80,7 +80,8 @@ def main() -> int:
            "cheats": len(CHEATS), "cheats_rejected": sum(o.name in CHEATS and o.got != "OK" for o in outcomes),
            "cheat_runs": sum(o.name in CHEATS for o in outcomes),
            "outcomes": [asdict(o) for o in outcomes], "honest_controls": controls,
-           "templates": {op: {"cell": g.cell.label(), "small_cell": g.small.label(), "outcomes": [asdict(o) for o in template_outcomes if o.op == op]}
+           "templates": {op: {"cell": g.cell.label(), "small_cell": g.small.label(),
+                              "outcomes": [asdict(o) for o in template_outcomes if o.op == op]}
                          for op, g in templates.GALLERIES.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2, default=str))

@@ -102,26 +102,13 @@ def path(entry: str, t: dict[str, Any], kw: dict[str, Any]) -> str:
                    **{f: kw[f] for f in flags if f in kw}).path
 
 
-SPLIT_BELOW_HEADS = 32  # cells of fewer sequences x value heads than this ...
-SPLIT_FROM_T = 16384  # ... and at least this many tokens a sequence are also timed split (split.py)
-SPLIT_SPANS = 16
-
-
-def split_spans(dims: dict[str, int]) -> int:
-    """The spans a cell's diagnostic split side cuts each sequence into (0: none): long sequences of few heads, K == V,
-    no varlen, T a multiple of the spans."""
-    few_long = dims["B"] * dims["HV"] < SPLIT_BELOW_HEADS and dims["T"] >= SPLIT_FROM_T
-    plain = dims["N"] == dims["B"] and dims["K"] == dims["V"] and dims["T"] % SPLIT_SPANS == 0
-    return SPLIT_SPANS if few_long and plain else 0
-
-
 def row(c: Cell, names: tuple[str, ...], samples: int, ceiling: float | None) -> dict[str, Any]:
     dims, dt = dict(c.dims), dict(c.dtypes)
     entry = "fused_recurrent_kda" if dims["T"] == 1 else "chunk_kda"
     t, kw = inputs(dims, dt)
     ours = getattr(api, entry)
     sides = {PACKAGE_SIDE: lambda: ours(**t, **kw), **peers.sides(dims, t, kw, names)}
-    spans = split_spans(dims)
+    spans = split.split_spans(dims)
     if entry == "chunk_kda" and spans:  # a diagnostic side, no peer: the package's chunk_kda on spans run at once
         sides[f"{PACKAGE_SIDE}.split{spans}"] = lambda: split.split_kda(api.chunk_kda, **t, spans=spans, **kw)
 

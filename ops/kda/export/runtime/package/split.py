@@ -7,14 +7,28 @@ the sequences cut into `spans` equal spans, seen as a batch of B x spans sequenc
 start state and the span's transition). Pass 2 chains the spans' start states in order, pass 3 corrects the outputs
 (torch, float32). The result is the call's (o, final state), the same op up to rounding: o0 and the start-state rows
 come back in the inputs' dtype before the correction is added.
+
+torch is imported on the first split, so `split_spans` (which cells the split serves) reads without it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
+
+SPLIT_BELOW_HEADS = 32  # cells of fewer sequences x value heads than this ...
+SPLIT_FROM_T = 16384  # ... and at least this many tokens a sequence are the split's (the bench times them split too)
+SPLIT_SPANS = 16
+
+
+def split_spans(dims: Mapping[str, int]) -> int:
+    """The spans a cell's sequences are cut into (0: none): long sequences of few heads, K == V, no varlen, T a
+    multiple of the spans."""
+    few_long = dims["B"] * dims["HV"] < SPLIT_BELOW_HEADS and dims["T"] >= SPLIT_FROM_T
+    plain = dims["N"] == dims["B"] and dims["K"] == dims["V"] and dims["T"] % SPLIT_SPANS == 0
+    return SPLIT_SPANS if few_long and plain else 0
 
 
 def split_kda(call: Callable[..., tuple[Tensor, Tensor | None]], q: Tensor, k: Tensor, v: Tensor, g: Tensor,
@@ -24,6 +38,8 @@ def split_kda(call: Callable[..., tuple[Tensor, Tensor | None]], q: Tensor, k: T
     """`call`'s (o, final_state) with every sequence cut into `spans` spans (T a multiple of spans, K == V, no
     cu_seqlens: ValueError or NotImplementedError naming the problem); kw passes on to `call` (the variant keywords,
     A_log, dt_bias, lower_bound)."""
+    import torch
+
     if cu_seqlens is not None:
         raise NotImplementedError("split_kda: variable-length batches (cu_seqlens) are not split")
     b, t, _, dk = q.shape
