@@ -258,12 +258,15 @@ def _chunk_beside_fla(worker, c, params, tag: str) -> None:
 OVERLAP = KSPLIT | {"kwarps": 2, "stages": 3, "prep_diag": "mma", "overlap": True}
 
 
+# The overlapped plan itself (overlap = True) is not run here: beside the gate's kernel holding most SMs its
+# recurrence waits for flags whose prep CTAs cannot start and traps after 2 s, which ends this process's CUDA context
+# (docs/kda_prefill_overlap.md). The gate rejects it; no search space offers it.
 @pytest.mark.gpu
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "in-order"])
+@pytest.mark.parametrize("overlap", [False], ids=["in-order"])
 @pytest.mark.parametrize("c", [c for c in PREFILL if c.dim("B") == 1], ids=lambda c: c.label())
 def test_chunk_recurrence_beside_the_prep_passes_the_gate_beside_fla(worker, c, overlap):
-    """The overlapped plan through the real gate (the gate poisons the flags' workspace before every launch: the
-    zeroing launch must hold) and timed beside fla, with its in-order twin in the same process."""
+    """The overlapped plan's in-order twin (the chunk-major prep, then the recurrence) through the real gate and
+    timed beside fla."""
     params = OVERLAP | {"warps": 2 if c.dim("HV") == 32 else 1, "overlap": overlap}
     _chunk_beside_fla(worker, c, params, "kda overlap" if overlap else "kda in order")
 
