@@ -63,3 +63,22 @@ def test_cuda_core_packs_a_python_int_pointer_as_the_same_eight_bytes_as_a_uint6
     slots = (ctypes.c_void_p * 4).from_address(held.ptr)
     as_u64 = [ctypes.c_uint64.from_address(slots[i]).value for i in range(3)]
     assert as_u64 == [p, p, 0] and ctypes.c_int32.from_address(slots[3]).value == 7
+
+
+def test_a_direct_launch_binds_what_the_plan_binds_from_positional_values():
+    """The serving path's args (launch.Direct): the tensors' pointers then the scalars, positionally; an optional
+    tensor the calls never pass is a null pointer bound once, a required one or a missing scalar refuses."""
+    from evo.export.runtime.package.args import direct_args
+
+    dims, kinds = {"M": 7, "N": 4100}, {"eps": "f32"}
+    plan = plan_args(ARGS, {"x", "w", "y", "residual", "bias"}, dims, kinds, "t")
+    tensors = ("x", "w", "y", "residual")
+    fixed, slots = direct_args(plan, tensors, ("eps",))
+    values = (0x1000, 0x2000, 0x3000, 0x5000, 1e-5)
+    got = list(fixed)
+    for i, k, cast in slots:
+        got[i] = values[k] if cast is None else cast(values[k])
+    want = plan.bind(dict(zip(tensors, values)), {"eps": 1e-5})
+    assert got == want and [type(a) for a in got] == [type(a) for a in want]
+    assert direct_args(plan, ("x", "y"), ("eps",)) == (None, ())  # w is required
+    assert direct_args(plan, tensors, ()) == (None, ())

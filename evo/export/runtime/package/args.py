@@ -93,3 +93,25 @@ def plan_args(names: Sequence[str], tensors: Collection[str], dims: Mapping[str,
         else:
             raise KeyError(f"{where}: launch arg {name!r} is no tensor, dim or scalar")
     return ArgPlan(tuple(fixed), tuple(ptrs), tuple(scalars), where)
+
+
+def direct_args(plan: ArgPlan, tensors: tuple[str, ...], scalars: tuple[str, ...]
+                ) -> tuple[tuple[Any, ...] | None, tuple[tuple[int, int, Any], ...]]:
+    """A launch's args for calls passing `tensors`' pointers then `scalars`' values, positionally: the args with
+    every dim and absent optional pointer (0) bound, and (arg position, value index, cast or None) of the rest;
+    (None, ()) where the plan needs a tensor or scalar the calls do not pass."""
+    fixed = list(plan.fixed)
+    slots = []
+    for i, name, optional in plan.ptrs:
+        if name in tensors:
+            slots.append((i, tensors.index(name), None))
+        elif optional:
+            fixed[i] = 0
+        else:
+            return None, ()
+    for i, name, cast in plan.scalars:
+        if name not in scalars:
+            return None, ()
+        slots.append((i, len(tensors) + scalars.index(name), cast))
+    return tuple(fixed), tuple(slots)
+

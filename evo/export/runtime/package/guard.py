@@ -64,15 +64,44 @@ class Guarded:
         self._lock = threading.Lock()
         self._keys: dict[int, tuple[Any, tuple, tuple | None, tuple]] = {}  # id(choice) -> (it, key, shape, mark)
         self.selfcheck = selfcheck_on(PACKAGE)  # read once, not from the environment on every call
+        self._direct: list[tuple[str, str, Any]] = []  # (name, path, Direct launch): their calls count in stats()
+        # a family's serving path: call signature -> its Direct launch (False: another path); emptied whenever a
+        # kernel is found bad, so no direct launch outlives its kernel's trust
+        self.fast: dict[tuple, Any] = {}
 
     def count(self, name: str, path: str) -> None:
         with self._lock:
             self.counts[(name, path)] += 1
 
+    def trusted(self, c: Any) -> bool:
+        """Whether the choice's kernel may run with no check before it: not found bad, and its shape class checked
+        in this process (or the first-use check turned off)."""
+        key, _shape, mark = self._keys_of(c)
+        return key not in self.bad and (not self.selfcheck or mark in self.checked)
+
+    def direct(self, c: Any, name: str, device: torch.device, tensors: tuple[str, ...],
+               scalars: tuple[str, ...]) -> Any:
+        """A trusted choice's Direct launch (launch.Launcher.direct), its calls counted under `name`, or None (not
+        trusted, not one launch, or it fails to load)."""
+        if not getattr(c, "kernel", False) or not self.trusted(c):
+            return None
+        try:
+            d = self.launcher.direct(c, device.index if device.index is not None else torch.cuda.current_device(),
+                                     tensors, scalars)
+        except (CompileError, PlanError):
+            return None
+        if d is not None:
+            with self._lock:
+                self._direct.append((name, c.path, d))
+        return d
+
     def stats(self) -> dict[str, dict[str, int]]:
         """Calls per name and path in this process ({'rmsnorm': {'table': 3, 'torch': 1}, ...})."""
+        counts = Counter(self.counts)
+        for name, path, d in self._direct:
+            counts[(name, path)] += d.calls
         out: dict[str, dict[str, int]] = {}
-        for (name, path), n in sorted(self.counts.items()):
+        for (name, path), n in sorted(counts.items()):
             out.setdefault(name, {})[path] = n
         return out
 
@@ -153,5 +182,6 @@ class Guarded:
         with self._lock:
             self.bad[key] = why
             self.counts[(name, "torch")] += 1
+            self.fast.clear()
         warnings.warn(f"{PACKAGE}: {c} -- not used ({why}); this {self.NOUN} takes the torch fp32 path",
                       RuntimeWarning, stacklevel=self.STACKLEVEL + 1)

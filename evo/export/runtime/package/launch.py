@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .args import ArgPlan, plan_args
+from .args import ArgPlan, direct_args, plan_args
 from .choice import Choice
 from .loader import Modules, PlanError, check_grid
 from .table import Launch, tables
@@ -214,6 +214,19 @@ class Launcher:
         # workspaces to the caching allocator included) comes after the side launches
         main.wait_stream(side)
 
+    def direct(self, c: Choice, index: int, tensors: tuple[str, ...], scalars: tuple[str, ...]) -> "Direct | None":
+        """The choice's plan as a Direct launch on device `index` whose calls pass the pointers of `tensors` and the
+        values of `scalars` in that order (a tensor of the plan not among them is a null pointer where optional),
+        or None where the plan is more than one launch on the call's stream without workspaces."""
+        ready = self.prepared(c, index)
+        if ready.side or ready.workspaces or len(ready.launches) != 1:
+            return None
+        _ln, kernel, config, args = ready.launches[0]
+        fixed, slots = direct_args(args, tensors, scalars)
+        if fixed is None:
+            return None
+        return Direct(self, index, kernel, config, fixed, slots)
+
     def _side(self, index: int, device: torch.device) -> torch.cuda.Stream:
         """The side stream of a device at the greatest stream priority (a side launch's few CTAs are dispatched
         ahead of the main launch's pending ones), made once."""
@@ -223,3 +236,28 @@ class Launcher:
                 _least, greatest = torch.cuda.Stream.priority_range()
                 s = self._sides.setdefault(index, torch.cuda.Stream(device=device, priority=greatest))
         return s
+
+
+class Direct:
+    """One launch made ready for a call signature the runtime trusts (its kernel checked on first use): a call
+    passes the tensors' pointers and the scalars positionally and the kernel is launched on torch's current stream
+    with nothing else looked up. The serving path: a few-row call is mostly host time."""
+
+    __slots__ = ("_launcher", "_index", "_kernel", "_config", "_fixed", "_slots", "calls")
+
+    def __init__(self, launcher: Launcher, index: int, kernel: Any, config: Any, fixed: tuple[Any, ...],
+                 slots: tuple[tuple[int, int, Any], ...]) -> None:
+        self._launcher, self._index, self._kernel, self._config = launcher, index, kernel, config
+        self._fixed, self._slots = fixed, slots
+        self.calls = 0
+
+    def __call__(self, *values: Any) -> None:
+        from cuda.core import launch
+
+        args = list(self._fixed)
+        for i, k, cast in self._slots:
+            args[i] = values[k] if cast is None else cast(values[k])
+        index = self._index
+        self._launcher._current(index)
+        launch(self._launcher._stream(index, current_stream_handle(index)), self._config, self._kernel, *args)
+        self.calls += 1

@@ -26,6 +26,12 @@ from .ops import variant as _variant_op
 from .run import runtime
 
 PLAIN, VARIANT, TORCH = "plain", "variant", "torch"
+# The serving path: a call signature (shapes, dtypes, devices, the residual's dtype) whose kernel is one trusted
+# launch (checked on first use) maps to its Direct launch after its first call (the runtime's `fast`), and its later
+# calls that need no autograd go straight to it: no routing, no autograd Function, no lookups (a few-row call is
+# mostly host time). False: the signature takes another path (torch, or a plan of several launches).
+_FAST_MAX = 4096
+_PLAIN_TENSORS, _RESIDUAL_TENSORS, _SCALARS = ("x", "w", "y"), ("x", "w", "y", "residual", "residual_out"), ("eps",)
 
 
 @lru_cache(maxsize=64)
@@ -77,11 +83,66 @@ def _variant(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Te
         (r if store_rstd else None)
 
 
+def _signature(x: Tensor, weight: Tensor, residual: Tensor | None) -> tuple:
+    return (x.shape, weight.shape, x.dtype, weight.dtype, None if residual is None else residual.dtype,
+            x.get_device(), weight.get_device())
+
+
+def _fast(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float) -> tuple[Tensor, Tensor | None] | None:
+    """(y, residual_out) by the signature's Direct launch, or None: not learned yet, autograd needed, torch.compile
+    tracing, or operands not contiguous and 16-byte aligned (the slow path copies those)."""
+    if torch.compiler.is_compiling():  # first: torch.compile traces the custom op, nothing of this path
+        return None
+    d = runtime().fast.get(_signature(x, weight, residual))
+    if not d:
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (residual is not None and residual.requires_grad)):
+        return None
+    if not (x.is_contiguous() and weight.is_contiguous()) or (x.data_ptr() | weight.data_ptr()) & 15:
+        return None
+    y = torch.empty_like(x)
+    if residual is None:
+        d(x.data_ptr(), weight.data_ptr(), y.data_ptr(), eps)
+        return y, None
+    if (residual.shape != x.shape or not residual.is_contiguous() or residual.data_ptr() & 15
+            or residual.get_device() != x.get_device()):
+        return None
+    res_out = torch.empty_like(residual)
+    d(x.data_ptr(), weight.data_ptr(), y.data_ptr(), residual.data_ptr(), res_out.data_ptr(), eps)
+    return y, res_out
+
+
+def _learn(x: Tensor, weight: Tensor, residual: Tensor | None) -> None:
+    """After a call of this signature took the kernel path: its Direct launch, where its kernel is trusted now."""
+    if not x.is_cuda or torch.compiler.is_compiling() or x.numel() == 0:
+        return
+    key, rt, n = _signature(x, weight, residual), runtime(), x.shape[-1]
+    if key in rt.fast:
+        return
+    x2, r2 = x.reshape(-1, n), (residual.reshape(-1, n) if residual is not None else None)
+    c = rt.choice("rmsnorm", x2, weight) if r2 is None else rt.variant_choice(x2, weight, r2, None, False)
+    if not c.kernel:
+        rt.fast[key] = False
+        return
+    if not rt.trusted(c):  # not checked yet (a call inside graph capture took torch): learn on a later call
+        return
+    d = rt.direct(c, "rmsnorm", x.device, _PLAIN_TENSORS if r2 is None else _RESIDUAL_TENSORS, _SCALARS)
+    if len(rt.fast) >= _FAST_MAX:
+        rt.fast.clear()
+    rt.fast[key] = d if d is not None else False
+
+
 def rmsnorm_fwd(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, residual: Tensor | None = None,
                 out_dtype: torch.dtype | None = None, residual_dtype: torch.dtype | None = None, eps: float = 1e-6,
                 store_rstd: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """(out, residual_out, rstd) for a (M, N) x, as QuACK's rmsnorm_fwd: residual_out is x (+ residual),
     rstd (M,) float32 when store_rstd (by the variant kernel where the export has one, else by torch)."""
+    plain_call = weight is not None and bias is None and out_dtype is None and residual_dtype is None and not store_rstd
+    if plain_call:
+        got = _fast(x, weight, residual, eps)
+        if got is not None:
+            return got[0], (got[1] if residual is not None else x), None
     route, _ = _route(x, weight, bias, residual, out_dtype, store_rstd)
     if route == TORCH:
         runtime().count("rmsnorm", "torch")
@@ -90,12 +151,16 @@ def rmsnorm_fwd(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = N
         out, residual_out, r = _variant(x, weight, bias, residual, eps, store_rstd)
         if residual is None and residual_dtype is not None and residual_dtype != x.dtype:
             residual_out = x.to(residual_dtype)
+        if plain_call:
+            _learn(x, weight, residual)
         return out, residual_out, r
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     w = weight if weight is not None else _ones(n, x.dtype, x.device)
     out = _forward(x2, w, float(eps)).reshape(x.shape)
     residual_out = x.to(residual_dtype) if residual_dtype is not None and residual_dtype != x.dtype else x
+    if plain_call and residual is None:
+        _learn(x, weight, None)
     return out, residual_out, (reference.rstd(x2, eps) if store_rstd else None)
 
 
@@ -121,6 +186,11 @@ def rmsnorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
             out_dtype: torch.dtype | None = None, residual_dtype: torch.dtype | None = None, eps: float = 1e-6,
             prenorm: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """RMSNorm over the last dim with autograd; with prenorm, (out, residual_out) as QuACK's rmsnorm."""
+    plain_call = weight is not None and bias is None and out_dtype is None and residual_dtype is None
+    if plain_call:
+        got = _fast(x, weight, residual, eps)
+        if got is not None:
+            return (got[0], got[1] if residual is not None else x) if prenorm else got[0]
     route, _ = _route(x, weight, bias, residual, out_dtype)
     if route == TORCH:
         runtime().count("rmsnorm", "torch")
@@ -129,10 +199,14 @@ def rmsnorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
         return (out, residual_out) if prenorm else out
     if route == VARIANT:
         out, residual_out, _ = _variant(x, weight, bias, residual, eps, False)
+        if plain_call:
+            _learn(x, weight, residual)
         return (out, residual_out) if prenorm else out
     n = x.shape[-1]
     w = weight if weight is not None else _ones(n, x.dtype, x.device)
     out = _forward(x.reshape(-1, n), w, float(eps)).reshape(x.shape)
+    if plain_call and residual is None:
+        _learn(x, weight, None)
     if not prenorm:
         return out
     return out, (x.to(residual_dtype) if residual_dtype is not None and residual_dtype != x.dtype else x)

@@ -331,6 +331,7 @@ def test_a_table_kernel_is_probed_once_per_shape_class_and_a_failed_probe_drops_
     rt = run.runtime()
     monkeypatch.setattr(rt, "checked", set())  # as in a fresh process
     monkeypatch.setattr(rt, "bad", {})
+    monkeypatch.setattr(rt, "fast", {})  # no direct launch learned yet
     probes, real = [], rt.probe
 
     def counted(c, device):
@@ -344,6 +345,7 @@ def test_a_table_kernel_is_probed_once_per_shape_class_and_a_failed_probe_drops_
         assert_close(kf.rmsnorm(x, w, eps=EPS), ref_fwd(x, w)[0], x.dtype)
     assert probes == [reduced(dims["M"]), reduced(dims["M"] + 1)] and rt.counts[("rmsnorm", "torch")] == torch_calls
     monkeypatch.setattr(rt, "checked", set())
+    monkeypatch.setattr(rt, "fast", {})
     monkeypatch.setattr(rt, "probe", lambda c, device: "y: planted")
     x, w = inputs(dt["x"], dt["w"], (dims["M"], dims["N"]))
     with pytest.warns(RuntimeWarning, match="planted"):
@@ -400,3 +402,54 @@ def test_a_backward_call_past_2_31_elements_is_right(xdt, wdt, n):
     assert _took("rmsnorm_bwd", before) == [kf.explain((m, n), xdt, wdt, op="rmsnorm_bwd").path]
     check_bwd(x, w, dout, r, dx, dw)
     del x, dout, dx
+
+
+SERVING_CALLS = [("bfloat16", None, (1, 4096)), ("float16", None, (3, 5, 2048)), ("bfloat16", "bfloat16", (8, 4096))]
+
+
+@pytest.mark.parametrize("xdt,rdt,shape", SERVING_CALLS, ids=lambda v: str(v))
+def test_a_repeated_call_takes_its_direct_launch_with_the_same_results(xdt, rdt, shape):
+    """The serving path: after a signature's first call its kernel is launched directly (the runtime's `fast`). Its
+    results are the first call's, bit for bit, and right on fresh inputs, graph capture included; its calls are
+    counted under the first call's path; a call needing autograd and an unaligned view leave it (right as before)."""
+    from kf_pkg import api, run
+
+    x, w = inputs(xdt, xdt, shape, seed=3)
+    res = (torch.randn(shape, device="cuda") * 2).to(TORCH[rdt]) if rdt else None
+
+    def call(a, r):
+        return kf.rmsnorm_fwd(a, w, residual=r, eps=EPS)[:2]
+
+    first = call(x, res)
+    path = kf.explain(shape, x.dtype, residual=TORCH[rdt] if rdt else False).path
+    if path == "torch":
+        pytest.skip(f"SKIPPED: no kernel serves {shape} {xdt} residual={rdt} in this export")
+    d = run.runtime().fast.get(api._signature(x, w, res))
+    assert d, "no direct launch learned after the first call"
+    calls, before = d.calls, kf.stats()["rmsnorm"][path]
+    for seed in (4, 5):
+        x2, _ = inputs(xdt, xdt, shape, seed=seed)
+        r2 = (torch.randn(shape, device="cuda") * 2).to(TORCH[rdt]) if rdt else None
+        y, ro = call(x2, r2)
+        assert d.calls == calls + 1 and kf.stats()["rmsnorm"][path] == before + 1
+        calls, before = d.calls, before + 1
+        ref, h = ref_fwd(x2, w, residual=r2)
+        assert_close(y, ref, x.dtype)
+        if rdt:
+            assert torch.equal(ro, h.to(TORCH[rdt]))
+    again = call(x, res)
+    assert torch.equal(again[0], first[0]) and (not rdt or torch.equal(again[1], first[1]))
+    out = torch.empty_like(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(call(x, res)[0])
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first[0])
+    xg = x.clone().requires_grad_(True)  # autograd: the slow path
+    yg = call(xg, res)[0]
+    assert yg.requires_grad and d.calls == calls + 2
+    wide = torch.empty(*shape[:-1], shape[-1] + 1, dtype=x.dtype, device="cuda")
+    wide[..., 1:] = x  # a view 2 bytes off 16-byte alignment: copied by the slow path
+    assert torch.equal(call(wide[..., 1:], res)[0], first[0]) and d.calls == calls + 2
