@@ -74,6 +74,11 @@
 #               experiments/profile_h200.toml) within $PROFILE_S seconds (540), each launched as the gate would:
 #               profile/NAME.csv, summary.md (kfactory profile targets)
 #   fwdlong OUT the forward GA on the N >= 4096 cells with cta_row and cta_row_async (rmsnorm_h200_long.toml)
+#   rmsserve OUT  the forward GAs on the cells the RMSNorm package's committed runs do not cover, one after the other in
+#               a copy of its committed store (experiments/results/rmsnorm/store.duckdb.gz, kept in /tmp/kf_rmsp for the
+#               next call): $RMS_SERVE_CONFIGS (default: rmsnorm_short rmsnorm_serving rmsnorm_residual_h200
+#               rmsnorm_residual_serving), each within $RMS_SERVE_GA_S seconds (150); rmsserve/store.duckdb.gz (the
+#               store to commit) and rmsserve/runs.txt (every run id and status: the package's RUNS)
 #   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
 #               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
 #               on the cells matching $FWD_CELLS within $FWD_PEERS_S seconds (280). QuACK autotuned
@@ -101,7 +106,7 @@ if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
   sed -n '2,/^set -uo pipefail/{/^set -uo pipefail/d;s/^# \{0,1\}//;p}' "$0"
   exit 0
 fi
-stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost or rmstrain}; out=${2:?output folder}
+stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost, rmsserve or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
@@ -353,6 +358,17 @@ case "$stage" in
   fwdlong)
     rms_store
     ga 190 experiments/rmsnorm_h200_long.toml /tmp/kf_rms fwdlong ;;
+  rmsserve)
+    mkdir -p /tmp/kf_rmsp "$out/rmsserve"
+    [ -e /tmp/kf_rmsp/store.duckdb ] || gunzip -c experiments/results/rmsnorm/store.duckdb.gz > /tmp/kf_rmsp/store.duckdb
+    for cfg in ${RMS_SERVE_CONFIGS:-rmsnorm_short rmsnorm_serving rmsnorm_residual_h200 rmsnorm_residual_serving}; do
+      timeout "${RMS_SERVE_GA_S:-150}" python3 -m evo.cli.main run "experiments/$cfg.toml" --store /tmp/kf_rmsp/store.duckdb \
+        >> "$log" 2>&1
+      echo "GA $cfg rc=$?" >> "$log"
+    done
+    gzip -c /tmp/kf_rmsp/store.duckdb > "$out/rmsserve/store.duckdb.gz"
+    python3 -c "import duckdb; c = duckdb.connect('/tmp/kf_rmsp/store.duckdb', read_only=True); [print(*r) for r in c.execute('SELECT run_id, status FROM runs ORDER BY created_at').fetchall()]" \
+      > "$out/rmsserve/runs.txt" 2>> "$log" ;;
   kdavarlen)  # both KDA templates' cu_seqlens paths through the gate, the chunk one beside fla (fla's Triton JIT
     # of its varlen kernels comes first: the first call of 110 s ended before any test did)
     timeout "${KDA_VARLEN_S:-280}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k varlen > "$out/kdavarlen.log" 2>&1
