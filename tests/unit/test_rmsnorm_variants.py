@@ -26,6 +26,7 @@ from evo.templates.template import load_templates
 from evo.core import contract
 from ops.rmsnorm import device
 from ops.rmsnorm.spec import (
+    VARIANT_DIMS,
     FILLS,
     SPEC,
     TOLERANCES,
@@ -322,18 +323,42 @@ def test_fused_template_renders_each_variant_and_bakes_in_bias_and_store_rstd():
 
 
 def test_plain_cells_keep_their_build_keys_under_every_other_template():
-    """The dims a template specializes on are the cell's own wherever the cell has them: every template
-    but cta_row_fused renders and keys a plain cell as before the variants' defaults existed."""
+    """The dims a template specializes on are the cell's own wherever the cell has them, a variant switch it
+    specializes on (the plain templates' store_rstd) its default 0 on a plain cell: every template but
+    cta_row_fused keys a plain cell by its own dims and those switches off."""
     for name, t in load_templates("rmsnorm").items():
         if name == FUSED.name:
             continue
         g = Genome.make("rmsnorm", name, t.source_hash, t.default_params())
         for c in matrix()[:12] + edge_cells():
             bi = prepare(t, g, "sm_90a", c.dtypes_dict(), c.dims_dict())
-            assert bi.consts == tuple(sorted((d, c.dim(d)) for d in t.specialize)), (name, c.label())
+            want = {d: 0 for d in t.specialize if d in VARIANT_DIMS} | {d: c.dim(d) for d in t.specialize
+                                                                         if d not in VARIANT_DIMS}
+            assert bi.consts == tuple(sorted(want.items())), (name, c.label())
     plain = cell("bf16", 64, 4096)
     assert FUSED.consts(plain.dims_dict()) == {"N": 4096, "bias": 0, "store_rstd": 0}
     assert FUSED.consts(cell("bf16", 64, 4096, bias=True).dims_dict())["bias"] == 1
+
+
+PLAIN_STORING = ("cta_row", "cta_row_async", "cta_row_l2")  # the long-row winners: they store rstd when asked
+
+
+@pytest.mark.parametrize("name", PLAIN_STORING)
+def test_a_plain_template_stores_rstd_only_when_the_cell_asks_and_builds_either_way(name):
+    """store_rstd is a specialized switch of the plain winners' templates: a plain cell renders without the store
+    (rstd? bound null), a store_rstd cell writes each row's rstd once from thread 0; both build for sm_90a without
+    spills (NVRTC)."""
+    t = load_templates("rmsnorm")[name]
+    assert "store_rstd" in t.specialize and "rstd?" in t.launches[0].args
+    for c in (cell("bf16", 64, 4096), cell("bf16", 64, 4096, store_rstd=True)):
+        p = repair(t, t.default_params(), random.Random(0), 90, [c.dtypes_dict()], [c.dims_dict()])
+        g = Genome.make("rmsnorm", name, t.source_hash, p)
+        bi = prepare(t, g, "sm_90a", c.dtypes_dict(), c.dims_dict())
+        stored = variant_of(c).store_rstd
+        assert dict(bi.consts)["store_rstd"] == int(stored)
+        assert ("rstd_out[blockIdx.x] = rstd;" in bi.source) == stored, c.label()
+        r = compile_one(bi)
+        assert r.status is Status.OK and r.spill_stores == 0, r.error + r.log
 
 
 def test_gate_cells_of_a_variant_cell_share_its_specialized_dims():

@@ -20,7 +20,8 @@ same variant (same switches, same x and residual dtypes; the weight's dtype may 
 plain op): their genomes walk the same ladder (table, table-build, rerender, repaired), rendered with
 the variant's switches compiled in. A variant no exported cell has takes torch, and says so; a plain
 call takes the plain cells' genomes (those of a template that serves the plain op too where the export
-has no plain cell). store_rstd alone without such cells keeps the plain kernel, rstd by torch.
+has no plain cell). store_rstd alone without such cells takes the plain cells' genomes whose template stores rstd
+when asked (rendered with the switch on), else keeps the plain kernel, rstd by torch.
 """
 
 from __future__ import annotations
@@ -67,8 +68,16 @@ def _serves_plain(table: OpTable, template: str) -> bool:
                if a.partition(":")[0].removesuffix("?") in VARIANT_TENSORS)
 
 
+def _stores_rstd(table: OpTable, template: str) -> bool:
+    """Whether a plain template also stores rstd when a call asks: it specializes on store_rstd and binds rstd."""
+    t = table.templates[template]
+    return "store_rstd" in t.specialize and any(a.partition(":")[0].removesuffix("?") == "rstd"
+                                                for ln in t.launches for a in ln.args)
+
+
 def _pool(table: OpTable, want_dims: Mapping[str, int], want_dt: Mapping[str, str]) -> tuple[list[Any], str]:
-    """The entries whose genomes may serve a call, or why none may."""
+    """The entries whose genomes may serve a call, or why none may. A store_rstd call no exported store_rstd cell
+    serves takes the plain cells' genomes whose template stores rstd when asked (rendered with the switch on)."""
     want = variant_key(want_dt, want_dims)
     if want == PLAIN:
         plain = [e for e in table.entries if variant_key(dict(e.dtypes), dict(e.dims)) == PLAIN]
@@ -79,6 +88,9 @@ def _pool(table: OpTable, want_dims: Mapping[str, int], want_dt: Mapping[str, st
     same = [e for e in table.entries if variant_key(dict(e.dtypes), dict(e.dims))[1:] == want[1:]
             and bool(dict(e.dtypes).get("residual")) == bool(want[0])]
     have = sorted({describe(variant_key(dict(e.dtypes), dict(e.dims))) for e in table.entries} - {"plain"})
+    if not same and want == ("", "", 0, 1):
+        same = [e for e in table.entries if variant_key(dict(e.dtypes), dict(e.dims)) == PLAIN
+                and _stores_rstd(table, e.template)]
     if not same:
         return [], (f"{describe(want)}: no exported cell has this variant (the export's variants: "
                     f"{', '.join(have) or 'none'})")

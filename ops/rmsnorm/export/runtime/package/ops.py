@@ -1,9 +1,10 @@
 """The torch.library custom ops, <package>::rmsnorm_fwd, <package>::rmsnorm_fwd_variant and
 <package>::rmsnorm_bwd, with autograd.
 
-rmsnorm_fwd(x (M, N), weight (N,), eps) -> y; its backward recomputes rstd from x in float32 torch
-(the searched forward kernels do not store it) and calls rmsnorm_bwd, which runs the exported backward
-kernels when a backward run was exported, else float32 torch.
+rmsnorm_fwd(x (M, N), weight (N,), eps) -> y; its backward recomputes rstd from x in float32 torch and calls
+rmsnorm_bwd, which runs the exported backward kernels when a backward run was exported, else float32 torch. Outside
+torch.compile, a call that needs gradients takes a forward kernel that also stores rstd where one serves the call
+(a store_rstd cell, or a plain winner whose template stores rstd when asked), and its backward reads that rstd.
 rmsnorm_fwd_variant(x, weight, residual?, bias?, eps, store_rstd) -> (y, residual_out, rstd): the
 variant kernels (h = x + residual, residual_out = h in the residual's dtype, y = rmsnorm(h) (+ bias),
 rstd stored); residual_out and rstd are empty (0,) tensors for a call without them. Its backward is
@@ -123,25 +124,34 @@ class _Forward(torch.autograd.Function):
     autograd.Function, whose call costs the host a fraction of a torch.library custom op's dispatch."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        ctx.save_for_backward(x, weight)
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float, grad_mode: bool) -> Tensor:
         ctx.eps = eps
-        return runtime().forward(x, weight, eps)
+        rt = runtime()
+        if (grad_mode and any(ctx.needs_input_grad[:2]) and x.numel()
+                and rt.variant_choice(x, weight, None, None, True).kernel):
+            # a training step: the forward kernel stores each row's rstd, and the backward reads it
+            y, _, r = rt.forward_variant(x, weight, None, None, eps, True)
+            ctx.save_for_backward(x, weight, r)
+            return y
+        ctx.save_for_backward(x, weight, None)
+        return rt.forward(x, weight, eps)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
         # the custom op's _backward calls the rmsnorm_bwd custom op, which AOTAutograd can trace with fake tensors;
         # this one runs eagerly only (forward() takes the custom op while compiling), so it calls the runtime
-        x, weight = ctx.saved_tensors
-        dx, dw = runtime().backward(x, weight, dy.contiguous(), reference.rstd(x, ctx.eps))
-        return dx, (dw if ctx.needs_input_grad[1] else None), None
+        x, weight, r = ctx.saved_tensors
+        if r is None:
+            r = reference.rstd(x, ctx.eps)
+        dx, dw = runtime().backward(x, weight, dy.contiguous(), r)
+        return dx, (dw if ctx.needs_input_grad[1] else None), None, None
 
 
 def forward(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """y of a (M, N) x with autograd: the custom op while torch.compile traces (it sees one op), else _Forward."""
     if torch.compiler.is_compiling():
         return rmsnorm_fwd(x, weight, eps)
-    return _Forward.apply(x, weight, eps)
+    return _Forward.apply(x, weight, eps, torch.is_grad_enabled())  # (inside forward() grad mode is always off)
 
 
 class _Variant(torch.autograd.Function):

@@ -106,7 +106,7 @@ def test_off_table_shapes_get_a_named_path_and_launchable_plans(op):
         table = TABLES[op]
         t = table.templates[c.template]
         assert not t.violations(dict(c.params), arch, dict(c.dtypes), dict(c.dims)), str(c)
-        assert dict(c.consts) == {d: dict(c.dims)[d] for d in t.specialize}
+        assert dict(c.consts) == {d: dict(c.dims).get(d, 0) for d in t.specialize}  # a switch off where absent
         source = source_for(table, c)  # a re-rendered or repaired kernel renders here, with the shipped macros
         assert "__global__" in source and all(f"{v}" in source for v in dict(c.consts).values())
         launches, _ = t.plan(dict(c.params), c.arch, dict(c.dtypes), dict(c.dims))
@@ -246,7 +246,7 @@ def test_torch_api_on_cpu_tensors_is_the_float32_fallback_with_autograd():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
 def test_the_backward_rstd_matches_float64(dtype):
-    """The rstd autograd's backward computes (the searched forward kernels do not store it), per row, against
+    """The rstd autograd's backward computes where no forward kernel stored it, per row, against
     float64; a row of zeros gives rsqrt(eps)."""
     torch = pytest.importorskip("torch")
     from kf_pkg import reference
@@ -612,3 +612,54 @@ def test_an_unchecked_variant_kernel_is_checked_on_first_use_and_dropped_when_wr
         assert rt.counts[("rmsnorm", "torch")] == 2 and len(calls) == 1  # not launched again
     if residual:
         assert torch.equal(got[1], want[1])
+
+
+def test_a_training_call_stores_rstd_in_the_forward_and_its_backward_reads_it():
+    """Outside torch.compile, a forward that needs gradients asks for the store_rstd kernel where one serves the call;
+    the backward then takes the rstd that kernel wrote (here a fake kernel's, marked), recomputing nothing. Without
+    such a kernel (or without gradients) the plain forward runs and the backward recomputes rstd."""
+    torch = pytest.importorskip("torch")
+    from kf_pkg import ops, reference, run
+
+    e = (PLAIN_ENTRIES.get("rmsnorm") or [None])[0]
+    if e is None:
+        pytest.skip("no plain forward cell exported")
+    n = dict(e.dims)["N"]
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, n, generator=g).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).requires_grad_(True)
+    dy = torch.randn(7, n, generator=g)
+    dims = (("M", 7), ("N", n), ("store_rstd", 1))
+    dts = tuple((k, v) for k, v in e.dtypes if k in ("x", "w"))
+    c = kf.Choice("rmsnorm", "rerender", dims, dts, 90, "test", e.template, e.params)
+    mark = 1.25  # the fake kernel's rstd is the true one times this: the backward must see it
+    launched, seen = [], []
+
+    def fake_launch(choice, tensors, scalars):
+        launched.append(sorted(tensors))
+        y, _, r = reference.rmsnorm_fwd(tensors["x"], tensors["w"], None, None, None, None, scalars["eps"], True)
+        tensors["y"].copy_(y)
+        tensors["rstd"].copy_(r * mark)
+
+    rt = run.Runtime()
+    rt.variant_choice = lambda *a: c
+    rt.launcher.run = fake_launch
+    rt.selfcheck = False  # no probe: the fake kernel's rstd is marked on purpose
+    rt.backward = lambda x_, w_, dout, r: seen.append(r.clone()) or reference.backward_2d(x_, w_, dout, r)
+    real = run.runtime
+    try:
+        ops.runtime = lambda: rt
+        y = ops.forward(x, w, 1e-6)
+        torch.autograd.grad(y, (x, w), dy)
+        want = torch.rsqrt(x.detach().float().square().mean(-1) + 1e-6)
+        assert launched == [["rstd", "w", "x", "y"]] and torch.allclose(seen[0], want * mark)
+        with torch.no_grad():  # no gradients: the plain forward (rt.forward), nothing stored
+            rt.forward = lambda x_, w_, eps: reference.forward_2d(x_, w_, eps)
+            ops.forward(x, w, 1e-6)
+        assert len(launched) == 1
+        rt.variant_choice = lambda *a: kf.Choice("rmsnorm", "torch", dims, dts, 90, "no store_rstd kernel")
+        y = ops.forward(x, w, 1e-6)
+        torch.autograd.grad(y, (x, w), dy)
+        assert len(launched) == 1 and torch.allclose(seen[1], want)  # recomputed
+    finally:
+        ops.runtime = real
