@@ -76,9 +76,10 @@
 #   fwdlong OUT the forward GA on the N >= 4096 cells with cta_row and cta_row_async (rmsnorm_h200_long.toml)
 #   rmsserve OUT  the forward GAs on the cells the RMSNorm package's committed runs do not cover, one after the other in
 #               a copy of its committed store (experiments/results/rmsnorm/store.duckdb.gz, kept in /tmp/kf_rmsp for the
-#               next call): $RMS_SERVE_CONFIGS (default: rmsnorm_short rmsnorm_serving rmsnorm_residual_h200
-#               rmsnorm_residual_serving), each within $RMS_SERVE_GA_S seconds (150); rmsserve/store.duckdb.gz (the
-#               store to commit) and rmsserve/runs.txt (every run id and status: the package's RUNS)
+#               next call): $RMS_SERVE_CONFIGS (default: rmsnorm_h200_long rmsnorm_short rmsnorm_serving
+#               rmsnorm_residual_h200 rmsnorm_residual_serving; the long rows again so the plain winners' templates are
+#               those that store rstd when asked), each within $RMS_SERVE_GA_S seconds (150); rmsserve/store.duckdb.gz
+#               (the store to commit) and rmsserve/runs.txt (every run id and status: the package's RUNS)
 #   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
 #               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
 #               on the cells matching $FWD_CELLS within $FWD_PEERS_S seconds (280). QuACK autotuned
@@ -361,7 +362,8 @@ case "$stage" in
   rmsserve)
     mkdir -p /tmp/kf_rmsp "$out/rmsserve"
     [ -e /tmp/kf_rmsp/store.duckdb ] || gunzip -c experiments/results/rmsnorm/store.duckdb.gz > /tmp/kf_rmsp/store.duckdb
-    for cfg in ${RMS_SERVE_CONFIGS:-rmsnorm_short rmsnorm_serving rmsnorm_residual_h200 rmsnorm_residual_serving}; do
+    for cfg in ${RMS_SERVE_CONFIGS:-rmsnorm_h200_long rmsnorm_short rmsnorm_serving rmsnorm_residual_h200 \
+                                    rmsnorm_residual_serving}; do
       timeout "${RMS_SERVE_GA_S:-150}" python3 -m evo.cli.main run "experiments/$cfg.toml" --store /tmp/kf_rmsp/store.duckdb \
         >> "$log" 2>&1
       echo "GA $cfg rc=$?" >> "$log"
