@@ -108,6 +108,7 @@ def test_the_torch_api_is_imported_on_first_use_only(tmp_path, monkeypatch):
             getattr_("IMPORTED")
         assert "lazy_pkg_for_test.api" not in sys.modules
         assert getattr_("go")() == "went" and "lazy_pkg_for_test.api" in sys.modules
+        assert vars(sys.modules["lazy_pkg_for_test"])["go"] is sys.modules["lazy_pkg_for_test.api"].go  # kept
     finally:
         for name in ("lazy_pkg_for_test.api", "lazy_pkg_for_test"):
             sys.modules.pop(name, None)

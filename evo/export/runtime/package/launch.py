@@ -243,21 +243,26 @@ class Direct:
     passes the tensors' pointers and the scalars positionally and the kernel is launched on torch's current stream
     with nothing else looked up. The serving path: a few-row call is mostly host time."""
 
-    __slots__ = ("_launcher", "_index", "_kernel", "_config", "_fixed", "_slots", "calls")
+    __slots__ = ("_launcher", "_index", "_kernel", "_config", "_fixed", "_ptrs", "_casts", "_launch", "calls")
 
     def __init__(self, launcher: Launcher, index: int, kernel: Any, config: Any, fixed: tuple[Any, ...],
                  slots: tuple[tuple[int, int, Any], ...]) -> None:
+        from cuda.core import launch
+
         self._launcher, self._index, self._kernel, self._config = launcher, index, kernel, config
-        self._fixed, self._slots = fixed, slots
+        self._fixed = list(fixed)
+        self._ptrs = tuple((i, k) for i, k, cast in slots if cast is None)
+        self._casts = tuple((i, k, cast) for i, k, cast in slots if cast is not None)
+        self._launch = launch
         self.calls = 0
 
     def __call__(self, *values: Any) -> None:
-        from cuda.core import launch
-
-        args = list(self._fixed)
-        for i, k, cast in self._slots:
-            args[i] = values[k] if cast is None else cast(values[k])
-        index = self._index
-        self._launcher._current(index)
-        launch(self._launcher._stream(index, current_stream_handle(index)), self._config, self._kernel, *args)
+        args = self._fixed.copy()
+        for i, k in self._ptrs:
+            args[i] = values[k]
+        for i, k, cast in self._casts:
+            args[i] = cast(values[k])
+        index, launcher = self._index, self._launcher
+        launcher._current(index)
+        self._launch(launcher._stream(index, current_stream_handle(index)), self._config, self._kernel, *args)
         self.calls += 1
