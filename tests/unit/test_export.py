@@ -107,8 +107,6 @@ for k, (shape, dt) in shapes.items():
     c = kf.explain(shape, dt, arch=90)
     out[k] = {"path": c.path, "params": dict(c.params), "consts": dict(c.consts), "line": str(c)}
 out["bias"] = kf.explain((4096, 1024), "bf16", bias=True, arch=90).path
-c = kf.explain((4096, 1024), "bf16", store_rstd=True, arch=90)
-out["store_rstd"] = {"path": c.path, "template": c.template, "consts": dict(c.consts)}
 c = kf.explain((77, 2048), "bf16", arch=90)
 src = loader.source_for(tables()["rmsnorm"], c)
 out["rerender_source"] = src
@@ -127,16 +125,13 @@ def test_installed_package_imports_without_a_gpu_and_explains_its_paths(installe
     assert out["table-build"]["path"] == "table-build"  # same cubin, another M
     assert out["table-build-fp32"]["path"] == "table-build"  # warp_row compiles no dim in: any N % vec == 0
     assert out["3d"]["path"] == "table-build" and "M=6 N=8192" in out["3d"]["line"]
-    assert out["rerender"]["path"] == "rerender" and out["rerender"]["consts"] == {"N": 2048, "store_rstd": 0}
+    assert out["rerender"]["path"] == "rerender" and out["rerender"]["consts"] == {"N": 2048}
     assert out["repaired"]["path"] == "repaired" and out["repaired"]["params"]["vec"] == 1
     assert "with" in out["repaired"]["line"] and "vec 8->1" in out["repaired"]["line"]
     assert out["bias"] == "torch"
-    # store_rstd alone: the searched cell's genome, its template rendered with the switch on (no store_rstd cell)
-    assert out["store_rstd"]["path"] == "rerender" and out["store_rstd"]["consts"] == {"N": 1024, "store_rstd": 1}
-    assert out["store_rstd"]["template"].rsplit("-", 1)[0] in ("cta_row", "cta_row_async", "cta_row_l2")
     # the package's renderer gives the factory's source for an off-table shape, and NVRTC builds it
     ref = render(fx.TEMPLATES["cta_row"], out["rerender"]["params"], 90, fx.cell("bf16", 77, 2048).dtypes_dict(),
-                 {"N": 2048, "store_rstd": 0})
+                 {"N": 2048})
     assert ref.status.ok and out["rerender_source"] == ref.source
     assert out["rerender_cubin_sha"] == hashlib.sha256(compile_one(prepare(
         fx.TEMPLATES["cta_row"], fx.genome("cta_row", out["rerender"]["params"]), "sm_90a",

@@ -340,7 +340,8 @@ def test_plain_cells_keep_their_build_keys_under_every_other_template():
     assert FUSED.consts(cell("bf16", 64, 4096, bias=True).dims_dict())["bias"] == 1
 
 
-PLAIN_STORING = ("cta_row", "cta_row_async", "cta_row_l2")  # the long-row winners: they store rstd when asked
+PLAIN_STORING = ("cta_row_async", "cta_row_l2")  # long-row winners that store rstd when asked (cta_row: its text is
+# what the replay fixtures and committed tables were recorded with, so it stays as it is)
 
 
 @pytest.mark.parametrize("name", PLAIN_STORING)

@@ -663,3 +663,31 @@ def test_a_training_call_stores_rstd_in_the_forward_and_its_backward_reads_it():
         assert len(launched) == 1 and torch.allclose(seen[1], want)  # recomputed
     finally:
         ops.runtime = real
+
+
+def test_a_store_rstd_call_without_its_cells_takes_the_plain_genomes_whose_template_stores_rstd():
+    """store_rstd alone, with no store_rstd cell exported: the pool is the plain cells whose template specializes on
+    store_rstd and binds rstd (rendered with the switch on); none such, or another variant: no pool, and why."""
+    from types import SimpleNamespace as NS
+
+    from kf_pkg import choose
+
+    def launches(*args):
+        return (NS(args=args),)
+
+    dts = (("w", "bfloat16"), ("x", "bfloat16"))
+    table = NS(templates={"stores": NS(specialize=("N", "store_rstd"), launches=launches("x", "w", "y", "rstd?", "M")),
+                          "plain": NS(specialize=("N",), launches=launches("x", "w", "y", "M"))},
+               entries=[NS(template="plain", dtypes=dts, dims=(("M", 4096), ("N", 1024))),
+                        NS(template="stores", dtypes=dts, dims=(("M", 4096), ("N", 8192)))])
+    want_dt = dict(dts)
+    pool, why = choose._pool(table, {"M": 64, "N": 1024, "store_rstd": 1}, want_dt)
+    assert [e.template for e in pool] == ["stores"] and why == ""
+    pool, why = choose._pool(table, {"M": 64, "N": 1024, "bias": 1}, want_dt)
+    assert pool == [] and "no exported cell has this variant" in why
+    table.entries = table.entries[:1]  # no template that stores rstd
+    pool, why = choose._pool(table, {"M": 64, "N": 1024, "store_rstd": 1}, want_dt)
+    assert pool == [] and "store_rstd" in why
+    rstd_cell = NS(template="plain", dtypes=dts, dims=(("M", 4096), ("N", 1024), ("store_rstd", 1)))
+    table.entries.append(rstd_cell)  # a store_rstd cell exported: its own variant serves the call
+    assert choose._pool(table, {"M": 64, "N": 1024, "store_rstd": 1}, want_dt)[0] == [rstd_cell]
