@@ -183,6 +183,8 @@ def details_table(t: Table) -> str:
     samples = f", {doc['samples']} samples per side and column" if doc.get("samples") else ""
     shared, labels = short_labels([r["cell"] for r in t.rows])
     floors = any("floor" in r for r in t.rows)  # KDA's rows: the longer of bytes at the ceiling and FLOPs at the rate
+    # benches that time each call's host time: the package's beside torch eager's (the serving path's bar)
+    hosts = any("host_us" in r["sides"].get(PACKAGE, {}) for r in t.rows)
     head = [f"### {label(t)}, {t.card.upper()}", "",
             f"{where(t)}. Peers: {peers_line(t)}. Copy ceiling {ceiling:.0f} GB/s." if ceiling else
             f"{where(t)}. Peers: {peers_line(t)}.",
@@ -191,8 +193,9 @@ def details_table(t: Table) -> str:
             f"{_x(geomean(speedups(t, 'kernel')))} by kernel time, {_x(geomean(speedups(t, 'call')))} by call time.",
             *([f"Every cell: `{shared}`."] if shared else []),
             "", "| cell | package path | package kernel µs | best peer (kernel) | × | package call µs | "
-            "best peer (call) | × | % of copy ceiling |" + (" floor µs (bound) | share of floor |" if floors else ""),
-            "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if floors else "")]
+            "best peer (call) | × | % of copy ceiling |" + (" floor µs (bound) | share of floor |" if floors else "")
+            + (" package host µs | torch eager host µs |" if hosts else ""),
+            "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if floors else "") + ("---|---|" if hosts else "")]
     for r, short in zip(t.rows, labels):
         me = r["sides"].get(PACKAGE, {})
         cells = [short, r.get("path", "–")]
@@ -204,6 +207,8 @@ def details_table(t: Table) -> str:
         cells.append(_pct(r))
         if floors:
             cells += _floor(r.get("floor") or {})
+        if hosts:
+            cells += [_us(me.get("host_us")), _us(r["sides"].get("torch.eager", {}).get("host_us"))]
         head.append("| " + " | ".join(str(c) for c in cells) + " |")
     rest = _not_timed(t)
     if rest:

@@ -86,3 +86,12 @@ def test_kernel_and_call_time_each_side_once_each_way_per_sample_the_first_rotat
                    *sample("c"), *sample("a"), *sample("b")]
     assert [len(k) for k in kernel] == [len(c) for c in call] == [3, 3, 3]
     assert all(t >= 2000 for side in kernel + call for t in side)  # each call's own 2 ms, in us
+
+
+def test_host_time_brackets_each_call_alone_from_an_idle_gpu_the_first_rotating(timing):
+    """Host time: the GPU synchronized before each call, perf_counter around the call only (no event, no flush);
+    in sample i every side once, side i % k first."""
+    mod, log = timing
+    host = mod.host_us([_calls(log, s) for s in "ab"], n=2, warmup=1)
+    assert log == ["a", "b", "idle", "a", "idle", "b", "idle", "b", "idle", "a", "idle"]
+    assert [len(h) for h in host] == [2, 2] and all(t >= 2000 for side in host for t in side)

@@ -26,8 +26,11 @@ def test_only_correct_sides_are_timed_and_each_other_says_why(fake_cuda, monkeyp
         timed.append([f() for f in fns])
         return [[10.0] * n, [20.0] * n, [5.0] * n][:len(fns)], [[30.0] * n, [25.0] * n, [40.0] * n][:len(fns)]
 
+    def fake_host(fns, n):
+        return [[4.0] * n, [3.0] * n][:len(fns)]
+
     monkeypatch.setitem(sys.modules, "evo.export.runtime.package.timing",
-                        SimpleNamespace(kernel_and_call_us=fake_timer))
+                        SimpleNamespace(kernel_and_call_us=fake_timer, host_us=fake_host))
 
     def boom():
         raise RuntimeError("CUDA error: invalid argument\nmore")
@@ -42,6 +45,7 @@ def test_only_correct_sides_are_timed_and_each_other_says_why(fake_cuda, monkeyp
     assert s["liger"] == {"status": "wrong", "reason": "y: 3 of 9 off (liger)"}
     assert timed == [["good", "good"]]  # the wrong, failed and absent sides never reach the timer
     assert s["package"]["kernel_us"] == 10.0 and s["package"]["call_us"] == 30.0 and s["package"]["samples"] == 4
+    assert s["package"]["host_us"] == 4.0 and s["torch.eager"]["host_us"] == 3.0
     assert s["package"]["gbps"] == pytest.approx(1.0) and s["package"]["pct_ceiling"] == pytest.approx(50.0)
     assert out["correct"] and out["best_peer_kernel"] == "torch.eager" and out["speedup_kernel"] == pytest.approx(2.0)
     assert out["best_peer_call"] == "torch.eager" and out["speedup_call"] == pytest.approx(25 / 30)

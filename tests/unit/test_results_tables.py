@@ -101,3 +101,16 @@ def test_the_warm_rerun_the_readme_cites_is_consistent() -> None:
     assert r["warm"]["compiles"] == 0 and r["warm"]["builds_reused"] == r["cold"]["compiles"]
     assert r["warm"]["evaluations_measured"] + r["warm"]["evaluations_reused"] == r["warm"]["evaluations"]
     assert r["best_per_cell"]["cells"] == 36 and r["best_per_cell"]["cells_worse_after"] == []
+
+
+def test_a_table_with_host_times_gives_the_packages_beside_torch_eagers(tmp_path):
+    rt = _module()
+    folder = tmp_path / "rmsnorm" / "h100"
+    folder.mkdir(parents=True)
+    cells = [_cell("M1-N4096", 4.0, 5.0), _cell("M8-N4096", 4.0, 5.0)]
+    cells[0]["sides"]["package"]["host_us"] = 13.9
+    cells[0]["sides"]["torch.eager"] = _side(9.0, 40.0) | {"host_us": 11.2}
+    (folder / "rmsnorm_bench_a.json").write_text(json.dumps(_doc(cells)))
+    d = rt.render(rt.load_tables(tmp_path))["details"]
+    assert "| % of copy ceiling | package host µs | torch eager host µs |" in d
+    assert "| 13.9 | 11.2 |" in d and "| – | – |" in d  # a row without them says so

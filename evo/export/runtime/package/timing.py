@@ -88,3 +88,22 @@ def _once(fn: Callable[[], object], flush: "torch.Tensor", hold: bool) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3
+
+
+def host_us(fns: list[Callable[[], object]], n: int, warmup: int = 5) -> list[list[float]]:
+    """n host times per function in us: perf_counter around each call, the GPU synchronized (idle) before it, the
+    functions taking turns (in sample i, function i % k first): what the host spends issuing a call, its Python and
+    its launches, apart from the GPU's work."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    out: list[list[float]] = [[] for _ in fns]
+    k = len(fns)
+    for i in range(n):
+        for j in [(i + r) % k for r in range(k)]:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fns[j]()
+            out[j].append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return out
