@@ -3,6 +3,7 @@ the median host time of a call (evo.host_times_us: perf_counter around each call
 outside the timed ones) of
 
 - api: the package's `rmsnorm_fwd(x, w)` (with `residual=` on a residual cell), what a model calls;
+- api.into: the same call writing into given output tensors (`out=`, `residual_out=`: nothing allocated);
 - api.routed: the same call with the direct launch left out (routing, the autograd Function, the runtime);
 - runtime: the runtime's forward (no API routing, no autograd Function);
 - launcher: the runtime's launcher on the call's choice, output allocated outside (binding and cuda.core's launch);
@@ -80,7 +81,13 @@ def _sides(pkg: Any, torch: Any, dt: str, m: int, n: int, residual: bool) -> dic
             finally:
                 api._fast = direct
         return call
-    sides = {"api": sides["api"], "api.routed": routed(sides["api"]), **{k: v for k, v in sides.items() if k != "api"}}
+    y_into = torch.empty_like(x)
+    r_into = torch.empty_like(res) if residual else None
+
+    def into():
+        return pkg.rmsnorm_fwd(x, w, residual=res, eps=eps, out=y_into, residual_out=r_into)
+    sides = {"api": sides["api"], "api.into": into, "api.routed": routed(sides["api"]),
+             **{k: v for k, v in sides.items() if k != "api"}}
     if not c.kernel:
         raise RuntimeError(f"{dt} M{m}-N{n}: the package takes torch here ({c.reason})")
     launcher = rt.launcher

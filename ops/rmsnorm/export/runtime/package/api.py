@@ -88,9 +88,11 @@ def _signature(x: Tensor, weight: Tensor, residual: Tensor | None) -> tuple:
             x.get_device(), weight.get_device())
 
 
-def _fast(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float) -> tuple[Tensor, Tensor | None] | None:
-    """(y, residual_out) by the signature's Direct launch, or None: not learned yet, autograd needed, torch.compile
-    tracing, or operands not contiguous and 16-byte aligned (the slow path copies those)."""
+def _fast(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, out: Tensor | None = None,
+          res_into: Tensor | None = None) -> tuple[Tensor, Tensor | None] | None:
+    """(y, residual_out) by the signature's Direct launch, written into `out` / `res_into` where given (checked by
+    _check_into: nothing allocated), or None: not learned yet, autograd needed, torch.compile tracing, or operands
+    not contiguous and 16-byte aligned (the slow path copies those)."""
     if torch.compiler.is_compiling():  # first: torch.compile traces the custom op, nothing of this path
         return None
     d = runtime().fast.get(_signature(x, weight, residual))
@@ -101,16 +103,37 @@ def _fast(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float) -> tup
         return None
     if not (x.is_contiguous() and weight.is_contiguous()) or (x.data_ptr() | weight.data_ptr()) & 15:
         return None
-    y = torch.empty_like(x)
+    if out is not None and out.data_ptr() & 15:
+        return None
     if residual is None:
+        y = torch.empty_like(x) if out is None else out
         d(x.data_ptr(), weight.data_ptr(), y.data_ptr(), eps)
         return y, None
     if (residual.shape != x.shape or not residual.is_contiguous() or residual.data_ptr() & 15
-            or residual.get_device() != x.get_device()):
+            or residual.get_device() != x.get_device() or (res_into is not None and res_into.data_ptr() & 15)):
         return None
-    res_out = torch.empty_like(residual)
+    y = torch.empty_like(x) if out is None else out
+    res_out = torch.empty_like(residual) if res_into is None else res_into
     d(x.data_ptr(), weight.data_ptr(), y.data_ptr(), residual.data_ptr(), res_out.data_ptr(), eps)
     return y, res_out
+
+
+def _span(t: Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _check_into(t: Tensor, name: str, x: Tensor, dtype: torch.dtype, inputs: tuple[Tensor | None, ...]) -> None:
+    """ValueError, one line, unless `t` can take the call's output: x's shape, `dtype`, x's device, contiguous, and
+    sharing no memory with the call's inputs (a kernel may read an input after another thread wrote its output)."""
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name}: a tensor to write into, got {type(t).__name__}")
+    if t.shape != x.shape or t.dtype != dtype or t.device != x.device or not t.is_contiguous():
+        raise ValueError(f"{name}: needs a contiguous {tuple(x.shape)} {dtype} tensor on {x.device}, got "
+                         f"{tuple(t.shape)} {t.dtype} on {t.device}{'' if t.is_contiguous() else ' (not contiguous)'}")
+    lo, hi = _span(t)
+    for i in inputs:
+        if i is not None and i.device == t.device and i.numel() and lo < _span(i)[1] and _span(i)[0] < hi:
+            raise ValueError(f"{name}: shares memory with an input of the call; give it a buffer of its own")
 
 
 def _learn(x: Tensor, weight: Tensor, residual: Tensor | None) -> None:
@@ -135,14 +158,39 @@ def _learn(x: Tensor, weight: Tensor, residual: Tensor | None) -> None:
 
 def rmsnorm_fwd(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, residual: Tensor | None = None,
                 out_dtype: torch.dtype | None = None, residual_dtype: torch.dtype | None = None, eps: float = 1e-6,
-                store_rstd: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+                store_rstd: bool = False, *, out: Tensor | None = None, residual_out: Tensor | None = None
+                ) -> tuple[Tensor, Tensor, Tensor | None]:
     """(out, residual_out, rstd) for a (M, N) x, as QuACK's rmsnorm_fwd: residual_out is x (+ residual),
-    rstd (M,) float32 when store_rstd (by the variant kernel where the export has one, else by torch)."""
+    rstd (M,) float32 when store_rstd (by the variant kernel where the export has one, else by torch).
+
+    `out` (and, with a residual, `residual_out`): contiguous tensors of x's shape, in the output's dtype (out_dtype,
+    else x's; the residual's, else residual_dtype) on x's device, that the call writes and returns instead of
+    allocating: with them a repeated call allocates nothing (a CUDA graph of it holds no allocation). Anything
+    else is a ValueError that says what it needs."""
+    if out is not None:
+        _check_into(out, "out", x, out_dtype or x.dtype, (x, weight, bias, residual, residual_out))
+    if residual_out is not None:
+        if residual is None:
+            raise ValueError("residual_out: a call without a residual writes none (its residual_out is x)")
+        _check_into(residual_out, "residual_out", x, residual.dtype, (x, weight, bias, residual))
     plain_call = weight is not None and bias is None and out_dtype is None and residual_dtype is None and not store_rstd
     if plain_call:
-        got = _fast(x, weight, residual, eps)
+        got = _fast(x, weight, residual, eps, out, residual_out)
         if got is not None:
             return got[0], (got[1] if residual is not None else x), None
+    y, res, r = _rmsnorm_fwd(x, weight, bias, residual, out_dtype, residual_dtype, eps, store_rstd, plain_call)
+    if out is not None:
+        y = out.copy_(y)
+    if residual_out is not None:
+        res = residual_out.copy_(res)
+    return y, res, r
+
+
+def _rmsnorm_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor | None,
+                 out_dtype: torch.dtype | None, residual_dtype: torch.dtype | None, eps: float, store_rstd: bool,
+                 plain_call: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """rmsnorm_fwd's routed path: the torch fallback, the variant op or the plain op (learning the signature's direct
+    launch after a plain call that took a kernel)."""
     route, _ = _route(x, weight, bias, residual, out_dtype, store_rstd)
     if route == TORCH:
         runtime().count("rmsnorm", "torch")

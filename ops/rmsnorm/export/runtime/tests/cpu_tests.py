@@ -691,3 +691,29 @@ def test_a_store_rstd_call_without_its_cells_takes_the_plain_genomes_whose_templ
     rstd_cell = NS(template="plain", dtypes=dts, dims=(("M", 4096), ("N", 1024), ("store_rstd", 1)))
     table.entries.append(rstd_cell)  # a store_rstd cell exported: its own variant serves the call
     assert choose._pool(table, {"M": 64, "N": 1024, "store_rstd": 1}, want_dt)[0] == [rstd_cell]
+
+
+def test_a_call_writes_into_the_tensors_it_is_given_and_refuses_ones_that_cannot_take_it():
+    """rmsnorm_fwd(..., out=, residual_out=): the call's outputs written into those tensors and returned (the same
+    objects), equal to a call without them; a wrong shape, dtype or layout, memory shared with an input, or a
+    residual_out without a residual is one ValueError naming what is wrong."""
+    torch = pytest.importorskip("torch")
+
+    g = torch.Generator().manual_seed(8)
+    x, res = torch.randn(5, 256, generator=g), torch.randn(5, 256, generator=g)
+    w = 1 + 0.1 * torch.randn(256, generator=g)
+    want = kf.rmsnorm_fwd(x, w, residual=res)
+    out, rout = torch.full_like(x, float("nan")), torch.full_like(res, float("nan"))
+    got = kf.rmsnorm_fwd(x, w, residual=res, out=out, residual_out=rout)
+    assert got[0] is out and got[1] is rout and torch.equal(out, want[0]) and torch.equal(rout, want[1])
+    plain = torch.empty_like(x)
+    assert kf.rmsnorm_fwd(x, w, out=plain)[0] is plain and torch.equal(plain, kf.rmsnorm_fwd(x, w)[0])
+    for bad, words in [(torch.empty(5, 255), "needs a contiguous (5, 256) torch.float32"),
+                       (torch.empty(5, 256, dtype=torch.float16), "got (5, 256) torch.float16"),
+                       (torch.empty(256, 5).t(), "not contiguous"), (x, "shares memory with an input")]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            kf.rmsnorm_fwd(x, w, out=bad)
+    with pytest.raises(ValueError, match="residual_out: a call without a residual writes none"):
+        kf.rmsnorm_fwd(x, w, residual_out=rout)
+    with pytest.raises(ValueError, match="residual_out: shares memory with an input"):
+        kf.rmsnorm_fwd(x, w, residual=res, residual_out=res)

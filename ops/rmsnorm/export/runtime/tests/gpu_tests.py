@@ -453,3 +453,12 @@ def test_a_repeated_call_takes_its_direct_launch_with_the_same_results(xdt, rdt,
     wide = torch.empty(*shape[:-1], shape[-1] + 1, dtype=x.dtype, device="cuda")
     wide[..., 1:] = x  # a view 2 bytes off 16-byte alignment: copied by the slow path
     assert torch.equal(call(wide[..., 1:], res)[0], first[0]) and d.calls == calls + 2
+    # given the tensors to write, the direct launch allocates nothing and returns them
+    y_into = torch.full_like(x, float("nan"))
+    r_into = torch.full_like(res, float("nan")) if rdt else None
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    got = kf.rmsnorm_fwd(x, w, residual=res, eps=EPS, out=y_into, residual_out=r_into)
+    assert torch.cuda.memory_allocated() == held and d.calls == calls + 3
+    assert got[0] is y_into and torch.equal(y_into, first[0]) and (not rdt or (got[1] is r_into
+                                                                               and torch.equal(r_into, first[1])))
