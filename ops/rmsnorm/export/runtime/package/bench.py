@@ -6,7 +6,8 @@ Tables: forward (`rmsnorm(x, w)`), residual (`rmsnorm_fwd(x, w, residual=r)`: y 
 (`rmsnorm_bwd(x, w, dout, rstd)`) and train (y = `rmsnorm(x, w)`, then dx and dw by autograd, on the forward cells).
 Peers: torch eager, torch.compile (a graph per shape, never a silent fall-back to eager), Liger, QuACK with its
 heuristic config and autotuned, FlashInfer, cuDNN frontend; each present or absent with the reason. Every row names
-the path the package took (`explain()`) and whether the cell was searched.
+the path the package took (`explain()`) and whether the cell was searched. Forward and residual rows also time
+`package.into`, the package's call writing into given tensors (a diagnostic side, never a peer).
 
     python -m <package>.bench [--out bench.json] [--tables forward,backward] [--cells REGEX] [--peers ...]
 """
@@ -30,6 +31,9 @@ TABLES = ("forward", "residual", "backward", "train", "serving", "serving_residu
 # the serving tables: the serving matrices' cells (few rows), measured as forward and residual cells are
 SERVING = {"serving": "forward", "serving_residual": "residual"}
 EPS = 1e-6
+# a diagnostic side of the forward and residual tables (never a peer: sides.verdict): the package's call writing
+# into tensors it is given (out=, residual_out=), which allocates nothing
+INTO = PACKAGE_SIDE + ".into"
 CHECK_ROWS = 256  # rows drawn at random, beside the first, middle and last ones, that every side's output is checked on
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -74,7 +78,9 @@ def inputs(c: Cell, seed: int = 0) -> dict[str, torch.Tensor]:
 def forward_cell(c: Cell, names: tuple[str, ...], samples: int, ceiling: float | None) -> dict[str, Any]:
     t = inputs(c)
     x, w = t["x"], t["w"]
-    sides = {PACKAGE_SIDE: lambda: api.rmsnorm(x, w, eps=EPS), **peers.forward(x, w, EPS, names)}
+    y_into = torch.empty_like(x)
+    sides = {PACKAGE_SIDE: lambda: api.rmsnorm(x, w, eps=EPS),
+             INTO: lambda: api.rmsnorm_fwd(x, w, eps=EPS, out=y_into)[0], **peers.forward(x, w, EPS, names)}
     nbytes = 2 * x.numel() * x.element_size() + w.numel() * w.element_size()
     return compare(sides, lambda _, y: verify.check_forward(x, w, EPS, y, CHECK_ROWS), nbytes, samples, ceiling)
 
@@ -82,7 +88,10 @@ def forward_cell(c: Cell, names: tuple[str, ...], samples: int, ceiling: float |
 def residual_cell(c: Cell, names: tuple[str, ...], samples: int, ceiling: float | None) -> dict[str, Any]:
     t = inputs(c)
     x, w, r = t["x"], t["w"], t["residual"]
-    sides = {PACKAGE_SIDE: lambda: api.rmsnorm_fwd(x, w, None, r, eps=EPS)[:2], **peers.residual(x, w, r, EPS, names)}
+    y_into, r_into = torch.empty_like(x), torch.empty_like(r)
+    sides = {PACKAGE_SIDE: lambda: api.rmsnorm_fwd(x, w, None, r, eps=EPS)[:2],
+             INTO: lambda: api.rmsnorm_fwd(x, w, None, r, eps=EPS, out=y_into, residual_out=r_into)[:2],
+             **peers.residual(x, w, r, EPS, names)}
 
     def check(_: str, out: Any) -> str:
         return verify.check_variant(x, w, r, None, EPS, out[0], out[1], None, CHECK_ROWS)
