@@ -55,7 +55,13 @@ from evo.core.spec import (
     uniform,
 )
 
-INPUT_KINDS = ("normal", "no_state", "decay_near_one", "decay_near_zero", "gate_at_bound", "beta_large", "varlen")
+INPUT_KINDS = ("normal", "no_state", "decay_near_one", "decay_near_zero", "gate_at_bound", "decay_at_factor_limit",
+               "beta_large", "varlen")
+# The largest span of log decay a 16-token block may have for a chunked kernel to factor its diagonal block's decay
+# at the block's first token (fp32 factors within exp(+-60) of 1: templates/kda/chunk.cu.j2's DIAG_RANGE, which takes
+# the exact per-pair path past it). decay_at_factor_limit's per-token decay spans just under it across 15 steps.
+FACTOR_SPAN = 60.0
+FACTOR_LIMIT_DECAY = 0.9925 * FACTOR_SPAN / 15  # 3.97 a token: a block's span 59.6 +- 0.15
 VARIANT_DIMS = ("gate", "beta_act", "qk_l2norm", "v_first")
 STATE_DTYPES = (DType.FP32, DType.BF16)
 LOWER_BOUND = -5.0  # fla's recommended lower bound, the edge of its safe-gate range [-5, 0)
@@ -145,6 +151,9 @@ def make_inputs(cell: Cell, kind: str, rng: np.random.Generator) -> dict[str, np
     gate_at_bound: every log decay at fla's safe-gate lower bound (-5, within 0.1% inside it): the largest decay
         a chunked factorization for bounded gates admits on every token, so a chunk's cumulative decay spans
         5 x its tokens (160 at chunk 32: exp of it overflows fp32 wherever it is not factored per block).
+    decay_at_factor_limit: log decay -3.97 a token (+-1%, per channel): a 16-token block's decay spans 59.6 +- 0.15,
+        just under FACTOR_SPAN, so a kernel that factors a block's decay at its first token does it with factors
+        near exp(+-60), the largest it admits, and some chunks pass the bound (the exact path).
     beta_large: logits +-8..100 (log-uniform): beta saturates at 0 and 1 (or 2), and a sigmoid computed
         as exp(x) / (1 + exp(x)) in fp32 turns to NaN above 88.
     varlen: B = 1 with cu_seqlens: a varlen cell gets sequences of 1..3 tokens beside one of at
@@ -167,6 +176,8 @@ def make_inputs(cell: Cell, kind: str, rng: np.random.Generator) -> dict[str, np
     target = -np.exp(rng.normal(*ln_rate, (b, t, hv, dk)))
     if kind == "gate_at_bound":
         target = LOWER_BOUND * (1.0 - 1e-3 * rng.uniform(size=(b, t, hv, dk)))
+    if kind == "decay_at_factor_limit":
+        target = -FACTOR_LIMIT_DECAY * np.exp(rng.normal(0.0, 0.01, (b, t, hv, dk)))
     if kind == "beta_large":
         logits = rng.choice([-1.0, 1.0], (b, t, hv)) * 10.0 ** rng.uniform(np.log10(8.0), 2.0, (b, t, hv))
     else:
@@ -354,9 +365,11 @@ def edge_cells() -> list[Cell]:
 # (9 in 10 past +-8, make_inputs' smallest), and no_state's initial state is zeros (a plan always
 # binds it). A varlen cell's cu_seqlens gets uneven lengths under every kind, as in make_inputs.
 _UNIT_ROWS = FillSpec(transform="l2norm_rows")
-# log(-g) ~ N(mean, std); gate_at_bound: -g within about 0.1% of -LOWER_BOUND = 5
+# log(-g) ~ N(mean, std); gate_at_bound: -g within about 0.1% of -LOWER_BOUND = 5; decay_at_factor_limit: -g within
+# about 1% of FACTOR_LIMIT_DECAY
 _LOG_DECAY = {"normal": (-2.0, 1.0), "decay_near_one": (-8.0, 1.0), "decay_near_zero": (2.5, 0.5),
-              "gate_at_bound": (math.log(-LOWER_BOUND) - 5e-4, 2e-4)}
+              "gate_at_bound": (math.log(-LOWER_BOUND) - 5e-4, 2e-4),
+              "decay_at_factor_limit": (math.log(FACTOR_LIMIT_DECAY), 0.01)}
 
 
 def _fills(kind: str) -> dict[str, FillSpec]:

@@ -1697,8 +1697,9 @@ def test_mma_diag_renders_both_paths_and_leaves_the_rest():
 def test_mma_diag_takes_the_exact_path_exactly_where_the_factors_would_overflow():
     """On the gate's kinds: normal, decay_near_one and beta_large chunks take the tensor-core diagonal, decay_near_zero
     chunks (log decay ~ -12 a token) and gate_at_bound ones (-5 a token: a 16-token block spans 80 > DIAG_RANGE) the
-    exact one; forcing the tensor-core diagonal on decay_near_zero overflows (non-finite or out of tolerance), and the
-    emulated template with the flag stays within tolerance everywhere."""
+    exact one, decay_at_factor_limit's (blocks spanning 97-102% of DIAG_RANGE) mostly the tensor-core one at its
+    largest factors; forcing the tensor-core diagonal on decay_near_zero overflows (non-finite or out of tolerance),
+    and the emulated template with the flag stays within tolerance everywhere."""
     c = cell(BF, 1, 200, 2)
     scal = SPEC.scalar_values(c)
     p = TDEF.default_params() | {"chunk": 32, "prep_exp": "fast"} | MMA_DIAG
@@ -1711,6 +1712,11 @@ def test_mma_diag_takes_the_exact_path_exactly_where_the_factors_would_overflow(
         wide = diag_is_wide(G)
         if kind == "gate_at_bound":  # every full chunk; the last one's 8 tokens span 40
             assert wide[..., :6].all() and not wide[..., 6].any(), (kind, src, wide)
+        elif kind == "decay_at_factor_limit":  # blocks spanning just under DIAG_RANGE: the diagonal by tensor cores
+            blocks = G[:, :, :6].reshape(1, 2, 6, 2, 16, 128)  # with factors near exp(60), a chunk past it exactly
+            span = np.abs(blocks - blocks[..., :1, :]).max(axis=(-2, -1))
+            assert (span > 0.97 * DIAG_RANGE).all() and (span < 1.02 * DIAG_RANGE).all(), (src, span)
+            assert not wide[..., :6].all() and not wide[..., 6].any(), (src, wide)
         else:
             assert wide.all() if kind == "decay_near_zero" else not wide.any(), (kind, src, wide)
         seen.add(bool(wide.any()))
