@@ -163,10 +163,10 @@ def rmsnorm_fwd(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = N
     """(out, residual_out, rstd) for a (M, N) x, as QuACK's rmsnorm_fwd: residual_out is x (+ residual),
     rstd (M,) float32 when store_rstd (by the variant kernel where the export has one, else by torch).
 
-    `out` (and, with a residual, `residual_out`): contiguous tensors of x's shape, in the output's dtype (out_dtype,
-    else x's; the residual's, else residual_dtype) on x's device, that the call writes and returns instead of
-    allocating: with them a repeated call allocates nothing (a CUDA graph of it holds no allocation). Anything
-    else is a ValueError that says what it needs."""
+    `out` (and, with a residual, `residual_out`): contiguous tensors of x's shape in the outputs' dtypes (out_dtype,
+    else x's; the residual's) on x's device, sharing no memory with the inputs, that the call writes and returns
+    instead of allocating: with them a repeated call allocates nothing (a CUDA graph of it holds no allocation).
+    Anything else is a ValueError that says what it needs."""
     if out is not None:
         _check_into(out, "out", x, out_dtype or x.dtype, (x, weight, bias, residual, residual_out))
     if residual_out is not None:
