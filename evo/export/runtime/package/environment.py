@@ -92,5 +92,5 @@ def _copy_us(nbytes: int, samples: int) -> tuple[float, bool]:
 
     src = torch.randn(nbytes // 4, device="cuda")
     dst = torch.empty_like(src)
-    kernel, _ = kernel_and_call_us([lambda: dst.copy_(src)], samples, warmup=3)
+    kernel, _, _ = kernel_and_call_us([lambda: dst.copy_(src)], samples, warmup=3)
     return statistics.median(kernel[0]), bool(torch.equal(dst, src))

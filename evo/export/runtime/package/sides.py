@@ -69,14 +69,13 @@ def compare(sides: Mapping[str, Side], check: Callable[[str, Any], str], nbytes:
             ceiling_gbps: float | None) -> dict[str, Any]:
     """The cell's sides (status, kernel, call and host medians with their 10-90% spread, GB/s, % of the copy
     ceiling), and the package's speedup over the fastest correct peer by kernel time and by call time. Host time: what
-    issuing one call costs the host (timing.host_us), the serving path's measure beside torch eager's."""
-    from .timing import host_us, kernel_and_call_us
+    issuing one call costs the host (timing.kernel_and_call_us), the serving path's measure beside torch eager's."""
+    from .timing import kernel_and_call_us
 
     status = check_sides(sides, check)
     ok = [n for n, s in status.items() if s["status"] == "ok"]
     if ok:
-        kernel, call = kernel_and_call_us([sides[n] for n in ok], samples)  # type: ignore[misc]
-        host = host_us([sides[n] for n in ok], samples)  # type: ignore[misc]
+        kernel, call, host = kernel_and_call_us([sides[n] for n in ok], samples)  # type: ignore[misc]
         for n, k, c, h in zip(ok, kernel, call, host):
             med = statistics.median(k)
             status[n] |= {"kernel_us": med, "kernel_p10_p90_us": spread(k), "call_us": statistics.median(c),

@@ -56,27 +56,33 @@ def _loop(fns: list[Callable[[], object]], n: int, warmup: int, hold: bool) -> t
 
 
 def kernel_and_call_us(fns: list[Callable[[], object]], n: int, warmup: int = 5) -> tuple[list[list[float]],
+                                                                                        list[list[float]],
                                                                                         list[list[float]]]:
-    """(kernel times, call times) per function, n samples of each in us, taken sample by sample: in sample i every
-    function is timed once each way, the first of them rotating with i. Kernel time: CUDA events with the stream
-    held busy while the host issues the call (host time hidden, as the factory's gate times). Call time: the GPU idle
-    (synchronized after the flush) when the call starts, so the events span the host's issue and the GPU's work:
-    what a Python caller waits. The L2 is flushed before every sample."""
+    """(kernel times, call times, host times) per function, n samples of each in us, taken sample by sample: in sample
+    i every function is timed once each way, the first of them rotating with i. Kernel time: CUDA events with the
+    stream held busy while the host issues the call (host time hidden, as the factory's gate times); host time:
+    perf_counter around that same call, what issuing it costs the host (its Python and its launches). Call time: the
+    GPU idle (synchronized after the flush) when the call starts, so the events span the host's issue and the GPU's
+    work: what a Python caller waits. The L2 is flushed before every sample."""
     flush = torch.ones(_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
     for fn in fns:
         for _ in range(warmup):
             fn()
     kernel: list[list[float]] = [[] for _ in fns]
     call: list[list[float]] = [[] for _ in fns]
+    host: list[list[float]] = [[] for _ in fns]
     k = len(fns)
     for i in range(n):
         for j in [(i + r) % k for r in range(k)]:
-            kernel[j].append(_once(fns[j], flush, hold=True))
-            call[j].append(_once(fns[j], flush, hold=False))
-    return kernel, call
+            gpu_us, host_us = _once(fns[j], flush, hold=True)
+            kernel[j].append(gpu_us)
+            host[j].append(host_us)
+            call[j].append(_once(fns[j], flush, hold=False)[0])
+    return kernel, call, host
 
 
-def _once(fn: Callable[[], object], flush: "torch.Tensor", hold: bool) -> float:
+def _once(fn: Callable[[], object], flush: "torch.Tensor", hold: bool) -> tuple[float, float]:
+    """(the events' time, the host's time around the call) of one sample, in us."""
     flush.sum()
     if hold:
         torch.cuda._sleep(HOLD_CYCLES)
@@ -84,26 +90,9 @@ def _once(fn: Callable[[], object], flush: "torch.Tensor", hold: bool) -> float:
         torch.cuda.synchronize()  # the GPU idle when the call starts
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    t0 = time.perf_counter()
     fn()
+    t1 = time.perf_counter()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3
-
-
-def host_us(fns: list[Callable[[], object]], n: int, warmup: int = 5) -> list[list[float]]:
-    """n host times per function in us: perf_counter around each call, the GPU synchronized (idle) before it, the
-    functions taking turns (in sample i, function i % k first): what the host spends issuing a call, its Python and
-    its launches, apart from the GPU's work."""
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    out: list[list[float]] = [[] for _ in fns]
-    k = len(fns)
-    for i in range(n):
-        for j in [(i + r) % k for r in range(k)]:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fns[j]()
-            out[j].append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return out
+    return start.elapsed_time(end) * 1e3, (t1 - t0) * 1e6
