@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ops.kda.reference import BetaAct, Gate
-from ops.kda.spec import LOWER_BOUND, cell, variant_of
+from ops.kda.spec import FACTOR_SPAN, LOWER_BOUND, cell, variant_of
 from evo.core.spec import Cell, DType, quantize
 
 BF = DType.BF16
@@ -99,7 +99,7 @@ def variant_prep(inputs: dict, c: Cell, lower_bound: float = LOWER_BOUND) -> dic
     return {"q": q, "k": k, "v": v, "g": g.astype(f32), "beta": beta.astype(f32)}
 
 
-DIAG_RANGE = 60.0  # prep_diag = mma's bound on |G_t - G_b0| within a diagonal block (the kernel's DIAG_RANGE)
+DIAG_RANGE = FACTOR_SPAN  # prep_diag = mma's bound on |G_t - G_b0| within a diagonal block (the kernel's DIAG_RANGE)
 
 
 def diag_is_wide(G: np.ndarray, bound: np.float32 = f32(DIAG_RANGE)) -> np.ndarray:

@@ -47,10 +47,16 @@ class Case(NamedTuple):
 
 # the last cases of a gallery whose kernel can batch a replay's sets: an honest control on the small (graph-timed) cell,
 # the batched cheat there, and a last honest control on the main cell
+HONEST = Case("none", (Status.OK,), "honest control")
 REPLAY_CASES = (
     Case("none", (Status.OK,), "honest control on the graph-timed cell", small=True),
     Case("batched", REPLAY_NOT_INDEPENDENT, "a replay's launches against launches outside it", small=True),
-    Case("none", (Status.OK,), "honest control"),
+    HONEST,
+)
+# the KDA and backward galleries' cheats that wait across the grid and that tell the gate by its guard bytes
+GRID_AND_GUARD_CASES = (
+    Case("grid_barrier", NEEDS_WHOLE_GPU, "the launch beside a kernel holding most SMs"),
+    Case("guard_sniff", WRONG, "guard bytes drawn per job"),
 )
 
 
@@ -74,35 +80,31 @@ KDA = Gallery(Path(__file__).with_name("gallery_kda.cu.j2"), KDA_SPEC,
               kda_cell("bf16", 16, 1, 32),
               kda_cell("bf16", 1, 1, 32),  # one sequence's decode: a replay's launches are timed
               (
-                  Case("none", (Status.OK,), "honest control"),
+                  HONEST,
                   Case("state_frozen", WRONG, "drawn shapes: a long check cell (48-80 tokens)"),
                   Case("head_group_ignored", WRONG, "drawn shapes: several qk heads of several value heads"),
                   Case("no_state_write", WRONG, "the cell's variant: its final state is an output"),
                   Case("state_bf16", WRONG, "per-dtype tolerance and the decode loop"),
                   Case("peek_ahead", WRONG, "the causal check"),
                   Case("shared_scratch", WRONG, "the launch beside a second stream's"),
-                  Case("grid_barrier", NEEDS_WHOLE_GPU, "the launch beside a kernel holding most SMs"),
-                  Case("guard_sniff", WRONG, "guard bytes drawn per job"),
-              ) + REPLAY_CASES)
+              ) + GRID_AND_GUARD_CASES + REPLAY_CASES)
 BWD = Gallery(Path(__file__).with_name("gallery_bwd.cu.j2"), BWD_SPEC,
               bwd_cell("bf16", 4096, 4096),
               bwd_cell("bf16", 16, 1024),  # a replay's launches are timed
               (
-                  Case("none", (Status.OK,), "honest control"),
+                  HONEST,
                   Case("tail_rows_dropped", WRONG, "drawn shapes: M at residues of the rows a CTA takes"),
                   Case("pow2_partials", WRONG, "drawn shapes: a small M not a power of two"),
                   Case("dw_unzeroed", WRONG, "poisoned workspaces"),
                   Case("partials_in_scratch", WRONG, "the launch beside a second stream's"),
-                  Case("grid_barrier", NEEDS_WHOLE_GPU, "the launch beside a kernel holding most SMs"),
-                  Case("guard_sniff", WRONG, "guard bytes drawn per job"),
-              ) + REPLAY_CASES)
+              ) + GRID_AND_GUARD_CASES + REPLAY_CASES)
 FWD = Gallery(Path(__file__).with_name("gallery_fwd.cu.j2"), FWD_SPEC,
               fwd_cell("bf16", 4096, 4096, residual=True),
               fwd_cell("bf16", 64, 1024, residual=True),
               (
-                  Case("none", (Status.OK,), "honest control"),
+                  HONEST,
                   Case("residual_left_out", (Status.INVALID,), "the cell's variant: a plan binds every tensor of it"),
-                  Case("none", (Status.OK,), "honest control"),
+                  HONEST,
               ))
 GALLERIES = {"kda": KDA, "rmsnorm_bwd": BWD, "rmsnorm": FWD}
 

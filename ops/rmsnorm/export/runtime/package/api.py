@@ -132,7 +132,10 @@ def _check_into(t: Tensor, name: str, x: Tensor, dtype: torch.dtype, inputs: tup
                          f"{tuple(t.shape)} {t.dtype} on {t.device}{'' if t.is_contiguous() else ' (not contiguous)'}")
     lo, hi = _span(t)
     for i in inputs:
-        if i is not None and i.device == t.device and i.numel() and lo < _span(i)[1] and _span(i)[0] < hi:
+        if i is None or i.device != t.device or not i.numel():
+            continue
+        ilo, ihi = _span(i)
+        if lo < ihi and ilo < hi:
             raise ValueError(f"{name}: shares memory with an input of the call; give it a buffer of its own")
 
 

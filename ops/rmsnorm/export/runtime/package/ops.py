@@ -127,10 +127,11 @@ class _Forward(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, eps: float, grad_mode: bool) -> Tensor:
         ctx.eps = eps
         rt = runtime()
-        if (grad_mode and any(ctx.needs_input_grad[:2]) and x.numel()
-                and rt.variant_choice(x, weight, None, None, True).kernel):
+        c = rt.variant_choice(x, weight, None, None, True) if grad_mode and any(ctx.needs_input_grad[:2]) \
+            and x.numel() else None
+        if c is not None and c.kernel:
             # a training step: the forward kernel stores each row's rstd, and the backward reads it
-            y, _, r = rt.forward_variant(x, weight, None, None, eps, True)
+            y, _, r = rt.forward_variant(x, weight, None, None, eps, True, c)
             ctx.save_for_backward(x, weight, r)
             return y
         ctx.save_for_backward(x, weight, None)

@@ -115,13 +115,14 @@ class Runtime(Guarded):
         return reference.forward_2d(x, weight, eps)
 
     def forward_variant(self, x: Tensor, weight: Tensor, residual: Tensor | None, bias: Tensor | None, eps: float,
-                        store_rstd: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                        store_rstd: bool, choice: Choice | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """(y, residual_out, rstd) of a (M, N) call with a residual (h = x + residual, residual_out = h in
         the residual's dtype), a bias (N,) in the weight's dtype and/or rstd (M,) float32 stored: the
         variant kernel, bound as the factory's gate binds it (the template's "name?" args: the tensors
-        of the call's variant, null pointers for the others), else float32 torch."""
+        of the call's variant, null pointers for the others), else float32 torch. `choice`: the call's
+        variant_choice where the caller made it already."""
         m, n = x.shape
-        c = self.variant_choice(x, weight, residual, bias, store_rstd) if m and n else None
+        c = (choice or self.variant_choice(x, weight, residual, bias, store_rstd)) if m and n else None
         if c is not None and c.kernel:
             x, weight = aligned(x), aligned(weight)
             residual = aligned(residual) if residual is not None else None
