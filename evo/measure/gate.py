@@ -79,7 +79,10 @@ from evo.measure.jobs import BufferDecl, CheckStats, DecodeLoop, EvalJob, Guard,
 # "10": in graph mode, an untimed replay whose graph poisons each set's outputs and workspaces right before its
 # launch, every set checked after it: a launch leaving its work to another launch of the replay fails there,
 # whatever its time (the "9" gate caught it only through verify.GRAPH_FLOOR, by a replay's time far under direct).
-GATE_VERSION = "10"
+# "11": the round beside a kernel holding most SMs launches the plan alone where it cannot crowd the GPU (a plan with
+# a cluster launch, a GPU other work holds already) and checks it; the "10" gate skipped the launch there and then
+# checked the poisoned outputs, so every plan with a cluster launch came back WRONG_ANSWER.
+GATE_VERSION = "11"
 ROTATE_BYTES = 192 << 20  # the timed sets' inputs together cover at least this much (> 3x the L2)
 MAX_SETS = 32
 CHECK_FRACTION = 0.1  # share of timed samples whose outputs are checked (decided after the sample ran)
@@ -168,8 +171,9 @@ class GateDevice(Protocol):
     def crowded(self, fn: Callable[[], None], obj: Any, kernels: Sequence[str]) -> str:
         """fn()'s launches (of `kernels` in `obj`) beside a kernel holding all but a few of the GPU's SMs (nothing
         else fits beside it on them): '' when they finish within the device's wait, else what was held (the holder
-        is then let go, so the launches finish and the device is left clean). A plan with a cluster launch is not
-        crowded ('' at once): whether a cluster finds room beside other work depends on which SMs are free."""
+        is then let go, so the launches finish and the device is left clean). fn() is called exactly once, whatever
+        happens: a plan with a cluster launch is launched alone ('' then: whether a cluster finds room beside other
+        work depends on which SMs are free), and so is one on a GPU that other work holds already."""
 
 
 def launch_plan(dev: GateDevice, obj: Any, bound: Sequence[tuple[LaunchJob, tuple]]) -> None:

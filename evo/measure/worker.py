@@ -309,6 +309,7 @@ class Worker:
 
     def crowded(self, fn: Callable[[], None], obj: Any, kernels: Sequence[str]) -> str:
         if any(cluster_size(obj.get_kernel(k), self.dev.device_id) > 1 for k in set(kernels)):
+            fn()  # not crowded, launched alone: the caller checks what it wrote
             return ""
         sms, hold, smem = self.crowd_plan
         dptr, flags = self.host_flags()
@@ -326,6 +327,7 @@ class Worker:
         if not flags[1:hold + 1].all():  # other work holds SMs already: this GPU cannot be crowded by us
             flags[0] = 1
             other.sync()
+            fn()  # launched beside whatever holds them
             return ""
         fn()
         end = self.stream.record()

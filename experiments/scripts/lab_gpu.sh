@@ -80,8 +80,14 @@
 #               a copy of its committed store (experiments/results/rmsnorm/store.duckdb.gz, kept in /tmp/kf_rmsp for the
 #               next call): $RMS_SERVE_CONFIGS (default: rmsnorm_h200_long rmsnorm_short rmsnorm_serving
 #               rmsnorm_residual_h200 rmsnorm_residual_serving; the long rows again so the plain winners' templates are
-#               those that store rstd when asked), each within $RMS_SERVE_GA_S seconds (150); rmsserve/store.duckdb.gz
+#               those that store rstd when asked), each with a budget of $RMS_SERVE_GA_S seconds (150, in place of its
+#               config's max_seconds), its log in rmsserve/NAME.log; rmsserve/store.duckdb.gz
 #               (the store to commit) and rmsserve/runs.txt (every run id and status: the package's RUNS)
+#   rmspackage OUT  the RMSNorm package exported from the chain's rmsserve store (the newest finished run of each of
+#               its configs and the committed backward run, this machine's NVRTC), the peers' wheels of .kfw*/ installed,
+#               then package_proof.sh all: install, the env file's published benches, the package's tests, within
+#               $RMS_PKG_S seconds (500); a later call goes on where it stopped; rmspackage/ holds the env file used,
+#               the package's dispatch.json, every bench's json and log and the tests' log
 #   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
 #               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
 #               on the cells matching $FWD_CELLS within $FWD_PEERS_S seconds (280). QuACK autotuned
@@ -109,7 +115,7 @@ if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
   sed -n '2,/^set -uo pipefail/{/^set -uo pipefail/d;s/^# \{0,1\}//;p}' "$0"
   exit 0
 fi
-stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost, rmsserve or rmstrain}; out=${2:?output folder}
+stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost, rmsserve, rmspackage or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
@@ -372,13 +378,53 @@ case "$stage" in
     [ -e /tmp/kf_rmsp/store.duckdb ] || gunzip -c experiments/results/rmsnorm/store.duckdb.gz > /tmp/kf_rmsp/store.duckdb
     for cfg in ${RMS_SERVE_CONFIGS:-rmsnorm_h200_long rmsnorm_short rmsnorm_serving rmsnorm_residual_h200 \
                                     rmsnorm_residual_serving}; do
-      timeout "${RMS_SERVE_GA_S:-150}" python3 -m evo.cli.main run "experiments/$cfg.toml" --store /tmp/kf_rmsp/store.duckdb \
-        >> "$log" 2>&1
-      echo "GA $cfg rc=$?" >> "$log"
+      # the GA's own budget ends it (its last generation fitted to what is left, its tables written); the timeout,
+      # 60 s later, only stops one that hangs
+      timeout $(( ${RMS_SERVE_GA_S:-150} + 60 )) python3 -m evo.cli.main run "experiments/$cfg.toml" \
+        --store /tmp/kf_rmsp/store.duckdb --max-seconds "${RMS_SERVE_GA_S:-150}" > "$out/rmsserve/$cfg.log" 2>&1
+      echo "GA $cfg rc=$? ($(tail -1 "$out/rmsserve/$cfg.log"))" >> "$log"
     done
     gzip -c /tmp/kf_rmsp/store.duckdb > "$out/rmsserve/store.duckdb.gz"
     python3 -c "import duckdb; c = duckdb.connect('/tmp/kf_rmsp/store.duckdb', read_only=True); [print(*r) for r in c.execute('SELECT run_id, status FROM runs ORDER BY created_at').fetchall()]" \
       > "$out/rmsserve/runs.txt" 2>> "$log" ;;
+  rmspackage)  # the package from the chain's rmsserve store, as package_proof.sh rebuilds a published one
+    store=/tmp/kf_rmsp/store.duckdb
+    [ -e "$store" ] || { echo "rmspackage: no rmsserve store in this chain" >> "$log"; continue; }
+    # its runs: the newest finished run of each forward config and the committed backward run
+    runs=$(python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); q = \"SELECT max(run_id) FROM runs WHERE run_id LIKE ? AND status = 'done'\"; print(*filter(None, (c.execute(q, [p + '-%']).fetchone()[0] for p in sys.argv[2:])))" \
+      "$store" rmsnorm-h200-long rmsnorm-short rmsnorm-serving rmsnorm-residual-h200 rmsnorm-residual-serving \
+      rmsnorm-bwd-h200-all)
+    echo "rmspackage runs: $runs" >> "$log"
+    # the env file of package_proof.sh for this store: this machine's NVRTC built the new runs' cubins
+    mkdir -p /tmp/kf_pk "$out/rmspackage"
+    sed -e "s|^STORE=.*|STORE=/tmp/kf_pk/store.duckdb.gz|" -e "s|^RUNS=.*|RUNS=\"$runs\"|" -e "s|^NVRTC=.*|NVRTC=|" \
+      experiments/packages/rmsnorm.env > /tmp/kf_pk/rmsnorm.env
+    [ -e /tmp/kf_pk/store.duckdb.gz ] || gzip -c "$store" > /tmp/kf_pk/store.duckdb.gz
+    cp /tmp/kf_pk/rmsnorm.env "$out/rmspackage/"
+    export KF_PACKAGES=/tmp/kf_pk
+    if [ ! -d build/packages/rmsnorm ]; then  # a new export: what was installed, benched and tested was another
+      bash experiments/scripts/package_proof.sh export rmsnorm >> "$log" 2>&1
+      echo "rmspackage export rc=$?" >> "$log"
+      rm -rf /tmp/kf_proof/install_rmsnorm.done /tmp/kf_proof/bench_rmsnorm_*.done /tmp/kf_proof/tests_rmsnorm.done \
+        /tmp/kf_site/kf_rmsnorm*
+    fi
+    cp build/packages/rmsnorm/kf_rmsnorm/data/dispatch.json "$out/rmspackage/" 2>/dev/null
+    # the peers' wheels this chain brought (.kfw*/, gathered in /tmp/kfw), once
+    if compgen -G "/tmp/kfw/*.whl*" > /dev/null && [ ! -e /tmp/kf_proof/peers.done ]; then
+      # done once the peers import: a wheel split into pieces installs nothing until its last piece has come
+      bash experiments/scripts/package_proof.sh wheels /tmp/kfw >> "$log" 2>&1 \
+        && PYTHONPATH=/tmp/kf_site:$PYTHONPATH:/tmp/kf_site/nvidia_cutlass_dsl/dsl_packages \
+          python3 -c "import quack.rmsnorm, liger_kernel, cudnn" >> "$log" 2>&1 && touch /tmp/kf_proof/peers.done
+      echo "rmspackage peers' wheels rc=$?" >> "$log"
+    fi
+    if compgen -G "/tmp/kfw/*.whl*" > /dev/null && [ ! -e /tmp/kf_proof/peers.done ]; then
+      # a bench without the peers would publish them as absent: wait for the call that brings the last piece
+      echo "rmspackage: the peers' wheels did not install (pieces still to come?); no bench yet" >> "$log"
+    else
+      bash experiments/scripts/package_proof.sh all "$out/rmspackage" "${RMS_PKG_S:-500}" rmsnorm >> "$log" 2>&1
+      echo "rmspackage all rc=$?" >> "$log"
+    fi
+    unset KF_PACKAGES ;;
   kdavarlen)  # both KDA templates' cu_seqlens paths through the gate, the chunk one beside fla (fla's Triton JIT
     # of its varlen kernels comes first: the first call of 110 s ended before any test did)
     timeout "${KDA_VARLEN_S:-280}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k varlen > "$out/kdavarlen.log" 2>&1

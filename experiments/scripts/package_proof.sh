@@ -90,7 +90,7 @@ case "$stage" in
       nvrtc=(--nvrtc "$dir")
     fi
     # shellcheck disable=SC2086
-    kfactory export $RUNS --store "build/stores/$op.duckdb" --out "$out" --name "$NAME" "${nvrtc[@]}" ;;
+    python3 -m evo.cli.main export $RUNS --store "build/stores/$op.duckdb" --out "$out" --name "$NAME" "${nvrtc[@]}" ;;
   install)
     op=${2:?install OP}; env_of "$op"
     done_mark "install_$op" && { echo "install $op: done"; exit 0; }
