@@ -83,6 +83,10 @@
 #               those that store rstd when asked), each with a budget of $RMS_SERVE_GA_S seconds (150, in place of its
 #               config's max_seconds), its log in rmsserve/NAME.log; rmsserve/store.duckdb.gz
 #               (the store to commit) and rmsserve/runs.txt (every run id and status: the package's RUNS)
+#   kdaserve OUT  as rmsserve, the KDA GAs ($KDA_SERVE_CONFIGS, default: kda_prefill_h200 kda_prefill_long
+#               kda_varlen_h200 kda_decode_h200) in a copy of the KDA package's committed store
+#               (experiments/results/kda/store.duckdb.gz, kept in /tmp/kf_kdas), each within $KDA_SERVE_GA_S seconds
+#               (150): kdaserve/store.duckdb.gz, runs.txt, NAME.log and learned_NAME.md (what each run learned, in SQL)
 #   rmspackage OUT  the RMSNorm package exported from the chain's rmsserve store (the newest finished run of each of
 #               its configs and the committed backward run, this machine's NVRTC), the peers' wheels of .kfw*/ installed,
 #               then package_proof.sh all: install, the env file's published benches, the package's tests, within
@@ -115,7 +119,7 @@ if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
   sed -n '2,/^set -uo pipefail/{/^set -uo pipefail/d;s/^# \{0,1\}//;p}' "$0"
   exit 0
 fi
-stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost, rmsserve, rmspackage or rmstrain}; out=${2:?output folder}
+stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost, rmsserve, kdaserve, rmspackage or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
@@ -190,6 +194,29 @@ kda_package() {
   echo "export $ids ($code) rc=$?" >> "$log"
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" "$pkg" >> "$log" 2>&1
   echo "package pip install rc=$?" >> "$log"
+}
+# store_runs NAME DIR STORE_GZ SECONDS CONFIG...: GAs one after the other in a copy of a committed store (kept in DIR
+# for the next call of the chain), each with a budget of SECONDS in place of its config's max_seconds; NAME/CONFIG.log
+# each run's log, NAME/learned_CONFIG.md what it learned (kfactory evals learned), NAME/store.duckdb.gz the store to
+# commit, NAME/runs.txt every run id and status
+store_runs() {
+  local name=$1 dir=$2 gz=$3 seconds=$4 cfg run
+  shift 4
+  mkdir -p "$dir" "$out/$name"
+  [ -e "$dir/store.duckdb" ] || gunzip -c "$gz" > "$dir/store.duckdb"
+  for cfg in "$@"; do
+    # the GA's own budget ends it (its last generation fitted to what is left, its tables written); the timeout,
+    # 60 s later, only stops one that hangs
+    timeout $((seconds + 60)) python3 -m evo.cli.main run "experiments/$cfg.toml" --store "$dir/store.duckdb" \
+      --max-seconds "$seconds" > "$out/$name/$cfg.log" 2>&1
+    echo "GA $cfg rc=$? ($(tail -1 "$out/$name/$cfg.log"))" >> "$log"
+    run=$(grep -m1 -o "^run [^:]*" "$out/$name/$cfg.log" | cut -d' ' -f2)
+    [ -n "$run" ] && python3 -m evo.cli.main evals export "$run" "/tmp/$run.parquet" --store "$dir/store.duckdb" \
+      >> "$log" 2>&1 && python3 -m evo.cli.main evals learned "/tmp/$run.parquet" "$out/$name/learned_$cfg.md" >> "$log" 2>&1
+  done
+  gzip -c "$dir/store.duckdb" > "$out/$name/store.duckdb.gz"
+  python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); [print(*r) for r in c.execute('SELECT run_id, status FROM runs ORDER BY created_at').fetchall()]" \
+    "$dir/store.duckdb" > "$out/$name/runs.txt" 2>> "$log"
 }
 bwd_ga() {
   ga 300 experiments/rmsnorm_bwd_h200.toml /tmp/kf_bwd bwd
@@ -374,19 +401,12 @@ case "$stage" in
     rms_store
     ga 190 experiments/rmsnorm_h200_long.toml /tmp/kf_rms fwdlong ;;
   rmsserve)
-    mkdir -p /tmp/kf_rmsp "$out/rmsserve"
-    [ -e /tmp/kf_rmsp/store.duckdb ] || gunzip -c experiments/results/rmsnorm/store.duckdb.gz > /tmp/kf_rmsp/store.duckdb
-    for cfg in ${RMS_SERVE_CONFIGS:-rmsnorm_h200_long rmsnorm_short rmsnorm_serving rmsnorm_residual_h200 \
-                                    rmsnorm_residual_serving}; do
-      # the GA's own budget ends it (its last generation fitted to what is left, its tables written); the timeout,
-      # 60 s later, only stops one that hangs
-      timeout $(( ${RMS_SERVE_GA_S:-150} + 60 )) python3 -m evo.cli.main run "experiments/$cfg.toml" \
-        --store /tmp/kf_rmsp/store.duckdb --max-seconds "${RMS_SERVE_GA_S:-150}" > "$out/rmsserve/$cfg.log" 2>&1
-      echo "GA $cfg rc=$? ($(tail -1 "$out/rmsserve/$cfg.log"))" >> "$log"
-    done
-    gzip -c /tmp/kf_rmsp/store.duckdb > "$out/rmsserve/store.duckdb.gz"
-    python3 -c "import duckdb; c = duckdb.connect('/tmp/kf_rmsp/store.duckdb', read_only=True); [print(*r) for r in c.execute('SELECT run_id, status FROM runs ORDER BY created_at').fetchall()]" \
-      > "$out/rmsserve/runs.txt" 2>> "$log" ;;
+    store_runs rmsserve /tmp/kf_rmsp experiments/results/rmsnorm/store.duckdb.gz "${RMS_SERVE_GA_S:-150}" \
+      ${RMS_SERVE_CONFIGS:-rmsnorm_h200_long rmsnorm_short rmsnorm_serving rmsnorm_residual_h200 \
+                           rmsnorm_residual_serving} ;;
+  kdaserve)
+    store_runs kdaserve /tmp/kf_kdas experiments/results/kda/store.duckdb.gz "${KDA_SERVE_GA_S:-150}" \
+      ${KDA_SERVE_CONFIGS:-kda_prefill_h200 kda_prefill_long kda_varlen_h200 kda_decode_h200} ;;
   rmspackage)  # the package from the chain's rmsserve store, as package_proof.sh rebuilds a published one
     store=/tmp/kf_rmsp/store.duckdb
     [ -e "$store" ] || { echo "rmspackage: no rmsserve store in this chain" >> "$log"; continue; }

@@ -56,6 +56,7 @@ CASES: tuple[tuple[str, tuple[Status, ...], str], ...] = (
     ("GUARD_SNIFF", WRONG, "honest only where the 16 bytes before x hold an earlier gate's constant guard"),
     ("L2_KEEP", (Status.OK, Status.SUSPECT), "probe: x loaded with an L2 evict_last policy"),
     ("SUSPECT_BYTES", (Status.SUSPECT,), "GOOD, with the job claiming 64x the bytes: the ceiling check"),
+    ("GOOD_CLUSTER", (Status.OK,), "honest control with a cluster launch (gate 10 checked it unlaunched)"),
     ("GOOD", (Status.OK,), "honest control"),
 )
 CHEATS = tuple(name for name, allowed, _ in CASES if Status.OK not in allowed and name != "SUSPECT_BYTES")
@@ -88,14 +89,14 @@ def build(variant: str) -> bytes:
     return r.cubin
 
 
-def _bound(c: Cell, eps: float) -> tuple[tuple[LaunchJob, ...], tuple[BufferDecl, ...]]:
-    """The gallery kernel's launch and buffers on cell c: a CTA a row, the harness's args, a workspace of a float
-    a row."""
+def _bound(c: Cell, eps: float, cluster: int = 1) -> tuple[tuple[LaunchJob, ...], tuple[BufferDecl, ...]]:
+    """The gallery kernel's launch and buffers on cell c: a CTA a row (the grid rounded up to the kernel's cluster),
+    the harness's args, a workspace of a float a row."""
     m, n = c.dim("M"), c.dim("N")
     bufs = [BufferDecl(t.name, t.resolve_dtype(c).value, t.shape(c), t.role.value) for t in SPEC.tensors]
     bufs.append(BufferDecl("ws", "uint8", (4 * m,), "ws"))
     args = (("buf", "x"), ("buf", "w"), ("buf", "y"), ("i32", m), ("i32", n), ("f32", eps), ("buf", "ws"))
-    return (LaunchJob("gallery", (m, 1, 1), (256, 1, 1), 0, args),), tuple(bufs)
+    return (LaunchJob("gallery", (-(-m // cluster) * cluster, 1, 1), (256, 1, 1), 0, args),), tuple(bufs)
 
 
 def job(variant: str, cubin: bytes, c: Cell, seed: int) -> EvalJob:
@@ -104,12 +105,13 @@ def job(variant: str, cubin: bytes, c: Cell, seed: int) -> EvalJob:
     secret = new_secret()
     draws = scalar_rng(secret)
     gates = []
+    cluster = 2 if variant == "GOOD_CLUSTER" else 1
     for gc in SPEC.gate_shapes(c, shape_rng(secret), lambda dim: 1):
         eps = float(SPEC.drawn_scalars(gc, draws)["eps"])
-        launches, bufs = _bound(gc, eps)
+        launches, bufs = _bound(gc, eps, cluster)
         gates.append(GateCell(f"{gc.label()} eps={eps:.3g}", tuple(sorted(gc.dims_dict().items())), launches, bufs,
                               (("eps", eps),)))
-    launches, bufs = _bound(c, 1e-6)
+    launches, bufs = _bound(c, 1e-6, cluster)
     tol = SPEC.tolerance(c, "y")
     return EvalJob(f"gallery-{variant}-{seed}", "rmsnorm", tuple(sorted(c.dims_dict().items())),
                    tuple(sorted(c.dtypes_dict().items())), cubin, launches,

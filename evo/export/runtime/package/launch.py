@@ -11,6 +11,7 @@ handle (no torch Stream object where torch exposes it), binds pointers and scala
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ import torch
 from .args import ArgPlan, direct_args, plan_args
 from .choice import Choice
 from .loader import Modules, PlanError, check_grid
+from .rawlaunch import RawLaunch, driver
 from .table import Launch, tables
 
 
@@ -221,11 +223,15 @@ class Launcher:
         ready = self.prepared(c, index)
         if ready.side or ready.workspaces or len(ready.launches) != 1:
             return None
-        _ln, kernel, config, args = ready.launches[0]
+        ln, kernel, config, args = ready.launches[0]
         fixed, slots = direct_args(args, tensors, scalars)
         if fixed is None:
             return None
-        return Direct(self, index, kernel, config, fixed, slots)
+        raw = None
+        fn, name = driver()
+        if fn is not None and not ln.pdl and os.environ.get("KF_RAW_LAUNCH", "1") != "0":
+            raw = RawLaunch(fn, name, int(kernel.handle), ln.grid, ln.block, ln.smem, fixed, slots)
+        return Direct(self, index, kernel, config, fixed, slots, raw)
 
     def _side(self, index: int, device: torch.device) -> torch.cuda.Stream:
         """The side stream of a device at the greatest stream priority (a side launch's few CTAs are dispatched
@@ -243,10 +249,10 @@ class Direct:
     passes the tensors' pointers and the scalars positionally and the kernel is launched on torch's current stream
     with nothing else looked up. The serving path: a few-row call is mostly host time."""
 
-    __slots__ = ("_launcher", "_index", "_kernel", "_config", "_fixed", "_ptrs", "_casts", "_launch", "calls")
+    __slots__ = ("_launcher", "_index", "_kernel", "_config", "_fixed", "_ptrs", "_casts", "_launch", "_raw", "calls")
 
     def __init__(self, launcher: Launcher, index: int, kernel: Any, config: Any, fixed: tuple[Any, ...],
-                 slots: tuple[tuple[int, int, Any], ...]) -> None:
+                 slots: tuple[tuple[int, int, Any], ...], raw: RawLaunch | None = None) -> None:
         from cuda.core import launch
 
         self._launcher, self._index, self._kernel, self._config = launcher, index, kernel, config
@@ -254,15 +260,30 @@ class Direct:
         self._ptrs = tuple((i, k) for i, k, cast in slots if cast is None)
         self._casts = tuple((i, k, cast) for i, k, cast in slots if cast is not None)
         self._launch = launch
+        self._raw = raw  # the driver's cuLaunchKernel on a parameter array made once (rawlaunch.py), or None
         self.calls = 0
 
+    @property
+    def raw(self) -> bool:
+        """Whether calls go through the driver's cuLaunchKernel directly (else cuda.core's launch)."""
+        return self._raw is not None
+
+    def use_cuda_core(self) -> None:
+        """Launch by cuda.core from now on (where the raw launch's outputs disagreed with the routed call's)."""
+        self._raw = None
+
     def __call__(self, *values: Any) -> None:
+        index, launcher = self._index, self._launcher
+        launcher._current(index)
+        raw = self._raw
+        if raw is not None:
+            raw(current_stream_handle(index), values)
+            self.calls += 1
+            return
         args = self._fixed.copy()
         for i, k in self._ptrs:
             args[i] = values[k]
         for i, k, cast in self._casts:
             args[i] = cast(values[k])
-        index, launcher = self._index, self._launcher
-        launcher._current(index)
         self._launch(launcher._stream(index, current_stream_handle(index)), self._config, self._kernel, *args)
         self.calls += 1

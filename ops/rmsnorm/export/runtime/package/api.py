@@ -11,7 +11,9 @@ weight=None uses a weight of ones (exact). The backward of a variant call is the
 
 from __future__ import annotations
 
+import warnings
 from functools import lru_cache
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -139,13 +141,54 @@ def _check_into(t: Tensor, name: str, x: Tensor, dtype: torch.dtype, inputs: tup
             raise ValueError(f"{name}: shares memory with an input of the call; give it a buffer of its own")
 
 
-def _learn(x: Tensor, weight: Tensor, residual: Tensor | None) -> None:
-    """After a call of this signature took the kernel path: its Direct launch, where its kernel is trusted now."""
-    if not x.is_cuda or torch.compiler.is_compiling() or x.numel() == 0:
+def _agrees(d: Any, x: Tensor, weight: Tensor, residual: Tensor | None, eps: float,
+            want: tuple[Tensor, Tensor | None]) -> bool:
+    """The Direct launch's outputs on this call's inputs are the routed call's bit for bit (the same kernel, so
+    the same bits: NaN included)."""
+    calls, y = d.calls, torch.empty_like(x)  # the check's launch is no call of the caller's (stats)
+    if residual is None:
+        d(x.data_ptr(), weight.data_ptr(), y.data_ptr(), eps)
+        pairs = [(y, want[0])]
+    else:
+        r = torch.empty_like(residual)
+        d(x.data_ptr(), weight.data_ptr(), y.data_ptr(), residual.data_ptr(), r.data_ptr(), eps)
+        pairs = [(y, want[0]), (r, want[1])]
+    d.calls = calls
+    return all(b is not None and a.shape == b.shape and a.dtype == b.dtype
+               and torch.equal(a.reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+               for a, b in pairs)
+
+
+def _checked(d: Any, x: Tensor, weight: Tensor, residual: Tensor | None, eps: float,
+             want: tuple[Tensor, Tensor | None]) -> Any:
+    """d where its outputs on this call's inputs are `want`; a raw driver launch that disagrees is switched to
+    cuda.core's launch and checked again; None (with a warning) where the launch still disagrees."""
+    if _agrees(d, x, weight, residual, eps, want):
+        return d
+    if d.raw:
+        d.use_cuda_core()
+        if _agrees(d, x, weight, residual, eps, want):
+            return d
+    warnings.warn(f"rmsnorm: the direct launch of {tuple(x.shape)} {_name(x)} disagreed with the routed call; such "
+                  "calls stay on the routed path", RuntimeWarning, stacklevel=4)
+    return None
+
+
+def _learn(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float,
+           want: tuple[Tensor, Tensor | None]) -> None:
+    """After a call of this signature took the kernel path and gave `want` (its outputs): its Direct launch, where
+    its kernel is trusted now and the launch gives the same outputs on this call's inputs (checked once: a raw
+    driver launch that disagrees falls back to cuda.core's, and a launch that still disagrees is not kept)."""
+    if not x.is_cuda or torch.compiler.is_compiling() or x.numel() == 0 or torch.cuda.is_current_stream_capturing():
         return
     key, rt, n = _signature(x, weight, residual), runtime(), x.shape[-1]
     if key in rt.fast:
         return
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, residual)):
+        return  # such a call may take a kernel that stores rstd too: a call without autograd learns the plain one
+    aligned = [t for t in (x, weight, residual) if t is not None]
+    if not all(t.is_contiguous() and t.data_ptr() & 15 == 0 for t in aligned):
+        return  # a later call whose operands the direct launch can take learns it
     x2, r2 = x.reshape(-1, n), (residual.reshape(-1, n) if residual is not None else None)
     c = rt.choice("rmsnorm", x2, weight) if r2 is None else rt.variant_choice(x2, weight, r2, None, False)
     if not c.kernel:
@@ -154,6 +197,8 @@ def _learn(x: Tensor, weight: Tensor, residual: Tensor | None) -> None:
     if not rt.trusted(c):  # not checked yet (a call inside graph capture took torch): learn on a later call
         return
     d = rt.direct(c, "rmsnorm", x.device, _PLAIN_TENSORS if r2 is None else _RESIDUAL_TENSORS, _SCALARS)
+    if d is not None:
+        d = _checked(d, x, weight, residual, eps, want)
     if len(rt.fast) >= _FAST_MAX:
         rt.fast.clear()
     rt.fast[key] = d if d is not None else False
@@ -203,7 +248,7 @@ def _rmsnorm_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual
         if residual is None and residual_dtype is not None and residual_dtype != x.dtype:
             residual_out = x.to(residual_dtype)
         if plain_call:
-            _learn(x, weight, residual)
+            _learn(x, weight, residual, eps, (out, residual_out))
         return out, residual_out, r
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
@@ -211,7 +256,7 @@ def _rmsnorm_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual
     out = _forward(x2, w, float(eps)).reshape(x.shape)
     residual_out = x.to(residual_dtype) if residual_dtype is not None and residual_dtype != x.dtype else x
     if plain_call and residual is None:
-        _learn(x, weight, None)
+        _learn(x, weight, None, eps, (out, None))
     return out, residual_out, (reference.rstd(x2, eps) if store_rstd else None)
 
 
@@ -251,13 +296,13 @@ def rmsnorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
     if route == VARIANT:
         out, residual_out, _ = _variant(x, weight, bias, residual, eps, False)
         if plain_call:
-            _learn(x, weight, residual)
+            _learn(x, weight, residual, eps, (out, residual_out))
         return (out, residual_out) if prenorm else out
     n = x.shape[-1]
     w = weight if weight is not None else _ones(n, x.dtype, x.device)
     out = _forward(x.reshape(-1, n), w, float(eps)).reshape(x.shape)
     if plain_call and residual is None:
-        _learn(x, weight, None)
+        _learn(x, weight, None, eps, (out, None))
     if not prenorm:
         return out
     return out, (x.to(residual_dtype) if residual_dtype is not None and residual_dtype != x.dtype else x)

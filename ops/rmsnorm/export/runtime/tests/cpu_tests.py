@@ -717,3 +717,46 @@ def test_a_call_writes_into_the_tensors_it_is_given_and_refuses_ones_that_cannot
         kf.rmsnorm_fwd(x, w, residual_out=rout)
     with pytest.raises(ValueError, match="residual_out: shares memory with an input"):
         kf.rmsnorm_fwd(x, w, residual=res, residual_out=res)
+
+
+def test_a_direct_launch_serves_only_once_its_outputs_are_the_routed_calls():
+    """Before a signature is served by its direct launch, the launch runs once on the learning call's inputs and
+    must give that call's outputs bit for bit (NaN included): a raw driver launch that does not falls back to
+    cuda.core's launch, checked again; a launch that still does not is dropped with a warning; the check's launches
+    count as no call."""
+    torch = pytest.importorskip("torch")
+    import ctypes
+
+    from kf_pkg import api
+
+    g = torch.Generator().manual_seed(9)
+    x, res = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
+    w = 1 + 0.1 * torch.randn(64, generator=g)
+    y, rout = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
+    y[1, 3] = float("nan")
+
+    class Fake:
+        """A launch writing `outs` (or `outs` + 1 where wrong) through the output pointers it is passed."""
+
+        def __init__(self, outs, raw_right: bool, core_right: bool):
+            self.outs, self.right, self.raw, self.calls = outs, (raw_right, core_right), True, 0
+
+        def use_cuda_core(self):
+            self.raw = False
+
+        def __call__(self, *values):
+            self.calls += 1
+            right = self.right[0] if self.raw else self.right[1]
+            dsts = (values[2],) if len(values) == 4 else (values[2], values[4])  # y; y and residual_out
+            for src, dst in zip(self.outs, dsts):
+                out = src if right else src + 1
+                ctypes.memmove(dst, out.data_ptr(), out.numel() * out.element_size())
+
+    for residual, outs in ((None, (y, None)), (res, (y, rout))):
+        ok = Fake(outs, raw_right=True, core_right=True)
+        assert api._checked(ok, x, w, residual, 1e-6, outs) is ok and ok.raw and ok.calls == 0
+        fell = Fake(outs, raw_right=False, core_right=True)
+        assert api._checked(fell, x, w, residual, 1e-6, outs) is fell and not fell.raw and fell.calls == 0
+        bad = Fake(outs, raw_right=False, core_right=False)
+        with pytest.warns(RuntimeWarning, match="disagreed with the routed call"):
+            assert api._checked(bad, x, w, residual, 1e-6, outs) is None

@@ -6,6 +6,7 @@ names. Skipped, loudly, without a CUDA GPU."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -426,6 +427,9 @@ def test_a_repeated_call_takes_its_direct_launch_with_the_same_results(xdt, rdt,
         pytest.skip(f"SKIPPED: no kernel serves {shape} {xdt} residual={rdt} in this export")
     d = run.runtime().fast.get(api._signature(x, w, res))
     assert d, "no direct launch learned after the first call"
+    # the driver's cuLaunchKernel on a parameter array made once, unless switched off; one whose outputs disagreed
+    # with the routed call's would have fallen back to cuda.core's launch (with a warning)
+    assert d.raw == (os.environ.get("KF_RAW_LAUNCH", "1") != "0"), "the raw launch fell back to cuda.core's"
     calls, before = d.calls, kf.stats()["rmsnorm"][path]
     for seed in (4, 5):
         x2, _ = inputs(xdt, xdt, shape, seed=seed)
