@@ -141,10 +141,15 @@ class BudgetSection:
 class BuildSection:
     workers: int = 2
     timeout_s: float = 60.0  # wall clock per NVRTC compile; past it the compile process is killed
+    # a build whose kernels spill more bytes to local memory (stores or loads, per ptxas) is a RESOURCE_ERROR on
+    # every cell of this run, never timed (the build itself is stored as compiled); -1: any spill is timed
+    max_spill_bytes: int = -1
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ConfigError("build.workers: must be >= 1")
+        if self.max_spill_bytes < -1:
+            raise ConfigError(f"build.max_spill_bytes: must be >= 0, or -1 for no limit; got {self.max_spill_bytes}")
         if not 0 < self.timeout_s < float("inf"):
             raise ConfigError("build.timeout_s: must be > 0 and finite")
 

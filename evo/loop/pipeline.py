@@ -168,6 +168,16 @@ class Built:
     distinct: tuple[tuple[str, BuildResult], ...] = ()  # (template, result) of every distinct build, in order
 
 
+def spill_limited(r: BuildResult, limit: int) -> BuildResult:
+    """r, or r as a RESOURCE_ERROR where its kernels spill more than `limit` bytes (-1: no limit); the run's view
+    of the build only: the store keeps it as compiled, so a run without the limit times it."""
+    spill = max(r.spill_stores, r.spill_loads)
+    if limit < 0 or r.status is not Status.OK or spill <= limit:
+        return r
+    return replace(r, status=Status.RESOURCE_ERROR,
+                   error=f"spills {r.spill_stores} B stored, {r.spill_loads} B loaded > build.max_spill_bytes {limit}")
+
+
 def build(session: Session, builder: Builder, genomes: Sequence[Genome], generation: int,
           origins: Mapping[str, str] | None = None, parents: Mapping[str, str] | None = None) -> Built:
     """Build every genome for its legal cells; the rows record sources, candidates and every build."""
@@ -198,7 +208,8 @@ def build(session: Session, builder: Builder, genomes: Sequence[Genome], generat
                              regs=r.regs, spill_stores=r.spill_stores, spill_loads=r.spill_loads,
                              smem_bytes=r.smem_bytes, stack_bytes=r.stack_bytes, compile_ms=r.compile_ms,
                              compiler=r.compiler, log=r.log, error=r.error or None, cubin=r.cubin or None))
-    cells = {k: [(c, results[bi.key()]) for c, bi in pairs] for k, pairs in per_genome.items()}
+    limit = session.config.build.max_spill_bytes
+    cells = {k: [(c, spill_limited(results[bi.key()], limit)) for c, bi in pairs] for k, pairs in per_genome.items()}
     return Built(cells, rows, builder.compiled - before, len(stored),
                  tuple((bi.genome.template, results[bi.key()]) for bi in unique))
 

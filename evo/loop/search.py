@@ -320,6 +320,8 @@ class Search:
                  if only[k] is None or cell.label() in only[k]]
 
         def reused(it: EvalItem) -> Outcome | None:
+            if not it.build.status.ok:  # a build this run refuses (build.max_spill_bytes): not another run's time
+                return None
             return self.reuse.get((it.genome.key(), it.cell.label(), it.build.build_key))
 
         old = {(it.genome.key(), it.cell.label()): o for it in items if (o := reused(it)) is not None}

@@ -87,8 +87,9 @@
 #               kda_varlen_h200 kda_decode_h200) in a copy of the KDA package's committed store
 #               (experiments/results/kda/store.duckdb.gz, kept in /tmp/kf_kdas), each within $KDA_SERVE_GA_S seconds
 #               (150): kdaserve/store.duckdb.gz, runs.txt, NAME.log and learned_NAME.md (what each run learned, in SQL)
-#   rmspackage OUT  the RMSNorm package exported from the chain's rmsserve store (the newest finished run of each of
-#               its configs and the committed backward run, this machine's NVRTC), the peers' wheels of .kfw*/ installed,
+#   rmspackage OUT  the RMSNorm package exported from the chain's rmsserve store (the newest finished run of each
+#               forward config; the newest rmsnorm_bwd_nospill run, else the committed backward run; this machine's
+#               NVRTC), the peers' wheels of .kfw*/ installed,
 #               then package_proof.sh all: install, the env file's published benches, the package's tests, within
 #               $RMS_PKG_S seconds (500); a later call goes on where it stopped; rmspackage/ holds the env file used,
 #               the package's dispatch.json, every bench's json and log and the tests' log
@@ -410,10 +411,11 @@ case "$stage" in
   rmspackage)  # the package from the chain's rmsserve store, as package_proof.sh rebuilds a published one
     store=/tmp/kf_rmsp/store.duckdb
     [ -e "$store" ] || { echo "rmspackage: no rmsserve store in this chain" >> "$log"; continue; }
-    # its runs: the newest finished run of each forward config and the committed backward run
-    runs=$(python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); q = \"SELECT max(run_id) FROM runs WHERE run_id LIKE ? AND status = 'done'\"; print(*filter(None, (c.execute(q, [p + '-%']).fetchone()[0] for p in sys.argv[2:])))" \
+    # its runs: the newest finished run of each forward config, and of the backward the spill-free run where the
+    # chain made one, else the committed backward run (NAME|OTHER: the first name with a finished run)
+    runs=$(python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); q = \"SELECT max(run_id) FROM runs WHERE run_id LIKE ? AND status = 'done'\"; print(*filter(None, (next(filter(None, (c.execute(q, [p + '-%']).fetchone()[0] for p in a.split('|'))), None) for a in sys.argv[2:])))" \
       "$store" rmsnorm-h200-long rmsnorm-short rmsnorm-serving rmsnorm-residual-h200 rmsnorm-residual-serving \
-      rmsnorm-bwd-h200-all)
+      "rmsnorm-bwd-nospill|rmsnorm-bwd-h200-all")
     echo "rmspackage runs: $runs" >> "$log"
     # the env file of package_proof.sh for this store: this machine's NVRTC built the new runs' cubins
     mkdir -p /tmp/kf_pk "$out/rmspackage"

@@ -153,3 +153,28 @@ def test_a_stored_build_without_a_ptxas_report_gets_its_registers_from_its_cubin
         for r in ok:
             assert back[r.build_key].regs == r.regs
             assert {k: x.regs for k, x in back[r.build_key].resources} == {k: x.regs for k, x in r.resources}
+
+
+def test_a_run_with_a_spill_limit_refuses_the_builds_that_spill_more_and_stores_them_as_compiled(tmp_path: Path):
+    """build.max_spill_bytes: a build whose kernels spill more is a RESOURCE_ERROR on every cell in this run (never
+    timed); one at the limit is OK; the store keeps both builds as compiled (a run without the limit times them)."""
+    from evo.build.nvrtc import KernelResources
+
+    text = SMALL.replace("{gens}", "2").replace("[build]\n", "[build]\nmax_spill_bytes = 8\n", 1)
+    assert "max_spill_bytes = 8" in text
+    with Store.open(tmp_path / "s.duckdb") as store:
+        s = Session(parse_config(text), store, "spills", log=lambda _: None)
+        genomes = [Genome.make("rmsnorm", t.name, t.source_hash, t.default_params()) for t in s.templates.values()]
+        spills = {"warp_row": 9, "cta_row": 8}
+        cached = {bi.key(): BuildResult(bi.key(), Status.OK, (("k", KernelResources(regs=255,
+                                                                                    spill_stores=spills[g.template],
+                                                                                    spill_loads=4)),), b"\x7fELF")
+                  for g in genomes for _, bi in s.build_inputs(g)}
+        with Builder(workers=1, cached=cached) as b:
+            result = build(s, b, genomes, 0)
+            assert b.compiled == 0
+    by_template = {g.template: {r.status for _, r in result.cells[g.key()]} for g in genomes}
+    assert by_template == {"warp_row": {Status.RESOURCE_ERROR}, "cta_row": {Status.OK}}
+    refused = result.cells[genomes[[g.template for g in genomes].index("warp_row")].key()][0][1]
+    assert refused.error == "spills 9 B stored, 4 B loaded > build.max_spill_bytes 8"
+    assert {r.status for r in result.rows if hasattr(r, "spill_stores")} == {"OK"}

@@ -29,9 +29,10 @@ def test_shipped_experiment_parses():
         ('[run]\nop = "rmsnorm"\narch = "hopper"', "run.arch"),
         ('[cells]\nmatrix = true', "run"),
         ('[run]\nop = "rmsnorm"\n[lessons]\nwarm_start = "yes"', "lessons.warm_start"),
+        ('[run]\nop = "rmsnorm"\n[build]\nmax_spill_bytes = -2', "build.max_spill_bytes"),
     ],
     ids=["unknown-key", "wrong-type-str", "wrong-type-int", "float-for-int", "bad-enum", "range", "check-sets",
-         "unknown-section", "replay-needs-data", "bad-arch", "missing-run", "bool"],
+         "unknown-section", "replay-needs-data", "bad-arch", "missing-run", "bool", "spill-limit"],
 )
 def test_errors_name_the_key(text, names):
     with pytest.raises(ConfigError) as e:
