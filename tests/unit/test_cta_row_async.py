@@ -196,14 +196,14 @@ def test_edge_cells_are_served_or_refused(cell):
 
 
 def test_long_rows_experiment_loads():
-    """experiments/rmsnorm_h200_long.toml: its three templates, their search spaces within the templates'
+    """experiments/rmsnorm_h200_long.toml: its four templates, their search spaces within the templates'
     spaces, and exactly the forward matrix's N >= 4096 cells, each with legal points of every template."""
     from evo.core.config import load_config
     from evo.loop.pipeline import cells_for
 
     c = load_config(ROOT / "experiments" / "rmsnorm_h200_long.toml")
     assert c.run.op == "rmsnorm" and c.run.name == "rmsnorm-h200-long"
-    assert set(c.run.templates) == {"cta_row", "cta_row_async", "cta_row_l2"} == set(c.search.space)
+    assert set(c.run.templates) == {"cta_row", "cta_row_async", "cta_row_l2", "cluster_row"} == set(c.search.space)
     # lab_gpu.sh fwdlong stops the run at 190 s: a generation past the budget must still fit
     assert c.search.population == 24 and 0 < c.budget.max_seconds <= 150 and c.budget.generations == 12
     assert (c.eval.timeout_s, c.eval.min_samples, c.eval.max_samples, c.eval.baseline) == (20, 100, 100, False)
