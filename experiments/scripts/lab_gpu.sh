@@ -79,8 +79,8 @@
 #   rmsserve OUT  the forward GAs on the cells the RMSNorm package's committed runs do not cover, one after the other in
 #               a copy of its committed store (experiments/results/rmsnorm/store.duckdb.gz, kept in /tmp/kf_rmsp for the
 #               next call): $RMS_SERVE_CONFIGS (default: rmsnorm_h200_long rmsnorm_short rmsnorm_serving
-#               rmsnorm_residual_h200 rmsnorm_residual_serving; the long rows again so the plain winners' templates are
-#               those that store rstd when asked), each with a budget of $RMS_SERVE_GA_S seconds (150, in place of its
+#               rmsnorm_residual_h200 rmsnorm_residual_serving rmsnorm_train_rstd rmsnorm_bwd_nospill: the training
+#               step's store_rstd cells and the spill-free backward too), each with a budget of $RMS_SERVE_GA_S seconds (150, in place of its
 #               config's max_seconds), its log in rmsserve/NAME.log; rmsserve/store.duckdb.gz
 #               (the store to commit) and rmsserve/runs.txt (every run id and status: the package's RUNS)
 #   kdaserve OUT  as rmsserve, the KDA GAs ($KDA_SERVE_CONFIGS, default: kda_prefill_h200 kda_prefill_long
@@ -404,7 +404,7 @@ case "$stage" in
   rmsserve)
     store_runs rmsserve /tmp/kf_rmsp experiments/results/rmsnorm/store.duckdb.gz "${RMS_SERVE_GA_S:-150}" \
       ${RMS_SERVE_CONFIGS:-rmsnorm_h200_long rmsnorm_short rmsnorm_serving rmsnorm_residual_h200 \
-                           rmsnorm_residual_serving} ;;
+                           rmsnorm_residual_serving rmsnorm_train_rstd rmsnorm_bwd_nospill} ;;
   kdaserve)
     store_runs kdaserve /tmp/kf_kdas experiments/results/kda/store.duckdb.gz "${KDA_SERVE_GA_S:-150}" \
       ${KDA_SERVE_CONFIGS:-kda_prefill_h200 kda_prefill_long kda_varlen_h200 kda_decode_h200} ;;
@@ -415,7 +415,7 @@ case "$stage" in
     # chain made one, else the committed backward run (NAME|OTHER: the first name with a finished run)
     runs=$(python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); q = \"SELECT max(run_id) FROM runs WHERE run_id LIKE ? AND status = 'done'\"; print(*filter(None, (next(filter(None, (c.execute(q, [p + '-%']).fetchone()[0] for p in a.split('|'))), None) for a in sys.argv[2:])))" \
       "$store" rmsnorm-h200-long rmsnorm-short rmsnorm-serving rmsnorm-residual-h200 rmsnorm-residual-serving \
-      "rmsnorm-bwd-nospill|rmsnorm-bwd-h200-all")
+      rmsnorm-train-rstd "rmsnorm-bwd-nospill|rmsnorm-bwd-h200-all")
     echo "rmspackage runs: $runs" >> "$log"
     # the env file of package_proof.sh for this store: this machine's NVRTC built the new runs' cubins
     mkdir -p /tmp/kf_pk "$out/rmspackage"

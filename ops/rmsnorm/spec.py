@@ -206,6 +206,12 @@ def matrix_bias_rstd() -> list[Cell]:
             for n in BIAS_RSTD_N]
 
 
+def matrix_train() -> list[Cell]:
+    """The forward matrix's cells as a training step's forward calls them: store_rstd, so the backward reads each
+    row's rstd instead of recomputing it (the package serves a call needing gradients from these cells)."""
+    return [cell(d, m, n, store_rstd=True) for d in DTYPES for m in MATRIX_M for n in MATRIX_N]
+
+
 SERVING_M = (1, 8, 64, 140, 512, 2048)  # a decode step's tokens to a prefill chunk's
 SERVING_N = (2048, 4096, 8192)
 
@@ -332,6 +338,6 @@ VARIANT_SPEC = OpSpec(**{
     ),
     "fills": {k: {**FILLS[k], **VARIANT_FILLS[k]} for k in FILLS},
     "matrices": {"residual": matrix_residual, "bias_rstd": matrix_bias_rstd, "serving": matrix_serving,
-                 "serving_residual": matrix_serving_residual},
+                 "serving_residual": matrix_serving_residual, "train": matrix_train},
     "dim_defaults": {d: 0 for d in VARIANT_DIMS},
 })

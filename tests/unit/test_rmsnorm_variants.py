@@ -205,6 +205,31 @@ def test_residual_matrix_is_13_cells_at_m_32768():
     assert VARIANT_SPEC.bytes_moved(c) == 32768 * 4096 * (2 + 4 + 4 + 2) + 4096 * 2
 
 
+def test_train_matrix_is_the_forward_matrix_storing_rstd():
+    from ops.rmsnorm.spec import matrix_train
+
+    cells = matrix_train()
+    assert VARIANT_SPEC.matrices["train"] is matrix_train
+    assert [c.label() for c in cells] == [m.label() + "-store_rstd1" for m in matrix()]
+    assert {variant_of(c) for c in cells} == {variant_of(cell("bf16", 1, 8, store_rstd=True))}
+    c = cells[0]  # the rstd's fp32 word a row counts in the bytes
+    assert VARIANT_SPEC.bytes_moved(c) == VARIANT_SPEC.bytes_moved(matrix()[0]) + 4 * c.dim("M")
+
+
+def test_the_training_forward_experiment_searches_the_train_matrix_with_templates_that_store_rstd():
+    """experiments/rmsnorm_train_rstd.toml: the 36 store_rstd cells, each with legal points of both templates."""
+    from pathlib import Path
+
+    from evo.core.config import load_config
+    from evo.loop.pipeline import cells_for
+    from tests.unit.config_checks import legal_everywhere
+
+    c = load_config(Path(__file__).resolve().parents[2] / "experiments" / "rmsnorm_train_rstd.toml")
+    cells = cells_for(c, VARIANT_SPEC)
+    assert [x.label() for x in cells] == [x.label() for x in VARIANT_SPEC.matrices["train"]()]
+    legal_everywhere(c, cells, tries=500)
+
+
 def test_bias_rstd_matrix_covers_the_other_switches():
     cells = matrix_bias_rstd()
     assert VARIANT_SPEC.matrices["bias_rstd"] is matrix_bias_rstd and len(set(cells)) == len(cells) == 9
