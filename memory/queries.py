@@ -115,11 +115,19 @@ def ok_evaluations(store: Store, op: str, arch: str) -> pd.DataFrame:
     )
 
 
+# Verdicts a gate's own defect produced: left out of what lessons learn from (the store keeps them). Gate "10" checked
+# a plan with a cluster launch in its round beside a kernel holding most SMs without launching it, so the outputs
+# it checked were its poison and every such plan was WRONG_ANSWER there (evo/measure/gate.py, gate "11").
+VOID_VERDICTS = ("NOT (e.status = 'WRONG_ANSWER' AND e.error LIKE '%beside a kernel holding most SMs%' "
+                 "AND coalesce(json_extract_string(e.fingerprint_json, '$.gate'), '') = '10')")
+
+
 def outcomes(store: Store, op: str, arch: str) -> pd.DataFrame:
     """Every build and evaluation of op on arch that passed or failed, stage 'build' or 'eval'.
 
     UNKNOWN, REJECTED and other non-outcomes are left out. An evaluation that only repeats its failed
-    build's status (the pipeline writes one per cell) is left out too: the build row stands for it.
+    build's status (the pipeline writes one per cell) is left out too: the build row stands for it. So are the
+    verdicts of a gate's defect (VOID_VERDICTS).
     """
     marks = ", ".join("?" for _ in OUTCOME_STATUSES)
     bcond, bparams = arch_filter("b.arch", arch)
@@ -134,6 +142,7 @@ def outcomes(store: Store, op: str, arch: str) -> pd.DataFrame:
                c.template, c.params_json
         {_EVAL_FROM}
         WHERE c.op = ? AND e.status IN ({marks}) AND (b.build_key IS NULL OR b.status = 'OK') AND {econd}
+              AND {VOID_VERDICTS}
         ORDER BY stage, row_id""",
         [op, *OUTCOME_STATUSES, *bparams, op, *OUTCOME_STATUSES, *eparams],
     )

@@ -504,3 +504,24 @@ def test_template_prior_from_lessons(lessons_path: Path) -> None:
     assert w["warp_row"] > w["cta_row"] and w["cta_row"] >= 3 * 0.05 - 1e-12  # floor keeps exploring
     assert w["cta_row"] < w["llm_new"] < w["warp_row"]  # a template no lesson has seen stays neutral-ish
     assert sum(w.values()) == pytest.approx(3.0)
+
+
+def test_a_gate_defects_verdicts_teach_no_lesson(tmp_path: Path) -> None:
+    """Gate 10's WRONG_ANSWER from its round beside a kernel holding most SMs (a cluster plan checked unlaunched)
+    is left out of the outcomes lessons learn from; the same message under gate 11, and gate 10's other verdicts,
+    stay in. The store keeps all three."""
+    from memory import Store
+    from memory.rows import canonical_json
+    from tests.unit.test_store import build_row, candidate_row, evaluation_row, run_row
+
+    crowd = "y on set 0 beside a kernel holding most SMs: some unwritten or NaN (7617 bad)"
+    rows = [run_row(), candidate_row(), build_row(),
+            evaluation_row("void", status="WRONG_ANSWER", error=crowd, fingerprint_json=canonical_json({"gate": "10"})),
+            evaluation_row("later", status="WRONG_ANSWER", error=crowd, fingerprint_json=canonical_json({"gate": "11"})),
+            evaluation_row("other", status="WRONG_ANSWER", error="y on set 1 beside set 0's launch on a second stream",
+                           fingerprint_json=canonical_json({"gate": "10"}))]
+    with Store.open(tmp_path / "s.duckdb") as store:
+        store.write(rows)
+        got = q.outcomes(store, "rmsnorm", "sm_90a")
+        assert set(got.row_id[got.stage == "eval"]) == {"later", "other"}
+        assert store.sql("SELECT count(*) AS n FROM evaluations").n[0] == 3
