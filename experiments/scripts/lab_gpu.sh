@@ -92,7 +92,8 @@
 #               NVRTC), the peers' wheels of .kfw*/ installed,
 #               then package_proof.sh all: install, the env file's published benches, the package's tests, within
 #               $RMS_PKG_S seconds (500); a later call goes on where it stopped; rmspackage/ holds the env file used,
-#               the package's dispatch.json, every bench's json and log and the tests' log
+#               the package's dispatch.json, every bench's json and log, the tests' log and quack_autotune.tgz (QuACK's
+#               autotuned choices on this card: KF_QUACK_SEED=that file reuses them, package_proof.sh --help)
 #   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
 #               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
 #               on the cells matching $FWD_CELLS within $FWD_PEERS_S seconds (280). QuACK autotuned
@@ -446,6 +447,8 @@ case "$stage" in
       bash experiments/scripts/package_proof.sh all "$out/rmspackage" "${RMS_PKG_S:-500}" rmsnorm >> "$log" 2>&1
       echo "rmspackage all rc=$?" >> "$log"
     fi
+    # QuACK's autotuning choices per card (a few KB): KF_QUACK_SEED=quack_autotune.tgz on a later machine reuses them
+    [ -d /tmp/kf_proof/quack ] && tar czf "$out/rmspackage/quack_autotune.tgz" -C /tmp/kf_proof/quack --exclude .seeded .
     unset KF_PACKAGES ;;
   kdavarlen)  # both KDA templates' cu_seqlens paths through the gate, the chunk one beside fla (fla's Triton JIT
     # of its varlen kernels comes first: the first call of 110 s ended before any test did)

@@ -19,6 +19,10 @@
 #                                        spent; call it again to go on where it stopped. OUT/OP/ holds each op's files
 #   package_proof.sh --help              this text
 #
+# QuACK autotuned: each process reuses the choices QuACK's autotuner made on this card name before (a folder per card
+# under $KF_PROOF_STATE/quack; $KF_QUACK_SEED, a tgz of it from an earlier machine, seeds it), recorded in each bench's
+# environment.settings.
+#
 # Rebuilding a published table is: export, install, bench, with the commands written in its results folder
 # (experiments/results/OP/CARD/commands.sh).
 set -euo pipefail
@@ -32,6 +36,16 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 for d in dsl_packages python_packages; do
   [ -d "$SITE/nvidia_cutlass_dsl/$d" ] && export PYTHONPATH="$PYTHONPATH:$SITE/nvidia_cutlass_dsl/$d"
 done
+
+# QuACK's autotuner keeps its choice per shape on disk when asked (QUACK_CACHE_AUTOTUNING=1), keyed by shape, dtype
+# and QuACK's version but not by card: one folder per card name, so a later table's process (or a later machine of
+# the same card, given $KF_QUACK_SEED, a tgz of $STATE/quack) takes the choice this card's own autotuning made. The
+# benches record these settings with their results.
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr -c 'A-Za-z0-9\n' '_' || true)
+export QUACK_CACHE_AUTOTUNING=1 QUACK_HOME="$STATE/quack/${gpu:-no_gpu}"
+if [ -n "${KF_QUACK_SEED:-}" ] && [ -f "$KF_QUACK_SEED" ] && [ ! -e "$STATE/quack/.seeded" ]; then
+  mkdir -p "$STATE/quack" && tar xzf "$KF_QUACK_SEED" -C "$STATE/quack" && touch "$STATE/quack/.seeded"
+fi
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "package_proof.sh: $*" >&2; exit 2; }

@@ -96,3 +96,22 @@ def test_the_document_says_where_it_ran_and_keeps_rows_after_every_cell(monkeypa
     with pytest.raises(SystemExit):
         benchmark.parser("d", "q", ("fwd",), ("p1",)).parse_args(["--peers", "p1,nope"])
     assert "unknown nope; known: p1" in capsys.readouterr().err
+
+
+def test_the_environment_records_the_settings_that_change_how_a_peer_is_built_or_tuned(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    import evo.export.runtime.package.environment as env
+
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(version=SimpleNamespace(cuda="13.0"), __version__="2.x"))
+    monkeypatch.setattr(env, "card", lambda: {"name": "Fake H100"})
+    monkeypatch.setattr(env, "_driver", lambda: "13.0")
+    monkeypatch.setattr(env, "nvrtc_version", lambda: "13.0")
+    for k in env.PEER_SETTINGS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("QUACK_CACHE_AUTOTUNING", "1")
+    monkeypatch.setenv("QUACK_HOME", "/tmp/kf_proof/quack/NVIDIA_H100_80GB_HBM3")
+    monkeypatch.setenv("UNRELATED", "x")
+    got = env.environment(["quack-kernels"])
+    assert got["settings"] == {"QUACK_CACHE_AUTOTUNING": "1", "QUACK_HOME": "/tmp/kf_proof/quack/NVIDIA_H100_80GB_HBM3"}

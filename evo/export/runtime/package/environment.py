@@ -3,6 +3,7 @@ torch and triton, Python, each peer's version, and the copy ceiling measured in 
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from collections.abc import Iterable
@@ -56,12 +57,17 @@ def card() -> dict[str, Any]:
             "smi": smi()}
 
 
+# the environment variables that change how a peer is built or tuned, recorded with the results where set
+PEER_SETTINGS = ("QUACK_CACHE_AUTOTUNING", "QUACK_HOME", "QUACK_CACHE_DIR", "TRITON_CACHE_DIR", "KF_L2_FLUSH")
+
+
 def environment(peer_dists: Iterable[str]) -> dict[str, Any]:
     import torch
 
     return {"card": card(), "driver_cuda": _driver(), "cuda_runtime": torch.version.cuda, "nvrtc": nvrtc_version(),
             "torch": torch.__version__, "triton": version("triton"), "python": platform.python_version(),
-            "peers": {d: version(d) for d in peer_dists}}
+            "peers": {d: version(d) for d in peer_dists},
+            "settings": {k: os.environ[k] for k in PEER_SETTINGS if k in os.environ}}
 
 
 def _driver() -> str | None:
