@@ -94,6 +94,8 @@
 #               $RMS_PKG_S seconds (500); a later call goes on where it stopped; rmspackage/ holds the env file used,
 #               the package's dispatch.json, every bench's json and log, the tests' log and quack_autotune.tgz (QuACK's
 #               autotuned choices on this card: KF_QUACK_SEED=that file reuses them, package_proof.sh --help)
+#   kdapackage OUT  as rmspackage, the KDA package from the chain's kdaserve store (the newest finished run of each
+#               kdaserve config, decode and prefill falling back to the committed "best" runs), within $KDA_PKG_S (500)
 #   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
 #               all when unset) within $BWD_PEERS_S seconds (150); fwdpeers OUT as peers, the forward only,
 #               on the cells matching $FWD_CELLS within $FWD_PEERS_S seconds (280). QuACK autotuned
@@ -121,7 +123,7 @@ if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
   sed -n '2,/^set -uo pipefail/{/^set -uo pipefail/d;s/^# \{0,1\}//;p}' "$0"
   exit 0
 fi
-stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost, rmsserve, kdaserve, rmspackage or rmstrain}; out=${2:?output folder}
+stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost, rmsserve, kdaserve, rmspackage, kdapackage or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
@@ -219,6 +221,48 @@ store_runs() {
   gzip -c "$dir/store.duckdb" > "$out/$name/store.duckdb.gz"
   python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); [print(*r) for r in c.execute('SELECT run_id, status FROM runs ORDER BY created_at').fetchall()]" \
     "$dir/store.duckdb" > "$out/$name/runs.txt" 2>> "$log"
+}
+# package_from_store NAME OP STORE SECONDS IMPORTS RUN...: the OP package exported from a chain's store by
+# package_proof.sh (its env file with this store, these runs and this machine's NVRTC, which built the new runs'
+# cubins): RUN is a config's run name, its newest finished run taken ("A|B": A's where there is one, else B's); the
+# peers' wheels of .kfw*/ (gathered in /tmp/kfw) installed once IMPORTS (a Python import line) works; then
+# package_proof.sh all (install, the env file's benches, the tests) within SECONDS, resuming in a later call. NAME/
+# holds the env file used, the package's dispatch.json, every bench's json and log, the tests' log and
+# quack_autotune.tgz (QuACK's autotuned choices on this card)
+package_from_store() {
+  local name=$1 op=$2 store=$3 seconds=$4 imports=$5 runs
+  shift 5
+  [ -e "$store" ] || { echo "$name: no store in this chain ($store)" >> "$log"; return 0; }
+  runs=$(python3 experiments/scripts/newest_runs.py "$store" "$@")
+  echo "$name runs: $runs" >> "$log"
+  mkdir -p /tmp/kf_pk "$out/$name"
+  sed -e "s|^STORE=.*|STORE=/tmp/kf_pk/$op.duckdb.gz|" -e "s|^RUNS=.*|RUNS=\"$runs\"|" -e "s|^NVRTC=.*|NVRTC=|" \
+    "experiments/packages/$op.env" > "/tmp/kf_pk/$op.env"
+  [ -e "/tmp/kf_pk/$op.duckdb.gz" ] || gzip -c "$store" > "/tmp/kf_pk/$op.duckdb.gz"
+  cp "/tmp/kf_pk/$op.env" "$out/$name/"
+  if [ ! -d "build/packages/$op" ]; then  # a new export: what was installed, benched and tested was another
+    KF_PACKAGES=/tmp/kf_pk bash experiments/scripts/package_proof.sh export "$op" >> "$log" 2>&1
+    echo "$name export rc=$?" >> "$log"
+    rm -rf "/tmp/kf_proof/install_$op.done" /tmp/kf_proof/bench_"$op"_*.done "/tmp/kf_proof/tests_$op.done" \
+      /tmp/kf_site/kf_"$op"*
+  fi
+  cp "build/packages/$op/kf_$op/data/dispatch.json" "$out/$name/" 2>/dev/null
+  if compgen -G "/tmp/kfw/*.whl*" > /dev/null && [ ! -e "/tmp/kf_proof/peers_$op.done" ]; then
+    # done once the peers import: a wheel split into pieces installs nothing until its last piece has come
+    bash experiments/scripts/package_proof.sh wheels /tmp/kfw >> "$log" 2>&1 \
+      && PYTHONPATH=/tmp/kf_site:$PYTHONPATH:/tmp/kf_site/nvidia_cutlass_dsl/dsl_packages python3 -c "$imports" \
+        >> "$log" 2>&1 && touch "/tmp/kf_proof/peers_$op.done"
+    echo "$name peers' wheels rc=$?" >> "$log"
+  fi
+  if compgen -G "/tmp/kfw/*.whl*" > /dev/null && [ ! -e "/tmp/kf_proof/peers_$op.done" ]; then
+    # a bench without the peers would publish them as absent: wait for the call that brings the last piece
+    echo "$name: the peers' wheels did not install (pieces still to come?); no bench yet" >> "$log"
+  else
+    KF_PACKAGES=/tmp/kf_pk bash experiments/scripts/package_proof.sh all "$out/$name" "$seconds" "$op" >> "$log" 2>&1
+    echo "$name all rc=$?" >> "$log"
+  fi
+  [ -d /tmp/kf_proof/quack ] && tar czf "$out/$name/quack_autotune.tgz" -C /tmp/kf_proof/quack --exclude .seeded .
+  return 0
 }
 bwd_ga() {
   ga 300 experiments/rmsnorm_bwd_h200.toml /tmp/kf_bwd bwd
@@ -409,47 +453,16 @@ case "$stage" in
   kdaserve)
     store_runs kdaserve /tmp/kf_kdas experiments/results/kda/store.duckdb.gz "${KDA_SERVE_GA_S:-150}" \
       ${KDA_SERVE_CONFIGS:-kda_prefill_h200 kda_prefill_long kda_varlen_h200 kda_decode_h200} ;;
-  rmspackage)  # the package from the chain's rmsserve store, as package_proof.sh rebuilds a published one
-    store=/tmp/kf_rmsp/store.duckdb
-    [ -e "$store" ] || { echo "rmspackage: no rmsserve store in this chain" >> "$log"; continue; }
-    # its runs: the newest finished run of each forward config, and of the backward the spill-free run where the
-    # chain made one, else the committed backward run (NAME|OTHER: the first name with a finished run)
-    runs=$(python3 -c "import duckdb, sys; c = duckdb.connect(sys.argv[1], read_only=True); q = \"SELECT max(run_id) FROM runs WHERE run_id LIKE ? AND status = 'done'\"; print(*filter(None, (next(filter(None, (c.execute(q, [p + '-%']).fetchone()[0] for p in a.split('|'))), None) for a in sys.argv[2:])))" \
-      "$store" rmsnorm-h200-long rmsnorm-short rmsnorm-serving rmsnorm-residual-h200 rmsnorm-residual-serving \
-      rmsnorm-train-rstd "rmsnorm-bwd-nospill|rmsnorm-bwd-h200-all")
-    echo "rmspackage runs: $runs" >> "$log"
-    # the env file of package_proof.sh for this store: this machine's NVRTC built the new runs' cubins
-    mkdir -p /tmp/kf_pk "$out/rmspackage"
-    sed -e "s|^STORE=.*|STORE=/tmp/kf_pk/store.duckdb.gz|" -e "s|^RUNS=.*|RUNS=\"$runs\"|" -e "s|^NVRTC=.*|NVRTC=|" \
-      experiments/packages/rmsnorm.env > /tmp/kf_pk/rmsnorm.env
-    [ -e /tmp/kf_pk/store.duckdb.gz ] || gzip -c "$store" > /tmp/kf_pk/store.duckdb.gz
-    cp /tmp/kf_pk/rmsnorm.env "$out/rmspackage/"
-    export KF_PACKAGES=/tmp/kf_pk
-    if [ ! -d build/packages/rmsnorm ]; then  # a new export: what was installed, benched and tested was another
-      bash experiments/scripts/package_proof.sh export rmsnorm >> "$log" 2>&1
-      echo "rmspackage export rc=$?" >> "$log"
-      rm -rf /tmp/kf_proof/install_rmsnorm.done /tmp/kf_proof/bench_rmsnorm_*.done /tmp/kf_proof/tests_rmsnorm.done \
-        /tmp/kf_site/kf_rmsnorm*
-    fi
-    cp build/packages/rmsnorm/kf_rmsnorm/data/dispatch.json "$out/rmspackage/" 2>/dev/null
-    # the peers' wheels this chain brought (.kfw*/, gathered in /tmp/kfw), once
-    if compgen -G "/tmp/kfw/*.whl*" > /dev/null && [ ! -e /tmp/kf_proof/peers.done ]; then
-      # done once the peers import: a wheel split into pieces installs nothing until its last piece has come
-      bash experiments/scripts/package_proof.sh wheels /tmp/kfw >> "$log" 2>&1 \
-        && PYTHONPATH=/tmp/kf_site:$PYTHONPATH:/tmp/kf_site/nvidia_cutlass_dsl/dsl_packages \
-          python3 -c "import quack.rmsnorm, liger_kernel, cudnn" >> "$log" 2>&1 && touch /tmp/kf_proof/peers.done
-      echo "rmspackage peers' wheels rc=$?" >> "$log"
-    fi
-    if compgen -G "/tmp/kfw/*.whl*" > /dev/null && [ ! -e /tmp/kf_proof/peers.done ]; then
-      # a bench without the peers would publish them as absent: wait for the call that brings the last piece
-      echo "rmspackage: the peers' wheels did not install (pieces still to come?); no bench yet" >> "$log"
-    else
-      bash experiments/scripts/package_proof.sh all "$out/rmspackage" "${RMS_PKG_S:-500}" rmsnorm >> "$log" 2>&1
-      echo "rmspackage all rc=$?" >> "$log"
-    fi
-    # QuACK's autotuning choices per card (a few KB): KF_QUACK_SEED=quack_autotune.tgz on a later machine reuses them
-    [ -d /tmp/kf_proof/quack ] && tar czf "$out/rmspackage/quack_autotune.tgz" -C /tmp/kf_proof/quack --exclude .seeded .
-    unset KF_PACKAGES ;;
+  rmspackage)  # the RMSNorm package from the chain's rmsserve store, as package_proof.sh rebuilds a published one
+    # the backward: the spill-free run where the chain made one, else the committed one
+    package_from_store rmspackage rmsnorm /tmp/kf_rmsp/store.duckdb "${RMS_PKG_S:-500}" \
+      "import quack.rmsnorm, liger_kernel, cudnn" rmsnorm-h200-long rmsnorm-short rmsnorm-serving \
+      rmsnorm-residual-h200 rmsnorm-residual-serving rmsnorm-train-rstd "rmsnorm-bwd-nospill|rmsnorm-bwd-h200-all" ;;
+  kdapackage)  # the KDA package from the chain's kdaserve store: the new GA runs where the chain made them, else the
+    # committed "best" runs
+    package_from_store kdapackage kda /tmp/kf_kdas/store.duckdb "${KDA_PKG_S:-500}" "import fla.ops.kda" \
+      "kda-decode-h200|kda-decode-h200-best" "kda-prefill-h200|kda-prefill-h200-best" kda-prefill-long \
+      kda-varlen-h200 ;;
   kdavarlen)  # both KDA templates' cu_seqlens paths through the gate, the chunk one beside fla (fla's Triton JIT
     # of its varlen kernels comes first: the first call of 110 s ended before any test did)
     timeout "${KDA_VARLEN_S:-280}" python3 -m pytest -q -s -rs tests/gpu/test_kda_device.py -k varlen > "$out/kdavarlen.log" 2>&1

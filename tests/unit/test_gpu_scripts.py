@@ -170,3 +170,23 @@ def test_both_gpu_scripts_list_their_stages_under_help():
     missing = subprocess.run(["bash", "experiments/scripts/package_proof.sh", "source", "/nonexistent"], cwd=ROOT,
                              capture_output=True, text=True)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "flashkda-*.tar.gz" in missing.stderr
+
+
+def test_the_package_stages_take_each_configs_newest_finished_run(tmp_path):
+    """newest_runs.py (lab_gpu.sh's rmspackage and kdapackage): per run name its newest finished run, never a run
+    of a longer name that starts the same ("a" is not "a-best"), "A|B" falling back to B, a name without one left
+    out."""
+    import importlib.util
+
+    from memory import Store
+    from tests.unit.test_store import run_row
+
+    spec = importlib.util.spec_from_file_location("newest_runs", ROOT / "experiments" / "scripts" / "newest_runs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    runs = [("a-20261201-000000-aaaaaa", "done"), ("a-best-20261209-000000-bbbbbb", "done"),
+            ("a-20261203-000000-cccccc", "failed"), ("b-best-20261202-000000-dddddd", "done")]
+    with Store.open(tmp_path / "s.duckdb") as s:
+        s.write([run_row(r, status=st) for r, st in runs])
+    got = mod.newest_runs(str(tmp_path / "s.duckdb"), ["a", "b|b-best", "c", "a-best"])
+    assert got == ["a-20261201-000000-aaaaaa", "b-best-20261202-000000-dddddd", "a-best-20261209-000000-bbbbbb"]
