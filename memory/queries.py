@@ -293,3 +293,18 @@ def lessons_table(store: Store, op: str, arch: str, kind: str | None = None) -> 
     df = df.sort_values(["_weak", "usefulness", "_effect", "support", "kind", "lesson_id"],
                         ascending=[True, False, False, False, True, True], kind="stable")
     return df[cols].reset_index(drop=True)
+
+
+PACE_RUNS = 5  # the recent GPU runs whose pace a run's first generation takes
+
+
+def gpu_pace(store: Store, op: str, arch: str, run_id: str) -> float | None:
+    """Seconds an evaluation took, builds included, in this op's recent GPU runs on this arch other than run_id:
+    the median over the last PACE_RUNS of (a run's search time / its evaluations measured on the GPU, not reused);
+    None without one (evo.loop.search sizes a run's first generation with it)."""
+    df = store.sql(
+        "SELECT r.elapsed_s / count(*) AS pace FROM runs r JOIN evaluations e ON e.run_id = r.run_id "
+        "WHERE r.op = ? AND r.arch = ? AND r.run_id <> ? AND r.elapsed_s > 0 AND e.source = 'gpu' "
+        "AND e.reused_from IS NULL GROUP BY r.run_id, r.elapsed_s, r.created_at ORDER BY r.created_at DESC LIMIT ?",
+        [op, arch, run_id, PACE_RUNS])
+    return float(df.pace.median()) if len(df) else None

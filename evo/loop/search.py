@@ -37,7 +37,7 @@ from evo.loop.record import Recorder, fingerprint_class
 from evo.measure.evaluators import EvalItem, Evaluator, GpuEvaluator, ReplayEvaluator
 from evo.measure.jobs import Timing
 from evo.search.strategy import GeneticSearch, Observation, RandomSearch
-from memory.queries import counts_text, run_builds, run_totals
+from memory.queries import counts_text, gpu_pace, run_builds, run_totals
 from memory.results import ok_results, recorded_outcomes, reusable_results
 from memory.rows import Row
 from memory.runs import elapsed_s, next_generation, reused_count
@@ -288,8 +288,16 @@ class Search:
         c = self.session.config
         p = self.progress
         want = min(c.search.population, max(1, c.budget.max_evals - p.evaluated))
-        want = fit_in_time(want, c.budget.max_seconds - p.elapsed, p.elapsed, p.genomes)
+        prior = self._prior_genome_s() if p.genomes <= 0 else None
+        want = fit_in_time(want, c.budget.max_seconds - p.elapsed, p.elapsed, p.genomes, prior)
         return [g for g in self.strategy.propose(want) if not self._evaluated(g)]
+
+    def _prior_genome_s(self) -> float | None:
+        """Before this run has a pace of its own: a genome's seconds at the pace of this op's recent GPU runs on
+        this arch (their time over their measured evaluations), times this run's cells; None without such runs."""
+        s = self.session
+        pace = gpu_pace(s.store, s.op.name, s.config.run.arch, s.run_id)
+        return None if pace is None else pace * len(s.cells)
 
     def screen(self, genomes: Sequence[Genome], generation: int) -> Screened:
         """Failure memory; the strategy hears of the rejected at once (never built: inf everywhere)."""
@@ -442,14 +450,22 @@ def _finish(session: Session, learner: Learner, progress: Progress,
     return finish
 
 
-def fit_in_time(want: int, left_s: float, spent_s: float, genomes: int) -> int:
+def fit_in_time(want: int, left_s: float, spent_s: float, genomes: int, prior_genome_s: float | None = None) -> int:
     """How many of `want` genomes a generation can take in the `left_s` seconds of budget.max_seconds,
-    at this run's pace so far (spent_s over the genomes its generations measured, builds included): all
-    of them before a pace is known, never fewer than one. The budget is checked between generations,
-    so without this the last generation overran it by up to a whole generation (50 s of a 180 s run)."""
-    if want <= 0 or genomes <= 0 or spent_s <= 0 or not math.isfinite(left_s):
+    at this run's pace so far (spent_s over the genomes its generations measured, builds included); before the
+    run has a pace, at `prior_genome_s` a genome where given (gpu_pace: so a first generation fits the budget; a
+    16-genome first generation of 36 serving cells once took longer than its whole 100 s), else all of them; never
+    fewer than one. The budget is checked between generations, so without this the last generation overran it by
+    up to a whole generation (50 s of a 180 s run)."""
+    if want <= 0 or not math.isfinite(left_s):
         return want
+    if genomes <= 0 or spent_s <= 0:
+        if prior_genome_s is None or not prior_genome_s > 0:
+            return want
+        return max(1, min(want, int(left_s / prior_genome_s)))
     return max(1, min(want, int(left_s / (spent_s / genomes))))
+
+
 
 
 def _budget_exhausted(c: Config, p: Progress) -> str:

@@ -29,6 +29,38 @@ def test_fit_in_time(want, left, spent, genomes, expect):
     assert fit_in_time(want, left, spent, genomes) == expect
 
 
+@pytest.mark.parametrize("want,left,prior,expect", [
+    (16, 100.0, 36 * 0.38, 7),   # the residual serving run's first generation at the serving run's pace
+    (16, 1000.0, 36 * 0.38, 16),
+    (16, 5.0, 36 * 0.38, 1),
+    (16, 100.0, None, 16),       # no GPU run of the op on this arch yet: the whole population
+])
+def test_a_first_generation_fits_the_budget_at_the_ops_recent_pace(want, left, prior, expect):
+    assert fit_in_time(want, left, 0.0, 0, prior) == expect
+    assert fit_in_time(want, left, 50.0, 10, prior) == fit_in_time(want, left, 50.0, 10)  # its own pace first
+
+
+def test_the_gpu_pace_is_the_recent_gpu_runs_seconds_per_measured_evaluation(tmp_path):
+    """Per run: search time over its evaluations measured on the GPU (not reused, not replayed); the median over
+    the op's last five runs on the arch, the asking run left out."""
+    from memory.queries import gpu_pace
+    from tests.unit.test_store import evaluation_row, run_row
+
+    runs = [("a", 100.0, 50, 0, "gpu", "2026-12-01"), ("b", 30.0, 100, 100, "gpu", "2026-12-02"),
+            ("c", 60.0, 20, 0, "gpu", "2026-12-03"), ("d", 9.0, 3, 0, "replay", "2026-12-04"),
+            ("self", 1.0, 1, 0, "gpu", "2026-12-05")]
+    rows = []
+    for rid, elapsed, n, reused, source, day in runs:
+        rows.append(run_row(rid, op="rmsnorm", arch="sm_90a", elapsed_s=elapsed, created_at=f"{day} 00:00:00"))
+        rows += [evaluation_row(f"{rid}{i}", run_id=rid, source=source, reused_from=None) for i in range(n)]
+        rows += [evaluation_row(f"{rid}r{i}", run_id=rid, source=source, reused_from="x") for i in range(reused)]
+    with Store.open(tmp_path / "s.duckdb") as s:
+        s.write(rows)
+        # a: 2.0 s, b: 0.3 s (its 100 reused ones not counted), c: 3.0 s; d replayed, self asking
+        assert gpu_pace(s, "rmsnorm", "sm_90a", "self") == 2.0
+        assert gpu_pace(s, "rmsnorm", "sm_100a", "self") is None
+
+
 # the replay tests' small run (two templates, two cells, population 6) with a time budget
 CONFIG = SMALL.replace("{gens}", "50").replace("patience = 50", "patience = 50\nmax_seconds = {budget}")
 
