@@ -27,6 +27,15 @@ def test_the_committed_tables_are_the_generators_output():
     assert r.returncode == 0, r.stderr
 
 
+def test_the_committed_rmsnorm_targets_page_is_the_scripts_output():
+    path = SCRIPT.with_name("rmsnorm_targets.py")
+    spec = importlib.util.spec_from_file_location("rmsnorm_targets", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    folder = SCRIPT.parents[1] / "results" / "rmsnorm" / "h100"
+    assert (folder / "targets.md").read_text() == mod.report(folder) + "\n"
+
+
 def _side(k: float, c: float) -> dict:
     return {"status": "ok", "kernel_us": k, "call_us": c, "pct_ceiling": 50.0}
 
