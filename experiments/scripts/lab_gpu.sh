@@ -76,7 +76,7 @@
 #               experiments/profile_h200.toml) within $PROFILE_S seconds (540), each launched as the gate would:
 #               profile/NAME.csv, summary.md (kfactory profile targets)
 #   fwdlong OUT the forward GA on the N >= 4096 cells with cta_row and cta_row_async (rmsnorm_h200_long.toml)
-#   rmsserve OUT  the forward GAs on the cells the RMSNorm package's committed runs do not cover, one after the other in
+#   rmsserve OUT  the RMSNorm package's GAs (forward, variants, training forward, backward), one after the other in
 #               a copy of its committed store (experiments/results/rmsnorm/store.duckdb.gz, kept in /tmp/kf_rmsp for the
 #               next call): $RMS_SERVE_CONFIGS (default: rmsnorm_h200_long rmsnorm_short rmsnorm_serving
 #               rmsnorm_residual_h200 rmsnorm_residual_serving rmsnorm_train_rstd rmsnorm_bwd_nospill: the training

@@ -66,7 +66,7 @@ def test_the_kernel_receives_what_cuda_core_would_pack():
         want = _packed(plan.bind(dict(zip(TENSORS, values[:4])), {"eps": values[4]}))
         addrs = (ctypes.c_void_p * len(want)).from_address(params)
         got = [ctypes.string_at(addrs[i], len(w)) for i, w in enumerate(want)]
-        assert got == want == raw.param_bytes()
+        assert got == want
     assert len(want) == len(ARGS) and want[4] == bytes(8)  # the bias never passed: a null pointer
 
 

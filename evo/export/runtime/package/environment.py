@@ -57,7 +57,8 @@ def card() -> dict[str, Any]:
             "smi": smi()}
 
 
-# the environment variables that change how a peer is built or tuned, recorded with the results where set
+# the environment variables that change how a side is built, tuned or timed (QuACK's autotuning and its cache, the
+# Triton cache, the L2 flush), recorded with the results where set
 PEER_SETTINGS = ("QUACK_CACHE_AUTOTUNING", "QUACK_HOME", "QUACK_CACHE_DIR", "TRITON_CACHE_DIR", "KF_L2_FLUSH")
 
 

@@ -278,12 +278,11 @@ class Direct:
         raw = self._raw
         if raw is not None:
             raw(current_stream_handle(index), values)
-            self.calls += 1
-            return
-        args = self._fixed.copy()
-        for i, k in self._ptrs:
-            args[i] = values[k]
-        for i, k, cast in self._casts:
-            args[i] = cast(values[k])
-        self._launch(launcher._stream(index, current_stream_handle(index)), self._config, self._kernel, *args)
+        else:
+            args = self._fixed.copy()
+            for i, k in self._ptrs:
+                args[i] = values[k]
+            for i, k, cast in self._casts:
+                args[i] = cast(values[k])
+            self._launch(launcher._stream(index, current_stream_handle(index)), self._config, self._kernel, *args)
         self.calls += 1

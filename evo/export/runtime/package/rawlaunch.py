@@ -66,7 +66,7 @@ class RawLaunch:
         self._fn, self._name, self._func = fn, name, ctypes.c_void_p(func)
         g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
         self._dims = (*g, *b, int(smem))
-        self._cells = cells
+        self._cells = cells  # alive as long as the array of their addresses
         self._params = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
         self._ptrs = tuple((cells[i], k) for i, k, cast in slots if cast is None)
         self._casts = tuple((cells[i], k) for i, k, cast in slots if cast is not None)
@@ -83,7 +83,3 @@ class RawLaunch:
             text = ctypes.c_char_p()
             named = self._name is not None and self._name(rc, ctypes.byref(text)) == 0 and text.value
             raise RuntimeError(f"cuLaunchKernel: {named.decode() if named else f'CUresult {rc}'}")
-
-    def param_bytes(self) -> list[bytes]:
-        """Each argument's bytes as the kernel receives them (what the last call wrote)."""
-        return [ctypes.string_at(ctypes.addressof(c), ctypes.sizeof(c)) for c in self._cells]
