@@ -94,6 +94,11 @@
 #               $RMS_PKG_S seconds (500); a later call goes on where it stopped; rmspackage/ holds the env file used,
 #               the package's dispatch.json, every bench's json and log, the tests' log and quack_autotune.tgz (QuACK's
 #               autotuned choices on this card: KF_QUACK_SEED=that file reuses them, package_proof.sh --help)
+#   rmshost OUT  the package of this chain's rmspackage export (installed by package_proof.sh install) timed layer by
+#               layer on serving cells (experiments/scripts/rmsnorm_host_layers.py --bench-samples $RMS_HOST_SAMPLES,
+#               200; $RMS_HOST_CALLS calls a layer, 2000): each layer's host time in a tight loop, a cProfile of the
+#               API call, and every layer under the package bench's own timer (kernel, call, host; the latency after
+#               the host returns): rmshost/host_layers.json and .log
 #   kdapackage OUT  as rmspackage, the KDA package from the chain's kdaserve store (the newest finished run of each
 #               kdaserve config, decode and prefill falling back to the committed "best" runs), within $KDA_PKG_S (500)
 #   bwdpeers OUT  as peers, the backward only, on the cells matching $BWD_CELLS (a regular expression;
@@ -123,7 +128,7 @@ if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
   sed -n '2,/^set -uo pipefail/{/^set -uo pipefail/d;s/^# \{0,1\}//;p}' "$0"
   exit 0
 fi
-stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost, rmsserve, kdaserve, rmspackage, kdapackage or rmstrain}; out=${2:?output folder}
+stages=${1:?ga, gallery, gatecost, bwdga, bwdwide, bwdfp32, bwdprefetch, stash, peers, bwdpeers, fwdpeers, respeers, quack, verify, bwdall, fwd2, fwdlong, residual, kda, kdacheck, kdavarlen, kdavarlenga, kdatimes, export, profile, regate, kdaprefill, kdabench, kdahost, rmsserve, kdaserve, rmspackage, rmshost, kdapackage or rmstrain}; out=${2:?output folder}
 if [ -n "${KF_REQUIRE_GPU:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   [[ "$gpu" == *"$KF_REQUIRE_GPU"* ]] || { echo "not a $KF_REQUIRE_GPU: ${gpu:-no GPU}; nothing run"; exit 3; }
@@ -458,6 +463,14 @@ case "$stage" in
     package_from_store rmspackage rmsnorm /tmp/kf_rmsp/store.duckdb "${RMS_PKG_S:-500}" \
       "import quack.rmsnorm, liger_kernel, cudnn" rmsnorm-h200-long rmsnorm-short rmsnorm-serving \
       rmsnorm-residual-h200 rmsnorm-residual-serving rmsnorm-train-rstd "rmsnorm-bwd-nospill|rmsnorm-bwd-h200-all" ;;
+  rmshost)  # where a serving call's time goes, on the package of this chain's rmspackage export
+    mkdir -p "$out/rmshost"
+    KF_PACKAGES=/tmp/kf_pk bash experiments/scripts/package_proof.sh install rmsnorm >> "$log" 2>&1
+    echo "rmshost install rc=$?" >> "$log"
+    PYTHONPATH=/tmp/kf_site:$PWD:$PYTHONPATH timeout "${RMS_HOST_S:-240}" python3 experiments/scripts/rmsnorm_host_layers.py \
+      "$out/rmshost/host_layers.json" --calls "${RMS_HOST_CALLS:-2000}" --bench-samples "${RMS_HOST_SAMPLES:-200}" \
+      > "$out/rmshost/host_layers.log" 2>&1
+    echo "rmshost rc=$?" >> "$log" ;;
   kdapackage)  # the KDA package from the chain's kdaserve store: the new GA runs where the chain made them, else the
     # committed "best" runs
     package_from_store kdapackage kda /tmp/kf_kdas/store.duckdb "${KDA_PKG_S:-500}" "import fla.ops.kda" \

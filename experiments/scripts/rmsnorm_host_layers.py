@@ -15,7 +15,16 @@ outside the timed ones) of
 
 and a cProfile of the api call, its functions by own time per call.
 
+With `--bench-samples K`, every layer is also timed by the package bench's own timer (`<package>.timing`, K samples
+each, the layers taking turns, the L2 flushed before each sample): kernel time (the stream held busy while the host
+issues the call), call time (the GPU idle when the call starts: what a Python caller waits), host time with the
+stream held, and, from the same idle-GPU samples, the host time around the call and the latency left after it
+(call time minus that host time: from the call's return to the end of its GPU work). Layers added for these:
+direct.raw and direct.cuda_core (the signature's direct launch alone, by libcuda's cuLaunchKernel and by cuda.core's
+launch, output given) and torch.mul (one torch kernel into a given output: torch's own launch path).
+
     python experiments/scripts/rmsnorm_host_layers.py OUT.json [--package kf_rmsnorm] [--calls 2000] [--top 25]
+        [--bench-samples 200]
 
 Needs the installed package, torch, cuda-python and a CUDA device.
 """
@@ -106,7 +115,50 @@ def _sides(pkg: Any, torch: Any, dt: str, m: int, n: int, residual: bool) -> dic
     sides["ctypes"] = _ctypes_side(kernel, ln, args, launch_mod.current_stream_handle(0))
     sides["empty_like"] = lambda: torch.empty_like(x)
     sides["torch.eager"] = eager
+    sides["torch.mul"] = lambda: torch.mul(x, w, out=y_into)
+    key = api._signature(x, w, res)
+    d = rt.fast.get(key)
+    if d:
+        names = api._PLAIN_TENSORS if res is None else api._RESIDUAL_TENSORS
+        ptrs = (x.data_ptr(), w.data_ptr(), y_into.data_ptr()) + (() if res is None else
+                                                                  (res.data_ptr(), r_into.data_ptr()))
+        slow = rt.direct(c, "rmsnorm", x.device, names, api._SCALARS)
+        slow.use_cuda_core()
+        sides["direct.raw" if d.raw else "direct"] = lambda: d(*ptrs, eps)
+        sides["direct.cuda_core"] = lambda: slow(*ptrs, eps)
     return sides
+
+
+def bench_timer(pkg: Any, torch: Any, sides: dict[str, Any], samples: int) -> dict[str, dict[str, float]]:
+    """Per layer, medians in us of the package bench's kernel, call and held-stream host times, and of the host time
+    and the latency after it in idle-GPU samples taken the same way (the layers taking turns, the L2 flushed)."""
+    import time
+
+    timing = importlib.import_module(f"{pkg.__name__}.timing")
+    names = list(sides)
+    fns = [sides[k] for k in names]
+    kernel, call, host = timing.kernel_and_call_us(fns, samples)
+    flush = torch.ones(64 << 20, dtype=torch.float32, device="cuda")
+    idle_host: list[list[float]] = [[] for _ in fns]
+    idle_call: list[list[float]] = [[] for _ in fns]
+    for i in range(samples):
+        for j in [(i + r) % len(fns) for r in range(len(fns))]:
+            flush.sum()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            fns[j]()
+            t1 = time.perf_counter()
+            end.record()
+            end.synchronize()
+            idle_call[j].append(start.elapsed_time(end) * 1e3)
+            idle_host[j].append((t1 - t0) * 1e6)
+    med = statistics.median
+    return {k: {"kernel_us": med(kernel[j]), "call_us": med(call[j]), "host_held_us": med(host[j]),
+                "host_idle_us": med(idle_host[j]), "call_idle_us": med(idle_call[j]),
+                "after_host_us": med([c - h for c, h in zip(idle_call[j], idle_host[j])])}
+            for j, k in enumerate(names)}
 
 
 def _packed(args: list[Any]) -> tuple[list[Any], Any]:
@@ -166,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--package", default="kf_rmsnorm")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--bench-samples", type=int, default=0,
+                    help="also time every layer with the package bench's timer, this many samples each (0: off)")
     args = ap.parse_args(argv)
     import torch
 
@@ -189,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         row["api_profile"] = profile_rows(sides["api"], args.calls, sync, args.top)
         cells.append(row)
         print(label + ": " + ", ".join(f"{k} {v:.1f}" for k, v in row["host_us_median"].items()) + " us", flush=True)
+        if args.bench_samples:
+            row["bench_timer"] = bench_timer(pkg, torch, sides, args.bench_samples)
+            for k, v in row["bench_timer"].items():
+                print(f"  {k}: " + ", ".join(f"{f} {u:.1f}" for f, u in v.items()), flush=True)
     try:
         import cuda.core as cc
         cuda_core = getattr(cc, "__version__", "?")
@@ -196,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda_core = None
     doc = {"kind": "diagnostic", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "cuda_core": cuda_core, "python": platform.python_version(), "package": args.package,
-           "package_stats": pkg.stats(), "calls": args.calls, "method": __doc__.split("\n\n")[0], "cells": cells}
+           "package_stats": pkg.stats(), "calls": args.calls, "bench_samples": args.bench_samples, "method": __doc__.split("\n\n")[0], "cells": cells}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
