@@ -4,8 +4,13 @@
 # process a table, in order), then its own GPU tests. Each step is skipped when already done
 # (experiments/scripts/package_proof.sh --help); results go to OUT/rmsnorm/ (OUT default: /tmp/kf_rmsnorm_results).
 # On a machine without network, install the peers' wheels with: bash $P wheels DIR...
-# The files here: rmsnorm_bench_serving_bf16, _fwd_bf16 and _res_bf16 (the first three BENCHES); previous_export/
-# holds the benches of the package's previous export (other forward runs, the same backward run).
+# The files here: rmsnorm_bench_serving_bf16 and _train_bf16 (the first two BENCHES) of this export;
+# rmsnorm_bench_fwd_bf16 and _res_bf16 of the export before it, whose runs for those cells are this export's (the same
+# kernels, rebuilt and byte-checked), timed before the serving launch went through libcuda's cuLaunchKernel;
+# partial/ the backward bench stopped after 2 of its 6 cells (a diagnostic, not a table); previous_export/ the benches
+# of an older export (other forward runs, another backward run). quack_autotune.tgz: the choices QuACK's autotuner
+# made on this card (KF_QUACK_SEED=experiments/results/rmsnorm/h100/quack_autotune.tgz reuses them, skipping
+# ~100 s of autotuning a backward cell).
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 P=experiments/scripts/package_proof.sh
