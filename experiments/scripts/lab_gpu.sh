@@ -79,8 +79,9 @@
 #   rmsserve OUT  the RMSNorm package's GAs (forward, variants, training forward, backward), one after the other in
 #               a copy of its committed store (experiments/results/rmsnorm/store.duckdb.gz, kept in /tmp/kf_rmsp for the
 #               next call): $RMS_SERVE_CONFIGS (default: rmsnorm_h200_long rmsnorm_short rmsnorm_serving
-#               rmsnorm_residual_h200 rmsnorm_residual_serving rmsnorm_train_rstd rmsnorm_bwd_nospill: the training
-#               step's store_rstd cells and the spill-free backward too), each with a budget of $RMS_SERVE_GA_S seconds (150, in place of its
+#               rmsnorm_residual_h200 rmsnorm_residual_serving rmsnorm_train_rstd rmsnorm_bwd_nospill rmsnorm_bwd_train:
+#               the training step's store_rstd cells, the spill-free backward and the step's other backward shapes
+#               too), each with a budget of $RMS_SERVE_GA_S seconds (150, in place of its
 #               config's max_seconds), its log in rmsserve/NAME.log; rmsserve/store.duckdb.gz
 #               (the store to commit) and rmsserve/runs.txt (every run id and status: the package's RUNS)
 #   kdaserve OUT  as rmsserve, the KDA GAs ($KDA_SERVE_CONFIGS, default: kda_prefill_h200 kda_prefill_long
@@ -88,8 +89,8 @@
 #               (experiments/results/kda/store.duckdb.gz, kept in /tmp/kf_kdas), each within $KDA_SERVE_GA_S seconds
 #               (150): kdaserve/store.duckdb.gz, runs.txt, NAME.log and learned_NAME.md (what each run learned, in SQL)
 #   rmspackage OUT  the RMSNorm package exported from the chain's rmsserve store (the newest finished run of each
-#               forward config; the newest rmsnorm_bwd_nospill run, else the committed backward run; this machine's
-#               NVRTC), the peers' wheels of .kfw*/ installed,
+#               forward config; the newest rmsnorm_bwd_nospill run, else the committed backward run, and the newest
+#               rmsnorm_bwd_train run where there is one; this machine's NVRTC), the peers' wheels of .kfw*/ installed,
 #               then package_proof.sh all: install, the env file's published benches, the package's tests, within
 #               $RMS_PKG_S seconds (500); a later call goes on where it stopped; rmspackage/ holds the env file used,
 #               the package's dispatch.json, every bench's json and log, the tests' log and quack_autotune.tgz (QuACK's
@@ -454,15 +455,18 @@ case "$stage" in
   rmsserve)
     store_runs rmsserve /tmp/kf_rmsp experiments/results/rmsnorm/store.duckdb.gz "${RMS_SERVE_GA_S:-150}" \
       ${RMS_SERVE_CONFIGS:-rmsnorm_h200_long rmsnorm_short rmsnorm_serving rmsnorm_residual_h200 \
-                           rmsnorm_residual_serving rmsnorm_train_rstd rmsnorm_bwd_nospill} ;;
+                           rmsnorm_residual_serving rmsnorm_train_rstd rmsnorm_bwd_nospill rmsnorm_bwd_train} ;;
   kdaserve)
     store_runs kdaserve /tmp/kf_kdas experiments/results/kda/store.duckdb.gz "${KDA_SERVE_GA_S:-150}" \
       ${KDA_SERVE_CONFIGS:-kda_prefill_h200 kda_prefill_long kda_varlen_h200 kda_decode_h200} ;;
   rmspackage)  # the RMSNorm package from the chain's rmsserve store, as package_proof.sh rebuilds a published one
     # the backward: the spill-free run where the chain made one, else the committed one
+    # QuACK autotuned takes the choices its autotuner made on this card before (committed), where the card is one
+    KF_QUACK_SEED=${KF_QUACK_SEED:-experiments/results/rmsnorm/h100/quack_autotune.tgz} \
     package_from_store rmspackage rmsnorm /tmp/kf_rmsp/store.duckdb "${RMS_PKG_S:-500}" \
       "import quack.rmsnorm, liger_kernel, cudnn" rmsnorm-h200-long rmsnorm-short rmsnorm-serving \
-      rmsnorm-residual-h200 rmsnorm-residual-serving rmsnorm-train-rstd "rmsnorm-bwd-nospill|rmsnorm-bwd-h200-all" ;;
+      rmsnorm-residual-h200 rmsnorm-residual-serving rmsnorm-train-rstd "rmsnorm-bwd-nospill|rmsnorm-bwd-h200-all" \
+      rmsnorm-bwd-train ;;
   rmshost)  # where a serving call's time goes, on the package of this chain's rmspackage export
     mkdir -p "$out/rmshost"
     KF_PACKAGES=/tmp/kf_pk bash experiments/scripts/package_proof.sh install rmsnorm >> "$log" 2>&1

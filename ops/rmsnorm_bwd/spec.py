@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from ops.rmsnorm.spec import MATRIX_M as FORWARD_M
+from ops.rmsnorm.spec import MATRIX_N as FORWARD_N
 from ops.rmsnorm.spec import TOLERANCES, row_shapes
 from ops.rmsnorm_bwd.reference import rmsnorm_bwd
 from evo.core.spec import Cell, DType, FillSpec, OpSpec, Role, TensorSpec, Tolerance, quantize
@@ -89,6 +91,13 @@ def matrix() -> list[Cell]:
     return [cell(d, m, n) for d in DTYPES for m, n in MATRIX if d is not DType.FP32 or m * n <= FP32_MAX_ELEMENTS]
 
 
+def matrix_train() -> list[Cell]:
+    """The training step's backward shapes the matrix lacks: the forward matrix's (M {4096, 32768} x N 1024-32768,
+    every dtype) less the backward matrix's, so the package's training step is served from searched entries."""
+    have = set(MATRIX)
+    return [cell(d, m, n) for d in DTYPES for m in FORWARD_M for n in FORWARD_N if (m, n) not in have]
+
+
 def edge_cells() -> list[Cell]:
     cells = [c for d in DTYPES for c in (cell(d, 1, 1024), cell(d, 37, 1000), cell(d, 3, 33))]
     return cells + [cell(DType.BF16, 19, 2048, DType.FP32)]
@@ -122,6 +131,7 @@ SPEC = OpSpec(
     timing_kinds=("normal", "large"),
     gate_cells=gate_cells,
     gate_shapes=row_shapes,
+    matrices={"train": matrix_train},
     baselines=("torch.eager", "torch.autograd(rms_norm)", "liger", "quack", "quack.autotuned"),
     bucket_edges={"M": (2048, 16384), "N": (8192, 65536)},
 )

@@ -11,11 +11,13 @@ from evo.templates.template import load_templates
 
 
 def legal_everywhere(c: Config, cells: Sequence[Cell], tries: int = 2000) -> None:
-    """Each of the run's templates, restricted to its search space, has a legal point on each cell (random draws,
-    seeded): AssertionError naming the template and the cell where none of `tries` draws is legal."""
+    """Each of the run's templates, restricted to its search space where the config gives one (else its whole
+    space), has a legal point on each cell (random draws, seeded): AssertionError naming the template and the cell
+    where none of `tries` draws is legal."""
     all_t = load_templates(c.run.op)
     for name in c.run.templates:
-        tdef = all_t[name].restrict(c.search.space[name])
+        space = c.search.space.get(name)
+        tdef = all_t[name].restrict(space) if space else all_t[name]
         for cell in cells:
             rng = random.Random(0)
             assert any(tdef.is_valid({k: rng.choice(v) for k, v in tdef.space}, 90, cell.dtypes_dict(), cell.dims_dict())

@@ -63,3 +63,25 @@ def test_matrix_is_the_seven_m_n_pairs_in_three_dtypes():
     by_dtype = {d: {(c.dim("M"), c.dim("N")) for c in SPEC.matrix() if c.dtype("x") is d} for d in DTYPES}
     assert by_dtype[DType.BF16] == by_dtype[DType.FP16] == dims
     assert by_dtype[DType.FP32] == {(m, n) for m, n in dims if m * n <= 1 << 30}
+
+
+def test_the_train_matrix_is_the_training_steps_shapes_the_backward_matrix_lacks():
+    """The package's training step runs the backward at every forward shape: matrix() and the train matrix cover
+    them, once each; experiments/rmsnorm_bwd_train.toml searches the train matrix with legal points on every cell."""
+    from pathlib import Path
+
+    from evo.core.config import load_config
+    from evo.loop.pipeline import cells_for
+    from ops.rmsnorm.spec import matrix as forward_matrix
+    from ops.rmsnorm_bwd.spec import matrix, matrix_train
+    from tests.unit.config_checks import legal_everywhere
+
+    train = matrix_train()
+    assert SPEC.matrices["train"] is matrix_train and not set(train) & set(matrix())
+    shapes = {(c.dtype("x"), c.dim("M"), c.dim("N")) for c in train + matrix()}
+    assert {(c.dtype("x"), c.dim("M"), c.dim("N")) for c in forward_matrix()} <= shapes
+    assert len(train) == 24
+    c = load_config(Path(__file__).resolve().parents[2] / "experiments" / "rmsnorm_bwd_train.toml")
+    cells = cells_for(c, SPEC)
+    assert [x.label() for x in cells] == [x.label() for x in train]
+    legal_everywhere(c, cells, tries=500)

@@ -15,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 P=experiments/scripts/package_proof.sh
 OUT=${OUT:-/tmp/kf_rmsnorm_results}
+export KF_QUACK_SEED=${KF_QUACK_SEED:-experiments/results/rmsnorm/h100/quack_autotune.tgz}
 python3 -m pip install liger-kernel==0.8.5 quack-kernels==0.6.5 nvidia-cudnn-frontend==1.32.0 flashinfer-python
 bash $P export rmsnorm
 bash $P all "$OUT" 3600 rmsnorm

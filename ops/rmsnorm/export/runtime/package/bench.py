@@ -137,8 +137,9 @@ _CELL: dict[str, Callable[..., dict[str, Any]]] = {"forward": forward_cell, "res
 def path(table: str, c: Cell) -> str:
     dt, dims = dict(c.dtypes), dict(c.dims)
     shape = (dims["M"], dims["N"])
-    if table == "train":
-        return "+".join(explain(shape, dt["x"], dt["w"], op=op).path for op in ("rmsnorm", "rmsnorm_bwd"))
+    if table == "train":  # a step's forward stores rstd (where a kernel that does serves it), its backward reads it
+        return "+".join((explain(shape, dt["x"], dt["w"], store_rstd=True).path,
+                         explain(shape, dt["x"], dt["w"], op="rmsnorm_bwd").path))
     if table == "residual":
         return explain(shape, dt["x"], dt["w"], residual=dt["residual"]).path
     return explain(shape, dt["x"], dt["w"], op="rmsnorm_bwd" if table == "backward" else "rmsnorm").path
