@@ -252,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         cuda_core = getattr(cc, "__version__", "?")
     except ImportError:
         cuda_core = None
+    env = importlib.import_module(f"{args.package}.environment")
     doc = {"kind": "diagnostic", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "cuda_core": cuda_core, "python": platform.python_version(), "package": args.package,
+           "environment": env.environment(("cuda-core", "cuda-bindings")),
            "package_stats": pkg.stats(), "calls": args.calls, "bench_samples": args.bench_samples, "method": __doc__.split("\n\n")[0], "cells": cells}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")

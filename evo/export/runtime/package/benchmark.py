@@ -12,6 +12,7 @@ import json
 import math
 import re
 import sys
+import time
 from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -108,7 +109,7 @@ def measure_tables(args: argparse.Namespace, cells_of: Callable[[str], Sequence[
                    row: Callable[[str, Any, tuple[str, ...], int, float | None], dict[str, Any]]) -> Measured:
     """A family's measure: for each table of --tables, its cells (`cells_of(table)`, those --cells finds; with
     --quick the first) measured by `row(table, cell, peers, samples, ceiling)`, each printed in one line and the rows
-    kept after every cell (args.save); the geomean speedup over the best peer per table, by kernel and call time."""
+    kept after every cell (args.save), each with its wall seconds; the geomean speedup over the best peer per table, by kernel and call time."""
     from .sides import summary_line
 
     names, ceiling = tuple(args.peers), getattr(args, "ceiling_gbps", None)
@@ -116,8 +117,10 @@ def measure_tables(args: argparse.Namespace, cells_of: Callable[[str], Sequence[
     for table in args.tables:
         cells = [c for c in cells_of(table) if args.cells is None or args.cells.search(c.label)]
         for c in cells[:1] if args.quick else cells:
+            t0 = time.monotonic()
             r = row(table, c, names, args.samples, ceiling)
-            print(f"{table} {c.label}: {summary_line(r)}", flush=True)
+            r["seconds"] = round(time.monotonic() - t0, 1)  # the cell's wall time: peers' JIT and autotuning included
+            print(f"{table} {c.label}: {summary_line(r)} ({r['seconds']:.0f} s)", flush=True)
             rows.append(r)
             if hasattr(args, "save"):
                 args.save(rows)
