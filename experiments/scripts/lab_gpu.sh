@@ -110,8 +110,8 @@
 #               backward's peers (default "torch.eager liger quack quack.autotuned")
 #   respeers OUT  as peers, the residual variant's dispatch (prenorm, residual_out) against torch eager,
 #               torch.compile, QuACK and QuACK autotuned, cells matching $RES_CELLS within $RES_PEERS_S (200)
-#   rmstrain OUT  RMSNorm in a training step: the committed forward (long) and backward (all) runs of
-#               rmsnorm_h200_long3's store exported as one package, installed with pip, its own tests
+#   rmstrain OUT  RMSNorm in a training step: the package's committed runs ($RMS_TRAIN_RUNS, default
+#               experiments/packages/rmsnorm.env's RUNS) of its committed store exported, installed with pip, its own tests
 #               (rmstrain/tests.log, within $RMS_TRAIN_TESTS_S seconds, 200; 0 skips them), its bench --quick
 #               (rmstrain/bench_quick.json: one cell per dtype and op, the training step's too), then
 #               experiments/scripts/rmsnorm_train_step.py (rmstrain/train.json): forward + backward through autograd per
@@ -518,7 +518,7 @@ case "$stage" in
   rmstrain)  # the exported package's training step beside torch eager, Liger and torch.compile
     mkdir -p "$out/rmstrain" /tmp/kf_rt && rm -rf /tmp/kf_rtpkg /tmp/kf_rtpkg_site
     gunzip -c experiments/results/rmsnorm/store.duckdb.gz > /tmp/kf_rt/store.duckdb
-    python3 -m evo.cli.main export ${RMS_TRAIN_RUNS:-rmsnorm-h200-long-20261203-191058-44a4ba rmsnorm-bwd-h200-all-20261203-183830-14a685} \
+    python3 -m evo.cli.main export ${RMS_TRAIN_RUNS:-$(. experiments/packages/rmsnorm.env && echo "$RUNS")} \
       --store /tmp/kf_rt/store.duckdb --out /tmp/kf_rtpkg >> "$log" 2>&1
     echo "rmstrain export rc=$?" >> "$log"
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/kf_rtpkg_site /tmp/kf_rtpkg >> "$log" 2>&1
