@@ -7,7 +7,8 @@ Tables: forward (`rmsnorm(x, w)`), residual (`rmsnorm_fwd(x, w, residual=r)`: y 
 Peers: torch eager, torch.compile (a graph per shape, never a silent fall-back to eager), Liger, QuACK with its
 heuristic config and autotuned, FlashInfer, cuDNN frontend; each present or absent with the reason. Every row names
 the path the package took (`explain()`) and whether the cell was searched. Forward and residual rows also time
-`package.into`, the package's call writing into given tensors (a diagnostic side, never a peer).
+`package.into`, the package's call writing into given tensors, and `package.cuda_core`, the package's call with
+its direct launch made by cuda.core instead of libcuda (diagnostic sides, never peers).
 
     python -m <package>.bench [--out bench.json] [--tables forward,backward] [--cells REGEX] [--peers ...]
 """
@@ -15,6 +16,7 @@ the path the package took (`explain()`) and whether the cell was searched. Forwa
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +26,8 @@ import torch
 from . import api, benchmark, peers, verify
 from .benchmark import Measured
 from .choose import explain
-from .sides import PACKAGE_SIDE, compare
+from .run import runtime
+from .sides import PACKAGE_SIDE, Side, compare, side
 from .table import Cell, tables
 
 TABLES = ("forward", "residual", "backward", "train", "serving", "serving_residual")
@@ -34,6 +37,10 @@ EPS = 1e-6
 # a diagnostic side of the forward and residual tables (never a peer: sides.verdict): the package's call writing
 # into tensors it is given (out=, residual_out=), which allocates nothing
 INTO = PACKAGE_SIDE + ".into"
+# a diagnostic side of the forward and residual tables: the package's call with its direct launch made by cuda.core's
+# `launch` instead of libcuda's cuLaunchKernel (the default), timed in the same process (which launch a call waits
+# less for)
+CUDA_CORE = PACKAGE_SIDE + ".cuda_core"
 CHECK_ROWS = 256  # rows drawn at random, beside the first, middle and last ones, that every side's output is checked on
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -75,12 +82,40 @@ def inputs(c: Cell, seed: int = 0) -> dict[str, torch.Tensor]:
     return t
 
 
+def cuda_core_side(call: Callable[[], Any], key: tuple) -> Side:
+    """`call` (the package's, no autograd) with the runtime's direct launch of its signature `key` swapped, around each
+    call, for a copy that launches by cuda.core (the swap's two dictionary stores are in its time); absent, with the
+    reason, where the signature has no direct launch through libcuda (the routed path, or KF_RAW_LAUNCH=0)."""
+    def make() -> Callable[[], Any]:
+        call()  # the first call of a signature routes it and learns its direct launch; a second where that call
+        call()  # only checked the kernel
+        fast = runtime().fast
+        raw = fast.get(key)
+        if not raw or not raw.raw:
+            raise NotImplementedError("the call has no direct launch through libcuda here")
+        alt = copy.copy(raw)
+        alt.use_cuda_core()
+
+        def swapped() -> Any:
+            fast[key] = alt
+            try:
+                return call()
+            finally:
+                fast[key] = raw
+        return swapped
+
+    return side(make)
+
+
 def forward_cell(c: Cell, names: tuple[str, ...], samples: int, ceiling: float | None) -> dict[str, Any]:
     t = inputs(c)
     x, w = t["x"], t["w"]
     y_into = torch.empty_like(x)
-    sides = {PACKAGE_SIDE: lambda: api.rmsnorm(x, w, eps=EPS),
-             INTO: lambda: api.rmsnorm_fwd(x, w, eps=EPS, out=y_into)[0], **peers.forward(x, w, EPS, names)}
+
+    def call() -> Any:
+        return api.rmsnorm(x, w, eps=EPS)
+    sides = {PACKAGE_SIDE: call, INTO: lambda: api.rmsnorm_fwd(x, w, eps=EPS, out=y_into)[0],
+             CUDA_CORE: cuda_core_side(call, api._signature(x, w, None)), **peers.forward(x, w, EPS, names)}
     nbytes = 2 * x.numel() * x.element_size() + w.numel() * w.element_size()
     return compare(sides, lambda _, y: verify.check_forward(x, w, EPS, y, CHECK_ROWS), nbytes, samples, ceiling)
 
@@ -89,9 +124,12 @@ def residual_cell(c: Cell, names: tuple[str, ...], samples: int, ceiling: float 
     t = inputs(c)
     x, w, r = t["x"], t["w"], t["residual"]
     y_into, r_into = torch.empty_like(x), torch.empty_like(r)
-    sides = {PACKAGE_SIDE: lambda: api.rmsnorm_fwd(x, w, None, r, eps=EPS)[:2],
+
+    def call() -> Any:
+        return api.rmsnorm_fwd(x, w, None, r, eps=EPS)[:2]
+    sides = {PACKAGE_SIDE: call,
              INTO: lambda: api.rmsnorm_fwd(x, w, None, r, eps=EPS, out=y_into, residual_out=r_into)[:2],
-             **peers.residual(x, w, r, EPS, names)}
+             CUDA_CORE: cuda_core_side(call, api._signature(x, w, r)), **peers.residual(x, w, r, EPS, names)}
 
     def check(_: str, out: Any) -> str:
         return verify.check_variant(x, w, r, None, EPS, out[0], out[1], None, CHECK_ROWS)

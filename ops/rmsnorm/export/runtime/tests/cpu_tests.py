@@ -760,3 +760,32 @@ def test_a_direct_launch_serves_only_once_its_outputs_are_the_routed_calls():
         bad = Fake(outs, raw_right=False, core_right=False)
         with pytest.warns(RuntimeWarning, match="disagreed with the routed call"):
             assert api._checked(bad, x, w, residual, 1e-6, outs) is None
+
+
+def test_the_bench_times_the_cuda_core_launch_beside_the_default_one(monkeypatch):
+    """package.cuda_core: the package's call with the runtime's direct launch of its signature swapped for a copy
+    launching by cuda.core around each call, and put back after; absent, saying why, where the signature has no
+    direct launch through libcuda."""
+    pytest.importorskip("torch")
+    import kf_pkg.bench as bench
+    from kf_pkg.launch import Direct
+
+    class Runtime:
+        fast: dict = {}
+
+    monkeypatch.setattr(bench, "runtime", lambda: Runtime)
+    seen = []
+    assert "no direct launch through libcuda" in bench.cuda_core_side(lambda: seen.append(1), ("sig",))
+    d = object.__new__(Direct)
+    d._raw, d.calls = object(), 0
+    Runtime.fast = {("sig",): d}
+
+    def call():
+        got = Runtime.fast[("sig",)]
+        seen.append(got.raw)
+        return got
+
+    swapped = bench.cuda_core_side(call, ("sig",))
+    assert callable(swapped) and seen[-1] is True  # the side's first call: the default launch, learning it
+    used = swapped()
+    assert used is not d and not used.raw and seen[-1] is False and Runtime.fast[("sig",)] is d and d.raw
