@@ -466,8 +466,6 @@ def fit_in_time(want: int, left_s: float, spent_s: float, genomes: int, prior_ge
     return max(1, min(want, int(left_s / (spent_s / genomes))))
 
 
-
-
 def _budget_exhausted(c: Config, p: Progress) -> str:
     if p.evaluated >= c.budget.max_evals:
         return f"budget.max_evals ({c.budget.max_evals}) reached"

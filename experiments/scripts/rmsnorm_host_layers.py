@@ -131,33 +131,21 @@ def _sides(pkg: Any, torch: Any, dt: str, m: int, n: int, residual: bool) -> dic
 
 def bench_timer(pkg: Any, torch: Any, sides: dict[str, Any], samples: int) -> dict[str, dict[str, float]]:
     """Per layer, medians in us of the package bench's kernel, call and held-stream host times, and of the host time
-    and the latency after it in idle-GPU samples taken the same way (the layers taking turns, the L2 flushed)."""
-    import time
-
+    and the latency after it in idle-GPU samples taken the same way (the bench's own sample, the layers taking turns,
+    the L2 flushed)."""
     timing = importlib.import_module(f"{pkg.__name__}.timing")
     names = list(sides)
     fns = [sides[k] for k in names]
     kernel, call, host = timing.kernel_and_call_us(fns, samples)
-    flush = torch.ones(64 << 20, dtype=torch.float32, device="cuda")
-    idle_host: list[list[float]] = [[] for _ in fns]
-    idle_call: list[list[float]] = [[] for _ in fns]
+    flush = torch.ones(timing._FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+    idle: list[list[tuple[float, float]]] = [[] for _ in fns]  # (call, host) of each idle-GPU sample
     for i in range(samples):
         for j in [(i + r) % len(fns) for r in range(len(fns))]:
-            flush.sum()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            t0 = time.perf_counter()
-            fns[j]()
-            t1 = time.perf_counter()
-            end.record()
-            end.synchronize()
-            idle_call[j].append(start.elapsed_time(end) * 1e3)
-            idle_host[j].append((t1 - t0) * 1e6)
+            idle[j].append(timing._once(fns[j], flush, hold=False))
     med = statistics.median
     return {k: {"kernel_us": med(kernel[j]), "call_us": med(call[j]), "host_held_us": med(host[j]),
-                "host_idle_us": med(idle_host[j]), "call_idle_us": med(idle_call[j]),
-                "after_host_us": med([c - h for c, h in zip(idle_call[j], idle_host[j])])}
+                "host_idle_us": med(h for _, h in idle[j]), "call_idle_us": med(c for c, _ in idle[j]),
+                "after_host_us": med(c - h for c, h in idle[j])}
             for j, k in enumerate(names)}
 
 

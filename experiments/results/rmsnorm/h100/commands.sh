@@ -9,8 +9,8 @@
 # kernels, rebuilt and byte-checked), timed before the serving launch went through libcuda's cuLaunchKernel;
 # partial/ the backward bench stopped after 2 of its 6 cells (a diagnostic, not a table); previous_export/ the benches
 # of an older export (other forward runs, another backward run). quack_autotune.tgz: the choices QuACK's autotuner
-# made on this card (KF_QUACK_SEED=experiments/results/rmsnorm/h100/quack_autotune.tgz reuses them, skipping
-# ~100 s of autotuning a backward cell).
+# made on this card (KF_QUACK_SEED=experiments/results/rmsnorm/h100/quack_autotune.tgz reuses them instead of
+# autotuning again: 400 configs a backward cell, partial/rmsnorm_bench_bwd_bf16.log).
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 P=experiments/scripts/package_proof.sh
